@@ -1,0 +1,280 @@
+//! `ferry bench`: ferry's throughput and latency beside the machine's raw
+//! loopback limits, measured in the same run so the ratios mean something.
+//!
+//! Every figure is the median of `--runs` repetitions; min and max show the
+//! spread. The raw figures come from a second process (`ferry bench-peer`)
+//! so both sides of every socket are separate processes, as with ferry.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use ferry_client::{Client, OpenOptions, Options};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// File size for the throughput runs, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    size_mib: u64,
+    /// Request (and application buffer) size, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    block_kib: usize,
+    /// Repetitions of each measurement (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Round trips per latency measurement.
+    #[arg(long, default_value_t = 20000)]
+    rtts: usize,
+    /// Directory the benchmark server exports (default: a fresh temporary
+    /// directory, removed afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Tiny sizes, for the test suite: checks the benchmark still runs.
+    #[arg(long)]
+    quick: bool,
+}
+
+struct Series {
+    name: &'static str,
+    unit: &'static str,
+    values: Vec<f64>,
+}
+
+impl Series {
+    fn new(name: &'static str, unit: &'static str) -> Self {
+        Series { name, unit, values: Vec::new() }
+    }
+    fn median(&self) -> f64 {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+    fn min(&self) -> f64 {
+        self.values.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+    fn max(&self) -> f64 {
+        self.values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    }
+}
+
+/// Kills and reaps a child process we started when the guard goes away.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn exe() -> Result<PathBuf, String> {
+    std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))
+}
+
+fn mbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e6
+}
+
+pub fn run(mut a: BenchArgs, _tf: Option<&Path>) -> Result<(), String> {
+    if a.quick {
+        a.size_mib = a.size_mib.min(8);
+        a.runs = a.runs.min(1);
+        a.rtts = a.rtts.min(200);
+    }
+    let bytes = a.size_mib * 1024 * 1024;
+    let block = a.block_kib * 1024;
+    let (dir, temp) = match &a.dir {
+        Some(d) => (d.clone(), false),
+        None => {
+            let d = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            (d, true)
+        }
+    };
+    let result = measure(&a, bytes, block, &dir);
+    if temp {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), String> {
+    let (server, port) = start_server(dir)?;
+    let client = Client::connect(&format!("127.0.0.1:{port}"), &Options::default()).map_err(|e| e.to_string())?;
+    let mut tcp = Series::new("raw TCP stream, 1 MiB writes", "MB/s");
+    let mut read = Series::new("ferry sequential read", "MB/s");
+    let mut write = Series::new("ferry sequential write", "MB/s");
+    let mut ping = Series::new("raw TCP ping-pong (64 B), median", "µs");
+    let mut stat = Series::new("ferry stat, median", "µs");
+    let mut stat99 = Series::new("ferry stat, p99", "µs");
+    for _ in 0..a.runs {
+        tcp.values.push(raw_stream(bytes)?);
+        write.values.push(ferry_write(&client, bytes, block)?);
+        read.values.push(ferry_read(&client, bytes, block)?);
+        ping.values.push(raw_pingpong(a.rtts)?);
+        let (m, p99) = ferry_stat(&client, a.rtts)?;
+        stat.values.push(m);
+        stat99.values.push(p99);
+    }
+    drop(server);
+    println!(
+        "ferry bench: {} MiB file, {} KiB requests, {} runs, {} round trips each; medians (min..max)",
+        a.size_mib, a.block_kib, a.runs, a.rtts
+    );
+    println!("{:<36} {:>10} {:>22} {:>22}", "figure", "median", "min..max", "ratio");
+    let raw_tcp = tcp.median();
+    let raw_rtt = ping.median();
+    for (s, ratio) in [
+        (&tcp, String::new()),
+        (&read, format!("{:.0} % of raw TCP", 100.0 * read.median() / raw_tcp)),
+        (&write, format!("{:.0} % of raw TCP", 100.0 * write.median() / raw_tcp)),
+        (&ping, String::new()),
+        (&stat, format!("{:.2} x raw ping-pong", stat.median() / raw_rtt)),
+        (&stat99, String::new()),
+    ] {
+        println!("{:<36} {:>7.1} {:<4} {:>10.1}..{:<10.1} {ratio}", s.name, s.median(), s.unit, s.min(), s.max());
+    }
+    Ok(())
+}
+
+fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
+    let child = Command::new(exe()?)
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    let mut reap = Reap(child);
+    let out = reap.0.stdout.take().ok_or("no server stdout")?;
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).map_err(|e| e.to_string())?;
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("unexpected server output: {line:?}"))?;
+    Ok((reap, port))
+}
+
+fn ferry_write(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
+    let buf = vec![0x5au8; block];
+    let t = Instant::now();
+    let mut f =
+        c.open("/bench.dat", OpenOptions::new().write(true).create(true).truncate(true)).map_err(|e| e.to_string())?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block as u64) as usize;
+        f.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+        left -= n as u64;
+    }
+    f.close().map_err(|e| e.to_string())?;
+    Ok(mbps(bytes, t.elapsed()))
+}
+
+fn ferry_read(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
+    let mut buf = vec![0u8; block];
+    let t = Instant::now();
+    let mut f = c.open("/bench.dat", OpenOptions::new().read(true)).map_err(|e| e.to_string())?;
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    f.close().map_err(|e| e.to_string())?;
+    if total != bytes {
+        return Err(format!("read {total} bytes, expected {bytes}"));
+    }
+    Ok(mbps(bytes, t.elapsed()))
+}
+
+fn ferry_stat(c: &Client, n: usize) -> Result<(f64, f64), String> {
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    for _ in 0..n {
+        let t = Instant::now();
+        c.metadata("/bench.dat").map_err(|e| e.to_string())?;
+        h.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+    }
+    Ok((h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3))
+}
+
+/// The peer sends `bytes` in 1 MiB writes; we receive them.
+fn raw_stream(bytes: u64) -> Result<f64, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
+    let _peer = spawn_peer("source", &addr, bytes)?;
+    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1024 * 1024];
+    let t = Instant::now();
+    let mut got = 0u64;
+    while got < bytes {
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("raw stream ended early".into());
+        }
+        got += n as u64;
+    }
+    Ok(mbps(bytes, t.elapsed()))
+}
+
+fn raw_pingpong(n: usize) -> Result<f64, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
+    let _peer = spawn_peer("echo", &addr, n as u64)?;
+    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let mut msg = [7u8; 64];
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(&msg).map_err(|e| e.to_string())?;
+        s.read_exact(&mut msg).map_err(|e| e.to_string())?;
+        h.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+    }
+    Ok(h.value_at_quantile(0.5) as f64 / 1e3)
+}
+
+fn spawn_peer(mode: &str, addr: &str, n: u64) -> Result<Reap, String> {
+    let c = Command::new(exe()?)
+        .args(["bench-peer", mode, addr, &n.to_string()])
+        .spawn()
+        .map_err(|e| format!("cannot start bench peer: {e}"))?;
+    Ok(Reap(c))
+}
+
+/// The other process of a raw measurement.
+pub fn peer(mode: &str, addr: &str, n: u64) -> Result<(), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    match mode {
+        "source" => {
+            let buf = vec![0x5au8; 1024 * 1024];
+            let mut left = n;
+            while left > 0 {
+                let k = left.min(buf.len() as u64) as usize;
+                s.write_all(&buf[..k]).map_err(|e| e.to_string())?;
+                left -= k as u64;
+            }
+        }
+        "echo" => {
+            let mut msg = [0u8; 64];
+            for _ in 0..n {
+                s.read_exact(&mut msg).map_err(|e| e.to_string())?;
+                s.write_all(&msg).map_err(|e| e.to_string())?;
+            }
+        }
+        other => return Err(format!("unknown peer mode {other}")),
+    }
+    Ok(())
+}

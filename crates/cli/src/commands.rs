@@ -1,0 +1,426 @@
+//! The file commands: cp, cat, ls, stat, mkdir, rm, mv.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, IsTerminal, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use ferry_client::{Attr, Client, Error, OpenOptions, Options, Url};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Bytes moved per call: big enough that every call fills the window.
+const COPY_BUF: usize = 8 * 1024 * 1024;
+
+/// One connection per server for the whole command.
+pub struct Clients {
+    token_file: Option<PathBuf>,
+    conns: HashMap<String, Client>,
+}
+
+impl Clients {
+    pub fn new(token_file: Option<&Path>) -> Self {
+        Clients { token_file: token_file.map(Path::to_path_buf), conns: HashMap::new() }
+    }
+
+    pub fn get(&mut self, url: &Url) -> Result<Client, String> {
+        if let Some(c) = self.conns.get(&url.addr) {
+            return Ok(c.clone());
+        }
+        let token = ferry_client::token::find_client_token(self.token_file.as_deref())?;
+        let opts = Options { token, ..Options::default() };
+        let c = Client::connect(&url.addr, &opts).map_err(|e| format!("ferry://{}: {e}", url.addr))?;
+        self.conns.insert(url.addr.clone(), c.clone());
+        Ok(c)
+    }
+}
+
+fn parse(s: &str) -> Result<Url, String> {
+    Url::parse(s)
+}
+
+fn fail(url: &Url, e: Error) -> String {
+    format!("{url}: {e}")
+}
+
+fn local_fail(p: &Path, e: io::Error) -> String {
+    let s = e.to_string();
+    let s = s.split(" (os error").next().unwrap_or(&s).to_string();
+    format!("{}: {s}", p.display())
+}
+
+/// Either side of a copy.
+enum Loc {
+    Local(PathBuf),
+    Remote(Url),
+}
+
+fn loc(s: &str) -> Result<Loc, String> {
+    if s.starts_with("ferry://") {
+        Ok(Loc::Remote(parse(s)?))
+    } else {
+        Ok(Loc::Local(PathBuf::from(s)))
+    }
+}
+
+fn base_name(l: &Loc) -> String {
+    let p = match l {
+        Loc::Local(p) => p.to_string_lossy().into_owned(),
+        Loc::Remote(u) => u.path.clone(),
+    };
+    p.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string()
+}
+
+fn child(l: &Loc, name: &str) -> Loc {
+    match l {
+        Loc::Local(p) => Loc::Local(p.join(name)),
+        Loc::Remote(u) => Loc::Remote(u.join(name)),
+    }
+}
+
+fn display(l: &Loc) -> String {
+    match l {
+        Loc::Local(p) => p.display().to_string(),
+        Loc::Remote(u) => u.to_string(),
+    }
+}
+
+/// (is_dir, mode, size) of a source, or None if it does not exist.
+fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
+    match l {
+        Loc::Local(p) => match fs::metadata(p) {
+            Ok(m) => Ok(Some((m.is_dir(), m.permissions().mode(), m.len()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(local_fail(p, e)),
+        },
+        Loc::Remote(u) => match c.get(u)?.metadata(&u.path) {
+            Ok(a) => Ok(Some((a.is_dir(), a.mode, a.size))),
+            Err(e) if e.errno() == libc::ENOENT => Ok(None),
+            Err(e) => Err(fail(u, e)),
+        },
+    }
+}
+
+pub fn cp(tf: Option<&Path>, src: &str, dst: &str, recursive: bool) -> Result<(), String> {
+    let mut c = Clients::new(tf);
+    let src = loc(src)?;
+    let mut dst = loc(dst)?;
+    let Some((is_dir, _, _)) = probe(&mut c, &src)? else {
+        return Err(format!("{}: No such file or directory", display(&src)));
+    };
+    if is_dir && !recursive {
+        return Err(format!("{}: Is a directory (use -r)", display(&src)));
+    }
+    // `cp x dir/` puts x inside dir, as cp(1) does.
+    if let Some((true, _, _)) = probe(&mut c, &dst)? {
+        dst = child(&dst, &base_name(&src));
+    }
+    let bar = progress_bar();
+    copy_any(&mut c, &src, &dst, &bar)?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+fn progress_bar() -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bytes}/{total_bytes} {bytes_per_sec} {wide_bar} {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, bar: &ProgressBar) -> Result<(), String> {
+    let (is_dir, mode, size) = probe(c, src)?.ok_or_else(|| format!("{}: No such file or directory", display(src)))?;
+    if !is_dir {
+        bar.inc_length(size);
+        return copy_file(c, src, dst, mode & 0o7777, bar);
+    }
+    make_dir(c, dst, mode & 0o7777)?;
+    for name in list_names(c, src)? {
+        copy_any(c, &child(src, &name), &child(dst, &name), bar)?;
+    }
+    Ok(())
+}
+
+fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
+    match d {
+        Loc::Local(p) => match fs::create_dir(p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && p.is_dir() => Ok(()),
+            Err(e) => Err(local_fail(p, e)),
+        },
+        Loc::Remote(u) => match c.get(u)?.create_dir(&u.path, mode | 0o700) {
+            Ok(_) => Ok(()),
+            Err(e) if e.errno() == libc::EEXIST => Ok(()),
+            Err(e) => Err(fail(u, e)),
+        },
+    }
+}
+
+fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<String>, String> {
+    let mut names: Vec<String> = match d {
+        Loc::Local(p) => fs::read_dir(p)
+            .map_err(|e| local_fail(p, e))?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()).map_err(|e| local_fail(p, e)))
+            .collect::<Result<_, _>>()?,
+        Loc::Remote(u) => c.get(u)?.read_dir(&u.path).map_err(|e| fail(u, e))?.into_iter().map(|e| e.name).collect(),
+    };
+    names.sort();
+    Ok(names)
+}
+
+type Reader = Box<dyn Read>;
+type Writer = Box<dyn FnMut(Option<&[u8]>) -> Result<(), String>>;
+
+fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
+    Ok(match src {
+        Loc::Local(p) => Box::new(fs::File::open(p).map_err(|e| local_fail(p, e))?),
+        Loc::Remote(u) => Box::new(c.get(u)?.open(&u.path, OpenOptions::new().read(true)).map_err(|e| fail(u, e))?),
+    })
+}
+
+/// A sink taking chunks, then `None` to finish (so close errors surface).
+fn open_dst(c: &mut Clients, dst: &Loc, mode: u32) -> Result<Writer, String> {
+    match dst {
+        Loc::Local(p) => {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(mode)
+                .open(p)
+                .map_err(|e| local_fail(p, e))?;
+            let p = p.clone();
+            Ok(Box::new(move |chunk| match chunk {
+                Some(b) => f.write_all(b).map_err(|e| local_fail(&p, e)),
+                None => f.flush().map_err(|e| local_fail(&p, e)),
+            }))
+        }
+        Loc::Remote(u) => {
+            let opts = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).clone();
+            let mut f = Some(c.get(u)?.open(&u.path, &opts).map_err(|e| fail(u, e))?);
+            let u = u.clone();
+            Ok(Box::new(move |chunk| match (chunk, f.as_mut()) {
+                (Some(b), Some(file)) => file.write_all(b).map_err(|e| format!("{u}: {e}")),
+                (None, Some(_)) => f.take().map_or(Ok(()), |file| file.close().map_err(|e| fail(&u, e))),
+                (_, None) => Ok(()),
+            }))
+        }
+    }
+}
+
+fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, bar: &ProgressBar) -> Result<(), String> {
+    let mut r = open_src(c, src)?;
+    let mut w = open_dst(c, dst, mode)?;
+    let mut buf = vec![0u8; COPY_BUF];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("{}: {}", display(src), strip(&e))),
+        };
+        w(Some(&buf[..n]))?;
+        bar.inc(n as u64);
+    }
+    w(None)
+}
+
+fn strip(e: &io::Error) -> String {
+    let s = e.to_string();
+    s.split(" (os error").next().unwrap_or(&s).to_string()
+}
+
+pub fn cat(tf: Option<&Path>, url: &str) -> Result<(), String> {
+    let u = parse(url)?;
+    let client = Clients::new(tf).get(&u)?;
+    let mut f = client.open(&u.path, OpenOptions::new().read(true)).map_err(|e| fail(&u, e))?;
+    let mut out = io::stdout().lock();
+    let mut buf = vec![0u8; 1024 * 1024];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| format!("{u}: {}", strip(&e)))?;
+        if n == 0 {
+            break;
+        }
+        if let Err(e) = out.write_all(&buf[..n]) {
+            if e.kind() == io::ErrorKind::BrokenPipe {
+                return Ok(());
+            }
+            return Err(format!("stdout: {}", strip(&e)));
+        }
+    }
+    out.flush().map_err(|e| format!("stdout: {}", strip(&e)))?;
+    f.close().map_err(|e| fail(&u, e))
+}
+
+pub fn ls(tf: Option<&Path>, url: &str, long: bool) -> Result<(), String> {
+    let u = parse(url)?;
+    let client = Clients::new(tf).get(&u)?;
+    let top = client.symlink_metadata(&u.path).map_err(|e| fail(&u, e))?;
+    let follow = if top.is_symlink() { client.metadata(&u.path).ok() } else { None };
+    let mut out = io::stdout().lock();
+    let is_dir = top.is_dir() || follow.is_some_and(|a| a.is_dir());
+    if !is_dir {
+        let name = u.path.rsplit('/').next().unwrap_or("").to_string();
+        return print_entry(&mut out, &client, &u.path, &name, &top, long);
+    }
+    let mut entries = client.read_dir(&u.path).map_err(|e| fail(&u, e))?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for e in entries {
+        let path = ferry_client::join(&u.path, &e.name);
+        match e.attr {
+            Some(a) => print_entry(&mut out, &client, &path, &e.name, &a, long)?,
+            None => writeln!(out, "{}", e.name).map_err(|e| e.to_string())?,
+        }
+    }
+    Ok(())
+}
+
+fn print_entry(out: &mut impl Write, c: &Client, path: &str, name: &str, a: &Attr, long: bool) -> Result<(), String> {
+    let line = if long {
+        let mut s = format!(
+            "{} {:>3} {:>5} {:>5} {:>12} {} {name}",
+            mode_string(a.mode),
+            a.nlink,
+            a.uid,
+            a.gid,
+            a.size,
+            format_time(a.mtime.sec)
+        );
+        if a.is_symlink() {
+            if let Ok(t) = c.read_link(path) {
+                s.push_str(&format!(" -> {t}"));
+            }
+        }
+        s
+    } else {
+        name.to_string()
+    };
+    writeln!(out, "{line}").map_err(|e| e.to_string())
+}
+
+/// `ls -l` style `-rw-r--r--`.
+pub fn mode_string(mode: u32) -> String {
+    let kind = match mode & 0o170000 {
+        0o040000 => 'd',
+        0o120000 => 'l',
+        0o020000 => 'c',
+        0o060000 => 'b',
+        0o010000 => 'p',
+        0o140000 => 's',
+        _ => '-',
+    };
+    let mut s = String::with_capacity(10);
+    s.push(kind);
+    let bits = [
+        (0o400, 'r'),
+        (0o200, 'w'),
+        (0o100, 'x'),
+        (0o40, 'r'),
+        (0o20, 'w'),
+        (0o10, 'x'),
+        (0o4, 'r'),
+        (0o2, 'w'),
+        (0o1, 'x'),
+    ];
+    for (i, (bit, ch)) in bits.iter().enumerate() {
+        let set = mode & bit != 0;
+        let special = match i {
+            2 => mode & 0o4000 != 0,
+            5 => mode & 0o2000 != 0,
+            8 => mode & 0o1000 != 0,
+            _ => false,
+        };
+        s.push(match (special, set, i) {
+            (true, true, 8) => 't',
+            (true, false, 8) => 'T',
+            (true, true, _) => 's',
+            (true, false, _) => 'S',
+            (false, true, _) => *ch,
+            (false, false, _) => '-',
+        });
+    }
+    s
+}
+
+/// UTC `YYYY-MM-DD HH:MM:SS` without a date library.
+pub fn format_time(sec: i64) -> String {
+    let days = sec.div_euclid(86400);
+    let rem = sec.rem_euclid(86400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+pub fn stat(tf: Option<&Path>, url: &str) -> Result<(), String> {
+    let u = parse(url)?;
+    let a = Clients::new(tf).get(&u)?.symlink_metadata(&u.path).map_err(|e| fail(&u, e))?;
+    let kind = match a.kind() {
+        0o040000 => "directory",
+        0o120000 => "symbolic link",
+        0o100000 if a.size == 0 => "regular empty file",
+        0o100000 => "regular file",
+        0o010000 => "fifo",
+        0o140000 => "socket",
+        0o020000 => "character special file",
+        0o060000 => "block special file",
+        _ => "unknown",
+    };
+    let t = |x: ferry_client::Time| format!("{}.{:09} UTC", format_time(x.sec), x.nsec);
+    println!("  File: {u}");
+    println!("  Size: {:<12} Blocks: {:<10} IO Block: {:<6} {kind}", a.size, a.blocks, a.blksize);
+    println!("Device: {:<12} Inode: {:<11} Links: {}", a.dev, a.ino, a.nlink);
+    println!("Access: ({:04o}/{})  Uid: {:>5}   Gid: {:>5}", a.mode & 0o7777, mode_string(a.mode), a.uid, a.gid);
+    println!("Access: {}", t(a.atime));
+    println!("Modify: {}", t(a.mtime));
+    println!("Change: {}", t(a.ctime));
+    Ok(())
+}
+
+pub fn mkdir(tf: Option<&Path>, url: &str, parents: bool) -> Result<(), String> {
+    let u = parse(url)?;
+    let c = Clients::new(tf).get(&u)?;
+    let r = if parents { c.create_dir_all(&u.path, 0o755) } else { c.create_dir(&u.path, 0o755).map(|_| ()) };
+    r.map_err(|e| fail(&u, e))
+}
+
+pub fn rm(tf: Option<&Path>, url: &str, recursive: bool) -> Result<(), String> {
+    let u = parse(url)?;
+    let c = Clients::new(tf).get(&u)?;
+    let a = c.symlink_metadata(&u.path).map_err(|e| fail(&u, e))?;
+    let r = if a.is_dir() {
+        if !recursive {
+            return Err(format!("{u}: Is a directory (use -r)"));
+        }
+        c.remove_dir_all(&u.path)
+    } else {
+        c.remove_file(&u.path)
+    };
+    r.map_err(|e| fail(&u, e))
+}
+
+pub fn mv(tf: Option<&Path>, src: &str, dst: &str) -> Result<(), String> {
+    let s = parse(src)?;
+    let mut d = parse(dst)?;
+    if s.addr != d.addr {
+        return Err(format!("{d}: Invalid cross-device link (mv works within one server; use cp then rm)"));
+    }
+    let c = Clients::new(tf).get(&s)?;
+    if c.metadata(&d.path).is_ok_and(|a| a.is_dir()) {
+        let name = s.path.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string();
+        d = d.join(&name);
+    }
+    c.rename(&s.path, &d.path).map_err(|e| fail(&s, e))
+}

@@ -1,0 +1,91 @@
+//! The `ferry` command: serve a directory, copy and inspect remote files,
+//! measure.
+
+mod bench;
+mod commands;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferry", version, about = "Remote file access at wire speed")]
+struct Cli {
+    /// Token file for authentication (default: FERRY_TOKEN_FILE, FERRY_TOKEN,
+    /// then $XDG_CONFIG_HOME/ferry/token or ~/.config/ferry/token).
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Export a directory (or an in-memory file system).
+    Serve(serve::ServeArgs),
+    /// Copy files; either side may be a ferry:// URL.
+    Cp {
+        /// Copy directories recursively.
+        #[arg(short = 'r', short_alias = 'R', long)]
+        recursive: bool,
+        src: String,
+        dst: String,
+    },
+    /// Print a remote file.
+    Cat { url: String },
+    /// List a remote directory.
+    Ls {
+        /// Long format: mode, links, owner, size, time.
+        #[arg(short = 'l')]
+        long: bool,
+        url: String,
+    },
+    /// Show a remote file's attributes.
+    Stat { url: String },
+    /// Create a remote directory.
+    Mkdir {
+        /// Create parents as needed; no error if it exists.
+        #[arg(short = 'p')]
+        parents: bool,
+        url: String,
+    },
+    /// Remove a remote file, or a directory tree with -r.
+    Rm {
+        #[arg(short = 'r', short_alias = 'R')]
+        recursive: bool,
+        url: String,
+    },
+    /// Rename within one server.
+    Mv { src: String, dst: String },
+    /// Measure throughput and latency against raw loopback limits.
+    Bench(bench::BenchArgs),
+    /// Internal: the other end of the raw TCP measurements.
+    #[command(hide = true)]
+    BenchPeer { mode: String, addr: String, bytes: u64 },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let tf = cli.token_file.as_deref();
+    let result = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a, tf),
+        Cmd::Cp { recursive, src, dst } => commands::cp(tf, &src, &dst, recursive),
+        Cmd::Cat { url } => commands::cat(tf, &url),
+        Cmd::Ls { long, url } => commands::ls(tf, &url, long),
+        Cmd::Stat { url } => commands::stat(tf, &url),
+        Cmd::Mkdir { parents, url } => commands::mkdir(tf, &url, parents),
+        Cmd::Rm { recursive, url } => commands::rm(tf, &url, recursive),
+        Cmd::Mv { src, dst } => commands::mv(tf, &src, &dst),
+        Cmd::Bench(a) => bench::run(a, tf),
+        Cmd::BenchPeer { mode, addr, bytes } => bench::peer(&mode, &addr, bytes),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("ferry: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

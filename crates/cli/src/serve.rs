@@ -1,0 +1,105 @@
+//! `ferry serve`.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use ferry_server::{memory::MemoryBackend, posix::PosixBackend, Config};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Directory to export (default: the current directory).
+    dir: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Refuse every change with EROFS.
+    #[arg(long)]
+    read_only: bool,
+    /// Serve an empty in-memory file system instead of a directory.
+    #[arg(long, conflicts_with = "dir")]
+    memory: bool,
+    /// Serve without authentication (anyone who can connect has access).
+    #[arg(long)]
+    no_auth: bool,
+    /// Most simultaneous connections.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds a connection may stay silent before it is closed.
+    #[arg(long, default_value_t = 3600)]
+    idle_timeout: u64,
+    /// Turn capabilities off (readdirplus, xattr, rename-flags), to test
+    /// how clients degrade.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    disable_caps: Vec<String>,
+}
+
+pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
+    let mut cfg = Config {
+        read_only: a.read_only,
+        max_connections: a.max_connections,
+        idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
+        ..Config::default()
+    };
+    for c in &a.disable_caps {
+        cfg.caps &= !match c.as_str() {
+            "readdirplus" => ferry_proto::caps::READDIRPLUS,
+            "xattr" => ferry_proto::caps::XATTR,
+            "rename-flags" => ferry_proto::caps::RENAME_FLAGS,
+            other => return Err(format!("unknown capability '{other}'")),
+        };
+    }
+    if !a.no_auth {
+        let path = match token_file {
+            Some(p) => p.to_path_buf(),
+            None => ferry_client::token::default_token_file()
+                .ok_or("no token file: set --token-file, HOME or XDG_CONFIG_HOME, or use --no-auth")?,
+        };
+        cfg.token = Some(server_token(&path)?);
+    }
+    // Clients send the modes they want; their own umask is already applied.
+    rustix::process::umask(rustix::fs::Mode::empty());
+    let listener = TcpListener::bind(&a.listen).map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout();
+    // Scripts wait for this exact line.
+    writeln!(out, "listening on {local}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;
+    let res = if a.memory {
+        ferry_server::serve(listener, Arc::new(MemoryBackend::new()), cfg)
+    } else {
+        let dir = a.dir.unwrap_or_else(|| PathBuf::from("."));
+        let backend = PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        ferry_server::serve(listener, Arc::new(backend), cfg)
+    };
+    res.map_err(|e| e.to_string())
+}
+
+/// Reads the token, or creates the file with a fresh random one (0600).
+fn server_token(path: &Path) -> Result<Vec<u8>, String> {
+    if path.exists() {
+        return ferry_client::token::read_token_file(path).map_err(|e| format!("token file {}: {e}", path.display()));
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let mut raw = [0u8; 32];
+    getrandom::getrandom(&mut raw).map_err(|e| format!("no randomness: {e}"))?;
+    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("token file {}: {e}", path.display()))?;
+    writeln!(f, "{token}").map_err(|e| format!("token file {}: {e}", path.display()))?;
+    eprintln!("ferry serve: created token file {}", path.display());
+    Ok(token.into_bytes())
+}

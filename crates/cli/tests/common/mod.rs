@@ -1,0 +1,145 @@
+//! Shared test harness: a real `ferry serve` process on 127.0.0.1:0, killed
+//! (by PID) when the guard drops, with its export in a private temp dir.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ferry_client::{Client, Options};
+
+pub const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("ferry-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running server. `export` is the exported directory (unused with
+/// `--memory`), `token` the token file clients must use.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub export: TempDir,
+    pub state: TempDir,
+    pub token_file: PathBuf,
+}
+
+impl Server {
+    /// `ferry serve EXPORT --listen 127.0.0.1:0 --token-file T` plus `extra`.
+    pub fn start(extra: &[&str]) -> Server {
+        let export = TempDir::new("export");
+        let state = TempDir::new("state");
+        let token_file = state.path().join("token");
+        let mut cmd = Command::new(FERRY);
+        cmd.arg("serve");
+        if !extra.contains(&"--memory") {
+            cmd.arg(export.path());
+        }
+        cmd.args(["--listen", "127.0.0.1:0", "--token-file"]).arg(&token_file).args(extra);
+        // A file, not a pipe: a server logging many bad frames must never
+        // block on a full pipe nobody reads.
+        let log = std::fs::File::create(state.path().join("server.log")).expect("log file");
+        cmd.stdout(Stdio::piped()).stderr(log);
+        let mut child = cmd.spawn().expect("spawn ferry serve");
+        let out = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line).expect("read listening line");
+        let port = line
+            .trim()
+            .strip_prefix("listening on 127.0.0.1:")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        Server { child, port, export, state, token_file }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `ferry://127.0.0.1:PORT` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("ferry://127.0.0.1:{}{}", self.port, path)
+    }
+
+    pub fn token(&self) -> Vec<u8> {
+        std::fs::read_to_string(&self.token_file).expect("token file").trim().as_bytes().to_vec()
+    }
+
+    pub fn options(&self) -> Options {
+        Options { token: Some(self.token()), ..Options::default() }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.addr(), &self.options()).expect("connect")
+    }
+
+    /// Runs `ferry ARGS` as a client of this server (token via env).
+    pub fn ferry(&self, args: &[&str]) -> Output {
+        Command::new(FERRY)
+            .args(args)
+            .env("FERRY_TOKEN_FILE", &self.token_file)
+            .env_remove("FERRY_TOKEN")
+            .output()
+            .expect("run ferry")
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// What the server has written to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

@@ -1,0 +1,432 @@
+//! The RPC engine: one connection, many requests in flight, replies matched
+//! by id (ATOMIC's single-threaded engine rather than a thread per request).
+//!
+//! No thread of its own: whichever caller needs a reply reads the socket
+//! (the "reader" role, held by one caller at a time). A reply for the reader
+//! itself lands straight in its buffer; a reply for another caller is kept
+//! until that caller asks for it. The send side is a plain locked socket, so
+//! write data goes from the caller's buffer to the kernel with `writev`.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ferry_proto::{
+    client_proof, op, proofs_equal, server_proof, ErrorReply, Header, Nonce, Reply, Request, Welcome, HEADER_LEN,
+    VERSION_MAX, VERSION_MIN,
+};
+
+use crate::error::{Error, Result};
+
+/// Largest reply body this client accepts (announced in `Hello`).
+pub const CLIENT_MAX_FRAME: u32 = 64 * 1024 * 1024 + 4096;
+
+/// Connection settings.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub token: Option<Vec<u8>>,
+    /// Capabilities to offer; the session uses those both sides have.
+    pub caps: u64,
+    /// Requests kept in flight at most (the server's grant caps it).
+    pub window: u32,
+    pub connect_timeout: Duration,
+    /// Versions to offer (tests use it to play an incompatible peer).
+    pub versions: (u16, u16),
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            token: None,
+            caps: ferry_proto::caps::ALL,
+            window: 16,
+            connect_timeout: Duration::from_secs(10),
+            versions: (VERSION_MIN, VERSION_MAX),
+        }
+    }
+}
+
+/// A reply as it came off the wire, for the caller to decode.
+pub struct Frame {
+    pub op: u16,
+    /// Body bytes, unless the data went straight into the caller's buffer.
+    pub body: Vec<u8>,
+    /// Length of data placed in the caller's buffer (read replies).
+    pub data_len: usize,
+}
+
+impl Frame {
+    pub fn reply(&self) -> Result<Reply<'_>> {
+        Reply::decode(self.op, &self.body).map_err(|e| Error::Protocol(e.to_string()))
+    }
+}
+
+struct Stored {
+    header: Header,
+    body: Vec<u8>,
+}
+
+struct State {
+    next_id: u64,
+    /// Ids sent and not yet read off the socket, with the bytes they hold.
+    outstanding: HashMap<u64, u64>,
+    bytes_outstanding: u64,
+    window: u32,
+    window_bytes: u64,
+    /// Replies read by one caller for another.
+    stored: HashMap<u64, Stored>,
+    /// Ids whose reply nobody wants (an abandoned prefetch).
+    discard: HashSet<u64>,
+    reader_busy: bool,
+    dead: Option<Error>,
+}
+
+pub struct Engine {
+    tx: Mutex<TcpStream>,
+    rx: Mutex<BufReader<TcpStream>>,
+    st: Mutex<State>,
+    cv: Condvar,
+    welcome: Welcome,
+    max_frame: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these structures half-updated in a way
+    // that matters more than losing the connection, so poison is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Engine {
+    /// Connects, negotiates and authenticates.
+    pub fn connect(addr: &str, opts: &Options) -> Result<Engine> {
+        let stream = connect_tcp(addr, opts.connect_timeout)?;
+        stream.set_nodelay(true).map_err(Error::from_io)?;
+        let mut rx = BufReader::with_capacity(64 * 1024, stream.try_clone().map_err(Error::from_io)?);
+        let mut tx = stream;
+        let mut nonce: Nonce = [0; 32];
+        getrandom::getrandom(&mut nonce).map_err(|e| Error::Auth(format!("no randomness: {e}")))?;
+        let hello = Request::Hello {
+            min_version: opts.versions.0,
+            max_version: opts.versions.1,
+            caps: opts.caps,
+            max_frame: CLIENT_MAX_FRAME,
+            nonce,
+        };
+        let welcome = match handshake_call(&mut tx, &mut rx, &hello, 1)? {
+            (h, body) => match Reply::decode(h.op, &body) {
+                Ok(Reply::Welcome(w)) => w,
+                _ => return Err(Error::Protocol("bad welcome".into())),
+            },
+        };
+        if welcome.max_frame < ferry_proto::MIN_MAX_FRAME {
+            return Err(Error::Protocol(format!("server frame limit {} is below the minimum", welcome.max_frame)));
+        }
+        if welcome.auth_required {
+            let Some(token) = &opts.token else {
+                return Err(Error::Auth(
+                    "authentication failed: the server wants a token and none was found \
+                     (use --token-file, FERRY_TOKEN_FILE or FERRY_TOKEN)"
+                        .into(),
+                ));
+            };
+            let proof = client_proof(token, &welcome.nonce, &nonce);
+            let (h, body) = handshake_call(&mut tx, &mut rx, &Request::Auth { proof }, 2)?;
+            match Reply::decode(h.op, &body) {
+                Ok(Reply::AuthOk { proof }) if proofs_equal(&proof, &server_proof(token, &welcome.nonce, &nonce)) => {}
+                _ => return Err(Error::Auth("authentication failed: the server did not prove the token".into())),
+            }
+        }
+        let window = opts.window.min(welcome.window_requests).max(1);
+        Ok(Engine {
+            tx: Mutex::new(tx),
+            rx: Mutex::new(rx),
+            st: Mutex::new(State {
+                next_id: 16,
+                outstanding: HashMap::new(),
+                bytes_outstanding: 0,
+                window,
+                window_bytes: welcome.window_bytes,
+                stored: HashMap::new(),
+                discard: HashSet::new(),
+                reader_busy: false,
+                dead: None,
+            }),
+            cv: Condvar::new(),
+            max_frame: welcome.max_frame.min(CLIENT_MAX_FRAME),
+            welcome,
+        })
+    }
+
+    pub fn welcome(&self) -> &Welcome {
+        &self.welcome
+    }
+
+    pub fn has_cap(&self, bit: u64) -> bool {
+        self.welcome.caps & bit != 0
+    }
+
+    /// Largest data payload of one read or write request.
+    pub fn max_io(&self) -> usize {
+        (self.max_frame - 4096) as usize
+    }
+
+    /// Changes the number of requests kept in flight (bounded by the grant).
+    pub fn set_window(&self, n: u32) {
+        let mut st = lock(&self.st);
+        st.window = n.clamp(1, self.welcome.window_requests);
+        self.cv.notify_all();
+    }
+
+    pub fn window(&self) -> u32 {
+        lock(&self.st).window
+    }
+
+    /// Sends a request once the window has room; returns its id. `reply_bytes`
+    /// is what the reply will carry (the read size), for the byte window.
+    pub fn start(&self, req: &Request<'_>, reply_bytes: u64) -> Result<u64> {
+        let cost = req.bulk().len() as u64 + reply_bytes;
+        let id = {
+            let mut st = lock(&self.st);
+            loop {
+                if let Some(e) = &st.dead {
+                    return Err(e.clone());
+                }
+                let fits = st.outstanding.len() < st.window as usize
+                    && (st.bytes_outstanding + cost <= st.window_bytes || st.outstanding.is_empty());
+                if fits {
+                    break;
+                }
+                st = self.make_progress(st, None, None)?.0;
+            }
+            let id = st.next_id;
+            st.next_id += 1;
+            st.outstanding.insert(id, cost);
+            st.bytes_outstanding += cost;
+            id
+        };
+        let mut head = Vec::with_capacity(128);
+        req.encode(id, &mut head);
+        let sent = {
+            let mut tx = lock(&self.tx);
+            write_all_vectored(&mut tx, &head, req.bulk())
+        };
+        if let Err(e) = sent {
+            let err = Error::from_io(e);
+            self.kill(err.clone());
+            return Err(err);
+        }
+        Ok(id)
+    }
+
+    /// Waits for the reply to `id`. A data reply goes into `dest` if given
+    /// (its length is in `Frame::data_len`); an error reply becomes `Err`.
+    pub fn finish(&self, id: u64, mut dest: Option<&mut [u8]>) -> Result<Frame> {
+        let mut st = lock(&self.st);
+        loop {
+            if let Some(s) = st.stored.remove(&id) {
+                drop(st);
+                return deliver(s, dest);
+            }
+            if let Some(e) = &st.dead {
+                return Err(e.clone());
+            }
+            if !st.outstanding.contains_key(&id) {
+                return Err(Error::Protocol(format!("no request {id} in flight")));
+            }
+            let (g, mine) = self.make_progress(st, Some(id), dest.as_deref_mut())?;
+            st = g;
+            if let Some(f) = mine {
+                return f;
+            }
+        }
+    }
+
+    /// Sends and waits.
+    pub fn call(&self, req: &Request<'_>) -> Result<Frame> {
+        let id = self.start(req, 0)?;
+        self.finish(id, None)
+    }
+
+    /// Drops interest in a reply (e.g. a prefetch no one will read).
+    pub fn forget(&self, id: u64) {
+        let mut st = lock(&self.st);
+        if st.stored.remove(&id).is_none() && st.outstanding.contains_key(&id) {
+            st.discard.insert(id);
+        }
+    }
+
+    fn kill(&self, e: Error) {
+        let mut st = lock(&self.st);
+        if st.dead.is_none() {
+            st.dead = Some(e);
+        }
+        self.cv.notify_all();
+    }
+
+    /// Either reads one reply off the socket (if no one else is) or waits
+    /// for whoever is reading. Returns the reply if it was `want`'s.
+    fn make_progress<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        want: Option<u64>,
+        dest: Option<&mut [u8]>,
+    ) -> Result<(MutexGuard<'a, State>, Option<Result<Frame>>)> {
+        if st.reader_busy {
+            return Ok((self.cv.wait(st).unwrap_or_else(|e| e.into_inner()), None));
+        }
+        if st.outstanding.is_empty() {
+            // Nothing in flight can answer: a caller waited for an id it
+            // never started or already collected.
+            return Err(Error::Protocol("waiting for a reply that is not in flight".into()));
+        }
+        st.reader_busy = true;
+        drop(st);
+        let got = self.read_one(want, dest);
+        let mut st = lock(&self.st);
+        st.reader_busy = false;
+        self.cv.notify_all();
+        match got {
+            Err(e) => {
+                if st.dead.is_none() {
+                    st.dead = Some(e.clone());
+                }
+                Err(e)
+            }
+            Ok((id, cost, what)) => {
+                st.outstanding.remove(&id);
+                st.bytes_outstanding -= cost;
+                match what {
+                    Got::Mine(f) => Ok((st, Some(f))),
+                    Got::Other(s) => {
+                        if !st.discard.remove(&id) {
+                            st.stored.insert(id, s);
+                        }
+                        Ok((st, None))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads exactly one reply frame. Called only by the reader.
+    fn read_one(&self, want: Option<u64>, dest: Option<&mut [u8]>) -> Result<(u64, u64, Got)> {
+        let mut rx = lock(&self.rx);
+        let mut hb = [0u8; HEADER_LEN];
+        rx.read_exact(&mut hb).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => Error::Io {
+                kind: e.kind(),
+                errno: Some(libc::ECONNRESET),
+                message: "server closed the connection".into(),
+            },
+            _ => Error::from_io(e),
+        })?;
+        let h = Header::decode(&hb);
+        h.check_len(self.max_frame).map_err(|e| Error::Protocol(e.to_string()))?;
+        let cost = lock(&self.st)
+            .outstanding
+            .get(&h.id)
+            .copied()
+            .ok_or_else(|| Error::Protocol(format!("reply to unknown request id {}", h.id)))?;
+        let len = h.len as usize;
+        let is_data = !h.is_error() && matches!(h.op, op::READ | op::PREAD);
+        if want == Some(h.id) && is_data {
+            if let Some(d) = dest {
+                if len > d.len() {
+                    return Err(Error::Protocol(format!("read reply of {len} bytes for a {}-byte buffer", d.len())));
+                }
+                rx.read_exact(&mut d[..len]).map_err(Error::from_io)?;
+                return Ok((h.id, cost, Got::Mine(Ok(Frame { op: h.op, body: Vec::new(), data_len: len }))));
+            }
+        }
+        let mut body = vec![0u8; len];
+        rx.read_exact(&mut body).map_err(Error::from_io)?;
+        let s = Stored { header: h, body };
+        if want == Some(h.id) {
+            return Ok((h.id, cost, Got::Mine(deliver(s, None))));
+        }
+        Ok((h.id, cost, Got::Other(s)))
+    }
+}
+
+enum Got {
+    Mine(Result<Frame>),
+    Other(Stored),
+}
+
+/// Turns a stored reply into the caller's result, copying data into `dest`.
+fn deliver(s: Stored, dest: Option<&mut [u8]>) -> Result<Frame> {
+    if s.header.is_error() {
+        let e = ErrorReply::decode(&s.body).map_err(|e| Error::Protocol(e.to_string()))?;
+        return Err(Error::Remote { errno: e.errno as i32, message: e.message.to_string() });
+    }
+    let is_data = matches!(s.header.op, op::READ | op::PREAD);
+    match dest {
+        Some(d) if is_data => {
+            if s.body.len() > d.len() {
+                return Err(Error::Protocol("read reply larger than the buffer".into()));
+            }
+            d[..s.body.len()].copy_from_slice(&s.body);
+            Ok(Frame { op: s.header.op, body: Vec::new(), data_len: s.body.len() })
+        }
+        _ => Ok(Frame { op: s.header.op, data_len: 0, body: s.body }),
+    }
+}
+
+fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream> {
+    let addrs: Vec<_> = addr.to_socket_addrs().map_err(Error::from_io)?.collect();
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(Error::from_io(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))))
+}
+
+/// One synchronous exchange before the engine exists.
+fn handshake_call(
+    tx: &mut TcpStream,
+    rx: &mut BufReader<TcpStream>,
+    req: &Request<'_>,
+    id: u64,
+) -> Result<(Header, Vec<u8>)> {
+    let mut buf = Vec::new();
+    req.encode(id, &mut buf);
+    tx.write_all(&buf).map_err(Error::from_io)?;
+    let mut hb = [0u8; HEADER_LEN];
+    rx.read_exact(&mut hb).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => Error::Protocol("server closed the connection during the handshake".into()),
+        _ => Error::from_io(e),
+    })?;
+    let h = Header::decode(&hb);
+    h.check_len(4096).map_err(|e| Error::Protocol(e.to_string()))?;
+    let mut body = vec![0u8; h.len as usize];
+    rx.read_exact(&mut body).map_err(Error::from_io)?;
+    if h.is_error() {
+        let e = ErrorReply::decode(&body).map_err(|e| Error::Protocol(e.to_string()))?;
+        if e.errno as i32 == libc::EACCES {
+            return Err(Error::Auth(e.message.to_string()));
+        }
+        return Err(Error::Remote { errno: e.errno as i32, message: e.message.to_string() });
+    }
+    if h.id != id || h.op != req.op() {
+        return Err(Error::Protocol("unexpected handshake reply".into()));
+    }
+    Ok((h, body))
+}
+
+fn write_all_vectored(w: &mut TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
+    let mut bufs = [IoSlice::new(head), IoSlice::new(bulk)];
+    let mut slices: &mut [IoSlice<'_>] = if bulk.is_empty() { &mut bufs[..1] } else { &mut bufs[..] };
+    while !slices.is_empty() {
+        let n = w.write_vectored(slices)?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
+}

@@ -1,0 +1,459 @@
+//! An open remote file: `Read`/`Write`/`Seek`, positional I/O, read-ahead
+//! and write-behind inside the connection's window.
+
+use std::collections::VecDeque;
+use std::io::{self, SeekFrom};
+
+use ferry_proto::{Attr, Reply, Request, Target};
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+
+/// Like `std::fs::OpenOptions`, plus the flags ferry passes through.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    directory: bool,
+    nofollow: bool,
+    mode: u32,
+    custom: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpenOptions {
+    pub fn new() -> Self {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            directory: false,
+            nofollow: false,
+            mode: 0o666,
+            custom: 0,
+        }
+    }
+    pub fn read(&mut self, v: bool) -> &mut Self {
+        self.read = v;
+        self
+    }
+    pub fn write(&mut self, v: bool) -> &mut Self {
+        self.write = v;
+        self
+    }
+    pub fn append(&mut self, v: bool) -> &mut Self {
+        self.append = v;
+        self
+    }
+    pub fn truncate(&mut self, v: bool) -> &mut Self {
+        self.truncate = v;
+        self
+    }
+    pub fn create(&mut self, v: bool) -> &mut Self {
+        self.create = v;
+        self
+    }
+    pub fn create_new(&mut self, v: bool) -> &mut Self {
+        self.create_new = v;
+        self
+    }
+    pub fn directory(&mut self, v: bool) -> &mut Self {
+        self.directory = v;
+        self
+    }
+    pub fn nofollow(&mut self, v: bool) -> &mut Self {
+        self.nofollow = v;
+        self
+    }
+    /// Permission bits for a created file (the server applies no umask).
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+    /// Raw Linux `open(2)` flags added to the computed ones.
+    pub fn custom_flags(&mut self, flags: u32) -> &mut Self {
+        self.custom = flags;
+        self
+    }
+
+    /// The Linux `open(2)` flags these options stand for.
+    pub fn flags(&self) -> u32 {
+        let write = self.write || self.append;
+        let mut f = match (self.read, write) {
+            (true, true) => libc::O_RDWR,
+            (false, true) => libc::O_WRONLY,
+            _ => libc::O_RDONLY,
+        };
+        if self.append {
+            f |= libc::O_APPEND;
+        }
+        if self.truncate {
+            f |= libc::O_TRUNC;
+        }
+        if self.create || self.create_new {
+            f |= libc::O_CREAT;
+        }
+        if self.create_new {
+            f |= libc::O_EXCL;
+        }
+        if self.directory {
+            f |= libc::O_DIRECTORY;
+        }
+        if self.nofollow {
+            f |= libc::O_NOFOLLOW;
+        }
+        f as u32 | self.custom
+    }
+}
+
+/// Writes kept in flight before the oldest must be acknowledged.
+const WRITE_BEHIND_MAX: usize = 8;
+/// Read-ahead keeps at most this many bytes requested beyond the reader.
+const PREFETCH_BYTES: usize = 8 * 1024 * 1024;
+const PREFETCH_MAX: usize = 8;
+/// Below this a transfer is one request; above it, split to fill the window.
+const SPLIT_MIN: usize = 1024 * 1024;
+
+struct Prefetch {
+    id: u64,
+    offset: u64,
+    len: usize,
+}
+
+pub struct File {
+    client: Client,
+    handle: u64,
+    attr: Attr,
+    pos: u64,
+    append: bool,
+    /// After an append, `pos` is wherever the server put the end.
+    pos_unknown: bool,
+    writes: VecDeque<u64>,
+    /// A write-behind failure, reported by the next call.
+    error: Option<Error>,
+    prefetch: VecDeque<Prefetch>,
+    /// End offset and size of the last read, to see a sequential pattern.
+    last_read: Option<(u64, usize)>,
+    closed: bool,
+}
+
+impl File {
+    pub(crate) fn open(client: Client, path: &str, opts: &OpenOptions) -> Result<File> {
+        let flags = opts.flags();
+        let f = client.engine().call(&Request::Open { path, flags, mode: opts.mode })?;
+        let (handle, attr) = match f.reply()? {
+            Reply::Opened { handle, attr } => (handle, attr),
+            r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+        };
+        Ok(File {
+            client,
+            handle,
+            attr,
+            pos: 0,
+            append: flags & libc::O_APPEND as u32 != 0,
+            pos_unknown: false,
+            writes: VecDeque::new(),
+            error: None,
+            prefetch: VecDeque::new(),
+            last_read: None,
+            closed: false,
+        })
+    }
+
+    /// The server's handle id.
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// Attributes as of `open`.
+    pub fn attr(&self) -> &Attr {
+        &self.attr
+    }
+
+    fn max_io(&self) -> usize {
+        self.client.engine().max_io()
+    }
+
+    /// Request size for a transfer of `n` bytes: one request up to
+    /// `SPLIT_MIN`, otherwise about an eighth so the window stays full.
+    fn chunk_for(&self, n: usize) -> usize {
+        if n <= SPLIT_MIN {
+            return n.max(1);
+        }
+        let c = n.div_ceil(8).next_multiple_of(64 * 1024);
+        c.clamp(SPLIT_MIN, self.max_io())
+    }
+
+    fn depth(&self) -> usize {
+        (self.client.engine().window() as usize).max(1)
+    }
+
+    /// Reads at `offset` without moving the position; returns bytes read
+    /// (short only at end of file). Large buffers go as several requests
+    /// in flight, each reply landing in its part of `buf`.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let engine = self.client.engine();
+        let chunk = self.chunk_for(buf.len());
+        let depth = self.depth();
+        let mut queue: VecDeque<(u64, usize)> = VecDeque::new();
+        let mut parts: VecDeque<&mut [u8]> = VecDeque::new();
+        let mut total = 0usize;
+        let mut short = false;
+        let mut at = offset;
+        let mut finish_one = |queue: &mut VecDeque<(u64, usize)>, parts: &mut VecDeque<&mut [u8]>| -> Result<()> {
+            let (id, want) = queue.pop_front().expect("queued");
+            let part = parts.pop_front().expect("queued");
+            let got = engine.finish(id, Some(part))?.data_len;
+            if !short {
+                total += got;
+                short = got < want;
+            }
+            Ok(())
+        };
+        for part in buf.chunks_mut(chunk) {
+            if queue.len() >= depth {
+                finish_one(&mut queue, &mut parts)?;
+            }
+            let len = part.len();
+            let id =
+                engine.start(&Request::Pread { handle: self.handle, offset: at, count: len as u32 }, len as u64)?;
+            queue.push_back((id, len));
+            parts.push_back(part);
+            at += len as u64;
+        }
+        while !queue.is_empty() {
+            finish_one(&mut queue, &mut parts)?;
+        }
+        Ok(total)
+    }
+
+    /// Writes all of `buf` at `offset` and waits for the server.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let engine = self.client.engine();
+        let mut ids = VecDeque::new();
+        let mut first_err = None;
+        let mut at = offset;
+        for part in buf.chunks(self.chunk_for(buf.len())) {
+            if ids.len() >= self.depth() {
+                if let Err(e) = engine.finish(ids.pop_front().expect("queued"), None) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            ids.push_back(engine.start(&Request::Pwrite { handle: self.handle, offset: at, data: part }, 0)?);
+            at += part.len() as u64;
+        }
+        for id in ids {
+            if let Err(e) = engine.finish(id, None) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn take_error(&mut self) -> Result<()> {
+        self.error.take().map_or(Ok(()), Err)
+    }
+
+    fn reap_one(&mut self) {
+        if let Some(id) = self.writes.pop_front() {
+            if let Err(e) = self.client.engine().finish(id, None) {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Waits for every write in flight; reports the first failure.
+    pub fn flush_writes(&mut self) -> Result<()> {
+        while !self.writes.is_empty() {
+            self.reap_one();
+        }
+        self.take_error()
+    }
+
+    fn drop_prefetch(&mut self) {
+        for p in self.prefetch.drain(..) {
+            self.client.engine().forget(p.id);
+        }
+    }
+
+    /// Keeps read-ahead requests of `n` bytes going past the reader.
+    fn top_up(&mut self, n: usize) -> Result<()> {
+        let want = (PREFETCH_BYTES / n).clamp(1, PREFETCH_MAX).min(self.depth().saturating_sub(1).max(1));
+        let mut next = self.prefetch.back().map_or(self.pos, |p| p.offset + p.len as u64);
+        while self.prefetch.len() < want {
+            let req = Request::Pread { handle: self.handle, offset: next, count: n as u32 };
+            let id = self.client.engine().start(&req, n as u64)?;
+            self.prefetch.push_back(Prefetch { id, offset: next, len: n });
+            next += n as u64;
+        }
+        Ok(())
+    }
+
+    fn read_seq(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.take_error()?;
+        if self.pos_unknown {
+            self.sync_pos()?;
+        }
+        let n = buf.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        if let Some(p) = self.prefetch.front() {
+            if p.offset == self.pos && p.len == n {
+                let id = p.id;
+                self.prefetch.pop_front();
+                let got = self.client.engine().finish(id, Some(buf))?.data_len;
+                self.pos += got as u64;
+                self.last_read = Some((self.pos, n));
+                if got < n {
+                    self.drop_prefetch();
+                } else {
+                    self.top_up(n)?;
+                }
+                return Ok(got);
+            }
+            self.drop_prefetch();
+        }
+        let sequential = self.last_read == Some((self.pos, n));
+        let got = self.read_at(buf, self.pos)?;
+        self.pos += got as u64;
+        self.last_read = Some((self.pos, n));
+        if sequential && got == n && n <= self.max_io() && n <= PREFETCH_BYTES {
+            self.top_up(n)?;
+        }
+        Ok(got)
+    }
+
+    fn write_seq(&mut self, buf: &[u8]) -> Result<usize> {
+        self.take_error()?;
+        self.drop_prefetch();
+        let engine = std::sync::Arc::clone(self.client.engine());
+        for part in buf.chunks(self.chunk_for(buf.len())) {
+            let req = if self.append {
+                Request::Write { handle: self.handle, data: part }
+            } else {
+                Request::Pwrite { handle: self.handle, offset: self.pos, data: part }
+            };
+            let id = engine.start(&req, 0)?;
+            self.writes.push_back(id);
+            self.pos += part.len() as u64;
+            while self.writes.len() > WRITE_BEHIND_MAX {
+                self.reap_one();
+            }
+        }
+        if self.append {
+            self.pos_unknown = true;
+        }
+        self.take_error()?;
+        Ok(buf.len())
+    }
+
+    /// After appends, the position is the end of the file.
+    fn sync_pos(&mut self) -> Result<()> {
+        self.flush_writes()?;
+        self.pos = self.metadata()?.size;
+        self.pos_unknown = false;
+        Ok(())
+    }
+
+    pub fn metadata(&mut self) -> Result<Attr> {
+        self.flush_writes()?;
+        self.client.stat(Target::Handle(self.handle))
+    }
+
+    pub fn set_len(&mut self, size: u64) -> Result<()> {
+        self.flush_writes()?;
+        self.drop_prefetch();
+        self.client.truncate(Target::Handle(self.handle), size).map(|_| ())
+    }
+
+    /// `fsync`: returns once everything written is on stable storage.
+    pub fn sync_all(&mut self) -> Result<()> {
+        self.sync(false)
+    }
+
+    /// `fdatasync`.
+    pub fn sync_data(&mut self) -> Result<()> {
+        self.sync(true)
+    }
+
+    fn sync(&mut self, datasync: bool) -> Result<()> {
+        self.flush_writes()?;
+        self.client.engine().call(&Request::Fsync { handle: self.handle, datasync })?;
+        Ok(())
+    }
+
+    /// Waits for pending writes and closes; reports any failure, which a
+    /// plain drop cannot.
+    pub fn close(mut self) -> Result<()> {
+        self.close_inner()
+    }
+
+    fn close_inner(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        self.drop_prefetch();
+        let flushed = self.flush_writes();
+        let closed = self.client.engine().call(&Request::Close { handle: self.handle });
+        flushed?;
+        closed.map(|_| ())
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        // Errors here have no one to go to; `close` reports them.
+        let _ = self.close_inner();
+    }
+}
+
+impl io::Read for File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Ok(self.read_seq(buf)?)
+    }
+}
+
+impl io::Write for File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(self.write_seq(buf)?)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(self.flush_writes()?)
+    }
+}
+
+impl io::Seek for File {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        if self.pos_unknown {
+            self.sync_pos()?;
+        }
+        let base = match pos {
+            SeekFrom::Start(o) => {
+                self.pos = o;
+                return Ok(o);
+            }
+            SeekFrom::Current(d) => (self.pos as i128, d),
+            SeekFrom::End(d) => (self.metadata()?.size as i128, d),
+        };
+        let to = base.0 + base.1 as i128;
+        if to < 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        self.pos = to as u64;
+        Ok(self.pos)
+    }
+}

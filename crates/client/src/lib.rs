@@ -1,0 +1,26 @@
+//! The ferry client: a pipelined RPC engine and a blocking file API shaped
+//! like `std::fs` on top of it. No runtime, no threads of its own.
+//!
+//! ```no_run
+//! use ferry_client::{Client, OpenOptions, Options};
+//! use std::io::Read;
+//! let c = Client::connect("127.0.0.1:7070", &Options::default())?;
+//! let mut f = c.open("/hello.txt", OpenOptions::new().read(true))?;
+//! let mut s = String::new();
+//! f.read_to_string(&mut s)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod client;
+mod engine;
+mod error;
+mod file;
+pub mod token;
+pub mod url;
+
+pub use client::{join, Client};
+pub use engine::{Engine, Frame, Options};
+pub use error::{Error, Result};
+pub use ferry_proto::{Attr, DirEntry, StatFs, Target, Time};
+pub use file::{File, OpenOptions};
+pub use url::Url;

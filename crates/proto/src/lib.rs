@@ -1,0 +1,77 @@
+//! The ferry wire protocol, without I/O.
+//!
+//! Every frame is a 16-byte [`Header`] followed by `len` body bytes. Requests
+//! and replies are typed messages ([`Request`], [`Reply`]); bulk data (file
+//! contents of a write request or a read reply) is the raw tail of the body,
+//! so drivers can send it from, and receive it into, the caller's buffer.
+//! `PROTOCOL.md` at the repository root is the normative description.
+#![forbid(unsafe_code)]
+
+mod auth;
+mod frame;
+mod msg;
+mod types;
+mod wire;
+
+pub use auth::{client_proof, proofs_equal, server_proof, Nonce};
+pub use frame::{Header, FLAG_ERROR, HEADER_LEN};
+pub use msg::*;
+pub use types::{Attr, DirEntry, StatFs, Target, Time, UTIME_NOW, UTIME_OMIT};
+
+use std::fmt;
+
+/// Why bytes from a peer could not be decoded. Distinguishes a short frame,
+/// an out-of-range value, leftover bytes, an unknown operation and a frame
+/// over the limit; each names the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecodeError {
+    Short(&'static str),
+    Invalid(&'static str),
+    Trailing(&'static str),
+    UnknownOp(u16),
+    TooLarge { len: u32, max: u32 },
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Short(w) => write!(f, "frame too short for {w}"),
+            DecodeError::Invalid(w) => write!(f, "invalid value for {w}"),
+            DecodeError::Trailing(w) => write!(f, "trailing bytes after {w}"),
+            DecodeError::UnknownOp(op) => write!(f, "unknown operation {op}"),
+            DecodeError::TooLarge { len, max } => {
+                write!(f, "frame body of {len} bytes exceeds the limit of {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Protocol versions this implementation speaks.
+pub const VERSION_MIN: u16 = 1;
+pub const VERSION_MAX: u16 = 1;
+
+/// Magic carried in `Hello` so a stray connection is recognised at once.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"FRRY");
+
+/// Capability bits exchanged in the handshake; the session uses the
+/// intersection. A missing bit degrades a feature, it never breaks one.
+pub mod caps {
+    /// `ReadDir` with `plus = true` returns attributes with each entry.
+    pub const READDIRPLUS: u64 = 1 << 0;
+    /// Extended attribute operations.
+    pub const XATTR: u64 = 1 << 1;
+    /// `Rename` flags (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
+    pub const RENAME_FLAGS: u64 = 1 << 2;
+    /// Everything this implementation offers.
+    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS;
+}
+
+/// The smallest frame-body limit a peer may announce (16 MiB of data plus room
+/// for the fixed fields of a write).
+pub const MIN_MAX_FRAME: u32 = 16 * 1024 * 1024 + 4096;
+
+/// Longest path accepted in a message.
+pub const MAX_PATH: usize = 4096;

@@ -1,0 +1,654 @@
+//! Typed requests and replies, and their encoding into frame bodies.
+
+use crate::frame::{Header, FLAG_ERROR, HEADER_LEN};
+use crate::types::{Attr, DirEntry, StatFs, Target, Time};
+use crate::wire::{Reader, Writer};
+use crate::{DecodeError, Nonce, MAGIC};
+
+/// Operation codes (the `op` field of a header). Replies echo the request's op.
+pub mod op {
+    pub const HELLO: u16 = 1;
+    pub const AUTH: u16 = 2;
+    pub const PING: u16 = 3;
+    pub const OPEN: u16 = 10;
+    pub const CLOSE: u16 = 11;
+    pub const READ: u16 = 12;
+    pub const PREAD: u16 = 13;
+    pub const WRITE: u16 = 14;
+    pub const PWRITE: u16 = 15;
+    pub const SEEK: u16 = 16;
+    pub const STAT: u16 = 17;
+    pub const FSYNC: u16 = 18;
+    pub const TRUNCATE: u16 = 19;
+    pub const MKDIR: u16 = 20;
+    pub const RMDIR: u16 = 21;
+    pub const UNLINK: u16 = 22;
+    pub const RENAME: u16 = 23;
+    pub const LINK: u16 = 24;
+    pub const SYMLINK: u16 = 25;
+    pub const READLINK: u16 = 26;
+    pub const CHMOD: u16 = 27;
+    pub const CHOWN: u16 = 28;
+    pub const UTIMENS: u16 = 29;
+    pub const STATFS: u16 = 30;
+    pub const ACCESS: u16 = 31;
+    pub const GETXATTR: u16 = 32;
+    pub const SETXATTR: u16 = 33;
+    pub const LISTXATTR: u16 = 34;
+    pub const REMOVEXATTR: u16 = 35;
+    pub const READDIR: u16 = 36;
+}
+
+/// A request. Borrowed fields point into the frame body (server side) or the
+/// caller's memory (client side); `Write`/`Pwrite` data is the frame's tail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    Hello {
+        min_version: u16,
+        max_version: u16,
+        caps: u64,
+        max_frame: u32,
+        nonce: Nonce,
+    },
+    Auth {
+        proof: [u8; 32],
+    },
+    Ping,
+    /// `flags` and `mode` are Linux `open(2)` values.
+    Open {
+        path: &'a str,
+        flags: u32,
+        mode: u32,
+    },
+    Close {
+        handle: u64,
+    },
+    /// Read at the handle's own offset (shared by everyone using the handle).
+    Read {
+        handle: u64,
+        count: u32,
+    },
+    Pread {
+        handle: u64,
+        offset: u64,
+        count: u32,
+    },
+    Write {
+        handle: u64,
+        data: &'a [u8],
+    },
+    Pwrite {
+        handle: u64,
+        offset: u64,
+        data: &'a [u8],
+    },
+    /// `whence` is `SEEK_SET`/`SEEK_CUR`/`SEEK_END` (0/1/2), or `SEEK_DATA`/`SEEK_HOLE`.
+    Seek {
+        handle: u64,
+        offset: i64,
+        whence: u32,
+    },
+    Stat {
+        target: Target<'a>,
+    },
+    Fsync {
+        handle: u64,
+        datasync: bool,
+    },
+    Truncate {
+        target: Target<'a>,
+        size: u64,
+    },
+    Mkdir {
+        path: &'a str,
+        mode: u32,
+    },
+    Rmdir {
+        path: &'a str,
+    },
+    Unlink {
+        path: &'a str,
+    },
+    /// `flags`: `RENAME_NOREPLACE` (1), `RENAME_EXCHANGE` (2).
+    Rename {
+        from: &'a str,
+        to: &'a str,
+        flags: u32,
+    },
+    Link {
+        from: &'a str,
+        to: &'a str,
+    },
+    Symlink {
+        target: &'a str,
+        path: &'a str,
+    },
+    Readlink {
+        path: &'a str,
+    },
+    Chmod {
+        target: Target<'a>,
+        mode: u32,
+    },
+    /// `u32::MAX` leaves the id unchanged, as `-1` does for `chown(2)`.
+    Chown {
+        target: Target<'a>,
+        uid: u32,
+        gid: u32,
+    },
+    Utimens {
+        target: Target<'a>,
+        atime: Time,
+        mtime: Time,
+    },
+    Statfs {
+        path: &'a str,
+    },
+    /// `mode` is `F_OK` or a mask of `R_OK`/`W_OK`/`X_OK`.
+    Access {
+        path: &'a str,
+        mode: u32,
+    },
+    /// `size` 0 asks only for the value's length, as `getxattr(2)` does.
+    GetXattr {
+        target: Target<'a>,
+        name: &'a str,
+        size: u32,
+    },
+    /// `flags`: `XATTR_CREATE` (1), `XATTR_REPLACE` (2).
+    SetXattr {
+        target: Target<'a>,
+        name: &'a str,
+        value: &'a [u8],
+        flags: u32,
+    },
+    ListXattr {
+        target: Target<'a>,
+        size: u32,
+    },
+    RemoveXattr {
+        target: Target<'a>,
+        name: &'a str,
+    },
+    /// Batched directory read from `cookie` (0 = start) on a handle opened with
+    /// `O_DIRECTORY`; `plus` asks for attributes with each entry.
+    ReadDir {
+        handle: u64,
+        cookie: u64,
+        max_entries: u32,
+        plus: bool,
+    },
+}
+
+impl<'a> Request<'a> {
+    pub fn op(&self) -> u16 {
+        match self {
+            Request::Hello { .. } => op::HELLO,
+            Request::Auth { .. } => op::AUTH,
+            Request::Ping => op::PING,
+            Request::Open { .. } => op::OPEN,
+            Request::Close { .. } => op::CLOSE,
+            Request::Read { .. } => op::READ,
+            Request::Pread { .. } => op::PREAD,
+            Request::Write { .. } => op::WRITE,
+            Request::Pwrite { .. } => op::PWRITE,
+            Request::Seek { .. } => op::SEEK,
+            Request::Stat { .. } => op::STAT,
+            Request::Fsync { .. } => op::FSYNC,
+            Request::Truncate { .. } => op::TRUNCATE,
+            Request::Mkdir { .. } => op::MKDIR,
+            Request::Rmdir { .. } => op::RMDIR,
+            Request::Unlink { .. } => op::UNLINK,
+            Request::Rename { .. } => op::RENAME,
+            Request::Link { .. } => op::LINK,
+            Request::Symlink { .. } => op::SYMLINK,
+            Request::Readlink { .. } => op::READLINK,
+            Request::Chmod { .. } => op::CHMOD,
+            Request::Chown { .. } => op::CHOWN,
+            Request::Utimens { .. } => op::UTIMENS,
+            Request::Statfs { .. } => op::STATFS,
+            Request::Access { .. } => op::ACCESS,
+            Request::GetXattr { .. } => op::GETXATTR,
+            Request::SetXattr { .. } => op::SETXATTR,
+            Request::ListXattr { .. } => op::LISTXATTR,
+            Request::RemoveXattr { .. } => op::REMOVEXATTR,
+            Request::ReadDir { .. } => op::READDIR,
+        }
+    }
+
+    /// The raw bulk tail, sent after the encoded fixed part.
+    pub fn bulk(&self) -> &'a [u8] {
+        match self {
+            Request::Write { data, .. } | Request::Pwrite { data, .. } => data,
+            _ => &[],
+        }
+    }
+
+    /// Appends header and fixed fields to `out` (not the bulk tail, which the
+    /// caller sends from its own buffer). The header's `len` counts both.
+    pub fn encode(&self, id: u64, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; HEADER_LEN]);
+        let mut w = Writer { out };
+        self.put_fields(&mut w);
+        let body = out.len() - start - HEADER_LEN + self.bulk().len();
+        let h = Header { len: u32::try_from(body).expect("frame over 4 GiB"), op: self.op(), flags: 0, id };
+        out[start..start + HEADER_LEN].copy_from_slice(&h.encode());
+    }
+
+    fn put_fields(&self, w: &mut Writer) {
+        match self {
+            Request::Hello { min_version, max_version, caps, max_frame, nonce } => {
+                w.u32(MAGIC);
+                w.u16(*min_version);
+                w.u16(*max_version);
+                w.u64(*caps);
+                w.u32(*max_frame);
+                w.raw(nonce);
+            }
+            Request::Auth { proof } => w.raw(proof),
+            Request::Ping => {}
+            Request::Open { path, flags, mode } => {
+                w.u32(*flags);
+                w.u32(*mode);
+                w.str(path);
+            }
+            Request::Close { handle } => w.u64(*handle),
+            Request::Read { handle, count } => {
+                w.u64(*handle);
+                w.u32(*count);
+            }
+            Request::Pread { handle, offset, count } => {
+                w.u64(*handle);
+                w.u64(*offset);
+                w.u32(*count);
+            }
+            Request::Write { handle, .. } => w.u64(*handle),
+            Request::Pwrite { handle, offset, .. } => {
+                w.u64(*handle);
+                w.u64(*offset);
+            }
+            Request::Seek { handle, offset, whence } => {
+                w.u64(*handle);
+                w.i64(*offset);
+                w.u32(*whence);
+            }
+            Request::Stat { target } => target.put(w),
+            Request::Fsync { handle, datasync } => {
+                w.u64(*handle);
+                w.bool(*datasync);
+            }
+            Request::Truncate { target, size } => {
+                w.u64(*size);
+                target.put(w);
+            }
+            Request::Mkdir { path, mode } => {
+                w.u32(*mode);
+                w.str(path);
+            }
+            Request::Rmdir { path }
+            | Request::Unlink { path }
+            | Request::Readlink { path }
+            | Request::Statfs { path } => w.str(path),
+            Request::Rename { from, to, flags } => {
+                w.u32(*flags);
+                w.str(from);
+                w.str(to);
+            }
+            Request::Link { from, to } => {
+                w.str(from);
+                w.str(to);
+            }
+            Request::Symlink { target, path } => {
+                w.str(target);
+                w.str(path);
+            }
+            Request::Chmod { target, mode } => {
+                w.u32(*mode);
+                target.put(w);
+            }
+            Request::Chown { target, uid, gid } => {
+                w.u32(*uid);
+                w.u32(*gid);
+                target.put(w);
+            }
+            Request::Utimens { target, atime, mtime } => {
+                atime.put(w);
+                mtime.put(w);
+                target.put(w);
+            }
+            Request::Access { path, mode } => {
+                w.u32(*mode);
+                w.str(path);
+            }
+            Request::GetXattr { target, name, size } => {
+                w.u32(*size);
+                target.put(w);
+                w.str(name);
+            }
+            Request::SetXattr { target, name, value, flags } => {
+                w.u32(*flags);
+                target.put(w);
+                w.str(name);
+                w.bytes(value);
+            }
+            Request::ListXattr { target, size } => {
+                w.u32(*size);
+                target.put(w);
+            }
+            Request::RemoveXattr { target, name } => {
+                target.put(w);
+                w.str(name);
+            }
+            Request::ReadDir { handle, cookie, max_entries, plus } => {
+                w.u64(*handle);
+                w.u64(*cookie);
+                w.u32(*max_entries);
+                w.bool(*plus);
+            }
+        }
+    }
+
+    /// Decodes a request body for operation `op`. Never panics on any input.
+    pub fn decode(op: u16, body: &'a [u8]) -> Result<Request<'a>, DecodeError> {
+        let mut r = Reader::new(body);
+        let req = match op {
+            op::HELLO => {
+                if r.u32("hello.magic")? != MAGIC {
+                    return Err(DecodeError::Invalid("hello.magic"));
+                }
+                Request::Hello {
+                    min_version: r.u16("hello.min_version")?,
+                    max_version: r.u16("hello.max_version")?,
+                    caps: r.u64("hello.caps")?,
+                    max_frame: r.u32("hello.max_frame")?,
+                    nonce: r.array32("hello.nonce")?,
+                }
+            }
+            op::AUTH => Request::Auth { proof: r.array32("auth.proof")? },
+            op::PING => Request::Ping,
+            op::OPEN => {
+                let flags = r.u32("open.flags")?;
+                let mode = r.u32("open.mode")?;
+                Request::Open { path: r.str("open.path")?, flags, mode }
+            }
+            op::CLOSE => Request::Close { handle: r.u64("close.handle")? },
+            op::READ => Request::Read { handle: r.u64("read.handle")?, count: r.u32("read.count")? },
+            op::PREAD => Request::Pread {
+                handle: r.u64("pread.handle")?,
+                offset: r.u64("pread.offset")?,
+                count: r.u32("pread.count")?,
+            },
+            op::WRITE => Request::Write { handle: r.u64("write.handle")?, data: r.rest() },
+            op::PWRITE => {
+                Request::Pwrite { handle: r.u64("pwrite.handle")?, offset: r.u64("pwrite.offset")?, data: r.rest() }
+            }
+            op::SEEK => Request::Seek {
+                handle: r.u64("seek.handle")?,
+                offset: r.i64("seek.offset")?,
+                whence: r.u32("seek.whence")?,
+            },
+            op::STAT => Request::Stat { target: Target::get(&mut r)? },
+            op::FSYNC => Request::Fsync { handle: r.u64("fsync.handle")?, datasync: r.bool("fsync.datasync")? },
+            op::TRUNCATE => {
+                let size = r.u64("truncate.size")?;
+                Request::Truncate { target: Target::get(&mut r)?, size }
+            }
+            op::MKDIR => {
+                let mode = r.u32("mkdir.mode")?;
+                Request::Mkdir { path: r.str("mkdir.path")?, mode }
+            }
+            op::RMDIR => Request::Rmdir { path: r.str("rmdir.path")? },
+            op::UNLINK => Request::Unlink { path: r.str("unlink.path")? },
+            op::READLINK => Request::Readlink { path: r.str("readlink.path")? },
+            op::STATFS => Request::Statfs { path: r.str("statfs.path")? },
+            op::RENAME => {
+                let flags = r.u32("rename.flags")?;
+                Request::Rename { from: r.str("rename.from")?, to: r.str("rename.to")?, flags }
+            }
+            op::LINK => Request::Link { from: r.str("link.from")?, to: r.str("link.to")? },
+            op::SYMLINK => Request::Symlink { target: r.str("symlink.target")?, path: r.str("symlink.path")? },
+            op::CHMOD => {
+                let mode = r.u32("chmod.mode")?;
+                Request::Chmod { target: Target::get(&mut r)?, mode }
+            }
+            op::CHOWN => {
+                let uid = r.u32("chown.uid")?;
+                let gid = r.u32("chown.gid")?;
+                Request::Chown { target: Target::get(&mut r)?, uid, gid }
+            }
+            op::UTIMENS => {
+                let atime = Time::get(&mut r)?;
+                let mtime = Time::get(&mut r)?;
+                Request::Utimens { target: Target::get(&mut r)?, atime, mtime }
+            }
+            op::ACCESS => {
+                let mode = r.u32("access.mode")?;
+                Request::Access { path: r.str("access.path")?, mode }
+            }
+            op::GETXATTR => {
+                let size = r.u32("getxattr.size")?;
+                let target = Target::get(&mut r)?;
+                Request::GetXattr { target, name: r.str("getxattr.name")?, size }
+            }
+            op::SETXATTR => {
+                let flags = r.u32("setxattr.flags")?;
+                let target = Target::get(&mut r)?;
+                let name = r.str("setxattr.name")?;
+                Request::SetXattr { target, name, value: r.bytes("setxattr.value")?, flags }
+            }
+            op::LISTXATTR => {
+                let size = r.u32("listxattr.size")?;
+                Request::ListXattr { target: Target::get(&mut r)?, size }
+            }
+            op::REMOVEXATTR => {
+                let target = Target::get(&mut r)?;
+                Request::RemoveXattr { target, name: r.str("removexattr.name")? }
+            }
+            op::READDIR => Request::ReadDir {
+                handle: r.u64("readdir.handle")?,
+                cookie: r.u64("readdir.cookie")?,
+                max_entries: r.u32("readdir.max_entries")?,
+                plus: r.bool("readdir.plus")?,
+            },
+            other => return Err(DecodeError::UnknownOp(other)),
+        };
+        r.finish("request")?;
+        Ok(req)
+    }
+}
+
+/// The server's answer to `Hello`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    pub version: u16,
+    /// Intersection of both sides' capabilities.
+    pub caps: u64,
+    /// Largest frame body the server accepts.
+    pub max_frame: u32,
+    /// Credit window: requests a client may have outstanding.
+    pub window_requests: u32,
+    /// Credit window: request plus reply bytes a client may have outstanding.
+    pub window_bytes: u64,
+    /// Random per server start; a change tells a reconnecting client that
+    /// unstable writes must be resent (as the NFSv3 write verifier).
+    pub boot_id: u64,
+    pub nonce: Nonce,
+    pub auth_required: bool,
+}
+
+/// A successful reply. `Data` is the raw body of a read reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply<'a> {
+    Welcome(Welcome),
+    AuthOk {
+        proof: [u8; 32],
+    },
+    Empty,
+    Opened {
+        handle: u64,
+        attr: Attr,
+    },
+    Data(&'a [u8]),
+    Written {
+        count: u32,
+    },
+    Offset {
+        offset: u64,
+    },
+    Attr(Attr),
+    Name(&'a str),
+    StatFs(StatFs),
+    /// `size` is the value's full length; `value` is empty when only the
+    /// length was asked for.
+    Xattr {
+        size: u32,
+        value: &'a [u8],
+    },
+    Dir {
+        eof: bool,
+        entries: Vec<DirEntry>,
+    },
+}
+
+/// An error reply: a Linux errno and a short message for humans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReply<'a> {
+    pub errno: u32,
+    pub message: &'a str,
+}
+
+impl<'a> Reply<'a> {
+    /// Appends a complete reply frame to `out` for request `id` of operation
+    /// `op`. For `Data`, only the header is written: the caller sends the
+    /// data (or `sendfile`s it) right after.
+    pub fn encode(&self, op: u16, id: u64, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; HEADER_LEN]);
+        let mut w = Writer { out };
+        let bulk = self.put_fields(&mut w);
+        let body = out.len() - start - HEADER_LEN + bulk;
+        let h = Header { len: u32::try_from(body).expect("frame over 4 GiB"), op, flags: 0, id };
+        out[start..start + HEADER_LEN].copy_from_slice(&h.encode());
+    }
+
+    /// Writes fields; returns the length of a bulk tail the caller sends.
+    fn put_fields(&self, w: &mut Writer) -> usize {
+        match self {
+            Reply::Welcome(x) => {
+                w.u16(x.version);
+                w.u64(x.caps);
+                w.u32(x.max_frame);
+                w.u32(x.window_requests);
+                w.u64(x.window_bytes);
+                w.u64(x.boot_id);
+                w.raw(&x.nonce);
+                w.bool(x.auth_required);
+            }
+            Reply::AuthOk { proof } => w.raw(proof),
+            Reply::Empty => {}
+            Reply::Opened { handle, attr } => {
+                w.u64(*handle);
+                attr.put(w);
+            }
+            Reply::Data(d) => return d.len(),
+            Reply::Written { count } => w.u32(*count),
+            Reply::Offset { offset } => w.u64(*offset),
+            Reply::Attr(a) => a.put(w),
+            Reply::Name(n) => w.str(n),
+            Reply::StatFs(s) => s.put(w),
+            Reply::Xattr { size, value } => {
+                w.u32(*size);
+                w.bytes(value);
+            }
+            Reply::Dir { eof, entries } => {
+                w.bool(*eof);
+                w.u32(u32::try_from(entries.len()).expect("entry count"));
+                for e in entries {
+                    e.put(w);
+                }
+            }
+        }
+        0
+    }
+
+    /// Decodes a successful reply body to a request of operation `op`.
+    pub fn decode(op: u16, body: &'a [u8]) -> Result<Reply<'a>, DecodeError> {
+        let mut r = Reader::new(body);
+        let reply = match op {
+            op::HELLO => Reply::Welcome(Welcome {
+                version: r.u16("welcome.version")?,
+                caps: r.u64("welcome.caps")?,
+                max_frame: r.u32("welcome.max_frame")?,
+                window_requests: r.u32("welcome.window_requests")?,
+                window_bytes: r.u64("welcome.window_bytes")?,
+                boot_id: r.u64("welcome.boot_id")?,
+                nonce: r.array32("welcome.nonce")?,
+                auth_required: r.bool("welcome.auth_required")?,
+            }),
+            op::AUTH => Reply::AuthOk { proof: r.array32("auth_ok.proof")? },
+            op::OPEN => Reply::Opened { handle: r.u64("opened.handle")?, attr: Attr::get(&mut r)? },
+            op::READ | op::PREAD => Reply::Data(r.rest()),
+            op::WRITE | op::PWRITE => Reply::Written { count: r.u32("written.count")? },
+            op::SEEK => Reply::Offset { offset: r.u64("offset")? },
+            op::STAT | op::TRUNCATE | op::MKDIR | op::LINK | op::SYMLINK | op::CHMOD | op::CHOWN | op::UTIMENS => {
+                Reply::Attr(Attr::get(&mut r)?)
+            }
+            op::READLINK => Reply::Name(r.str("readlink.target")?),
+            op::STATFS => Reply::StatFs(StatFs::get(&mut r)?),
+            op::GETXATTR | op::LISTXATTR => Reply::Xattr { size: r.u32("xattr.size")?, value: r.bytes("xattr.value")? },
+            op::READDIR => {
+                let eof = r.bool("dir.eof")?;
+                let n = r.u32("dir.count")?;
+                // Each entry is at least 20 bytes: bound the allocation by the body.
+                let mut entries = Vec::with_capacity((n as usize).min(body.len() / 20));
+                for _ in 0..n {
+                    entries.push(DirEntry::get(&mut r)?);
+                }
+                Reply::Dir { eof, entries }
+            }
+            op::PING
+            | op::CLOSE
+            | op::FSYNC
+            | op::RMDIR
+            | op::UNLINK
+            | op::RENAME
+            | op::ACCESS
+            | op::SETXATTR
+            | op::REMOVEXATTR => Reply::Empty,
+            other => return Err(DecodeError::UnknownOp(other)),
+        };
+        r.finish("reply")?;
+        Ok(reply)
+    }
+}
+
+impl<'a> ErrorReply<'a> {
+    pub fn encode(&self, op: u16, id: u64, out: &mut Vec<u8>) {
+        let msg = truncate_utf8(self.message, 1024);
+        let body = 4 + 2 + msg.len();
+        let h = Header { len: body as u32, op, flags: FLAG_ERROR, id };
+        out.extend_from_slice(&h.encode());
+        let mut w = Writer { out };
+        w.u32(self.errno);
+        w.str(msg);
+    }
+
+    pub fn decode(body: &'a [u8]) -> Result<ErrorReply<'a>, DecodeError> {
+        let mut r = Reader::new(body);
+        let e = ErrorReply { errno: r.u32("error.errno")?, message: r.str("error.message")? };
+        r.finish("error")?;
+        Ok(e)
+    }
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

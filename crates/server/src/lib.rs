@@ -1,0 +1,104 @@
+//! The ferry server: accepts connections, runs one session per connection and
+//! executes requests against a [`Backend`].
+//!
+//! Threading: one thread per connection, which reads a request, executes it
+//! and writes the reply itself. No request changes threads; the kernel's
+//! scheduler shares the cores among connections, which keeps 200 clients fair
+//! without a scheduler of our own.
+
+pub mod backend;
+mod conn;
+pub mod memory;
+pub mod posix;
+mod session;
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use backend::{Backend, Errno, Node, ReadData};
+pub use conn::End;
+pub use session::Policy;
+
+/// Server settings; `Config::default()` is what `ferry serve` uses.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub read_only: bool,
+    /// Shared secret; `None` serves without authentication.
+    pub token: Option<Vec<u8>>,
+    /// Largest request body accepted.
+    pub max_frame: u32,
+    pub window_requests: u32,
+    pub window_bytes: u64,
+    pub max_handles: usize,
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+    /// Capabilities offered (tests turn some off to check degradation).
+    pub caps: u64,
+    pub boot_id: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let mut id = [0u8; 8];
+        // A failed entropy read only weakens the reboot detection.
+        let _ = getrandom::getrandom(&mut id);
+        Config {
+            read_only: false,
+            token: None,
+            max_frame: 64 * 1024 * 1024 + 4096,
+            window_requests: 64,
+            window_bytes: 256 * 1024 * 1024,
+            max_handles: 65536,
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(3600),
+            caps: ferry_proto::caps::ALL,
+            boot_id: u64::from_le_bytes(id),
+        }
+    }
+}
+
+/// Accepts connections forever, one thread each.
+pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
+    let cfg = Arc::new(cfg);
+    let live = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (stream, peer) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: wait for connections to end instead of spinning.
+                eprintln!("ferry serve: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if live.load(Ordering::Relaxed) >= cfg.max_connections {
+            eprintln!("ferry serve: {peer}: refused, {} connections already", cfg.max_connections);
+            continue;
+        }
+        let conn = match conn::Conn::new(stream, peer, Arc::clone(&cfg), Arc::clone(&backend)) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("ferry serve: {peer}: {e}");
+                continue;
+            }
+        };
+        live.fetch_add(1, Ordering::Relaxed);
+        let live2 = Arc::clone(&live);
+        let spawned = std::thread::Builder::new().name("ferry-conn".into()).stack_size(256 * 1024).spawn(move || {
+            let peer = conn.peer();
+            match conn.run() {
+                End::Closed => {}
+                End::Io(e) => eprintln!("ferry serve: {peer}: connection error: {e}"),
+                End::Protocol(m) => eprintln!("ferry serve: {peer}: protocol error, closing: {m}"),
+                End::AuthFailed => eprintln!("ferry serve: {peer}: authentication failed"),
+            }
+            live2.fetch_sub(1, Ordering::Relaxed);
+        });
+        if let Err(e) = spawned {
+            live.fetch_sub(1, Ordering::Relaxed);
+            eprintln!("ferry serve: {peer}: cannot start a thread: {e}");
+        }
+    }
+}

@@ -1,0 +1,502 @@
+//! A directory on the server's disk, with every path confined beneath it.
+//!
+//! Confinement rests on one rule: nothing ever resolves a client path except
+//! `openat2(root, path, .., RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`. Calls
+//! that act on a final name (`mkdirat`, `unlinkat`, `renameat2`, ...) get a
+//! parent directory opened that way plus a single component that cannot
+//! contain `/`, and never follow a final symlink. Calls that must follow one
+//! act on the `O_PATH` descriptor `openat2` returned, through
+//! `/proc/self/fd/N` (our own descriptor, so the magic link is safe). A
+//! concurrent rename cannot redirect a resolution outside: the kernel checks
+//! `RESOLVE_BENEATH` during the walk itself.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::Mutex;
+
+use ferry_proto::{Attr, DirEntry, StatFs, Time};
+use rustix::fs::{self as rfs, AtFlags, Dir, Mode, OFlags, ResolveFlags, CWD};
+
+use crate::backend::{Backend, Errno, Node, ReadData, Result};
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+
+/// Open flags a client may ask for; anything else is dropped so `openat2`
+/// (which rejects unknown bits) sees only what we understand.
+const CLIENT_FLAGS: u32 = (libc::O_ACCMODE
+    | libc::O_CREAT
+    | libc::O_EXCL
+    | libc::O_TRUNC
+    | libc::O_APPEND
+    | libc::O_DIRECTORY
+    | libc::O_NOFOLLOW
+    | libc::O_DSYNC
+    | libc::O_SYNC
+    | libc::O_NOATIME) as u32;
+
+pub struct PosixBackend {
+    root: OwnedFd,
+}
+
+/// An open file; directories carry a lazily created stream for `readdir`.
+pub struct PosixFile {
+    fd: OwnedFd,
+    readable: bool,
+    append: bool,
+    dir: Mutex<Option<DirStream>>,
+}
+
+struct DirStream {
+    dir: Dir,
+    /// Cookie of the position the stream is at, so sequential batches need no seek.
+    at: u64,
+}
+
+impl PosixBackend {
+    /// Exports `root`, which must be a directory.
+    pub fn new(root: &Path) -> std::io::Result<PosixBackend> {
+        let fd = rfs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+        Ok(PosixBackend { root: fd })
+    }
+
+    fn open_path(&self, path: &str, follow: bool) -> Result<OwnedFd> {
+        let mut flags = OFlags::PATH | OFlags::CLOEXEC;
+        if !follow {
+            flags |= OFlags::NOFOLLOW;
+        }
+        Ok(rfs::openat2(&self.root, rel(path)?, flags, Mode::empty(), RESOLVE)?)
+    }
+
+    /// Parent directory (confined) and final component of `path`.
+    fn split<'p>(&self, path: &'p str) -> Result<(OwnedFd, Final<'p>)> {
+        let p = rel(path)?.trim_end_matches('/');
+        let (parent, name) = match p.rfind('/') {
+            Some(i) => (&p[..i], &p[i + 1..]),
+            None => (".", p),
+        };
+        let parent = if parent.is_empty() { "." } else { parent };
+        let fin = match name {
+            "" | "." if p == "." || p.is_empty() => Final::Root,
+            "." => Final::Dot,
+            ".." => Final::DotDot,
+            n => {
+                if n.len() > 255 {
+                    return Err(Errno::NAMETOOLONG);
+                }
+                Final::Name(n)
+            }
+        };
+        let fd = rfs::openat2(
+            &self.root,
+            parent,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )?;
+        Ok((fd, fin))
+    }
+
+    /// A descriptor for the node, and whether it is an `O_PATH` one (which
+    /// needs the `/proc/self/fd` route for some calls).
+    fn node_fd<'a>(&self, node: &Node<'a, PosixFile>) -> Result<NodeFd<'a>> {
+        Ok(match node {
+            Node::File(f) => NodeFd::Open(f.fd.as_fd()),
+            Node::Path(p) => NodeFd::Path(self.open_path(p, true)?),
+            Node::PathNoFollow(p) => NodeFd::Path(self.open_path(p, false)?),
+        })
+    }
+}
+
+enum Final<'p> {
+    Root,
+    Dot,
+    DotDot,
+    Name(&'p str),
+}
+
+impl<'p> Final<'p> {
+    /// The name, or `special` for `.`, `..` and the root, which no call may
+    /// create or remove.
+    fn name(&self, special: Errno) -> Result<&'p str> {
+        match self {
+            Final::Name(n) => Ok(n),
+            _ => Err(special),
+        }
+    }
+}
+
+enum NodeFd<'a> {
+    Open(BorrowedFd<'a>),
+    Path(OwnedFd),
+}
+
+impl NodeFd<'_> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            NodeFd::Open(fd) => *fd,
+            NodeFd::Path(fd) => fd.as_fd(),
+        }
+    }
+    /// `/proc/self/fd/N`: lets path-only calls act on exactly this inode.
+    fn proc_path(&self) -> CString {
+        use std::os::fd::AsRawFd;
+        CString::new(format!("/proc/self/fd/{}", self.fd().as_raw_fd())).expect("no NUL in a number")
+    }
+    fn is_symlink(&self) -> Result<bool> {
+        Ok(rfs::FileType::from_raw_mode(rfs::fstat(self.fd())?.st_mode) == rfs::FileType::Symlink)
+    }
+}
+
+/// Strips the leading `/`; the root is `.`.
+fn rel(path: &str) -> Result<&str> {
+    if path.len() > ferry_proto::MAX_PATH {
+        return Err(Errno::NAMETOOLONG);
+    }
+    if path.contains('\0') {
+        return Err(Errno::INVAL);
+    }
+    let p = path.trim_start_matches('/');
+    Ok(if p.is_empty() { "." } else { p })
+}
+
+fn attr_of(st: &rfs::Stat) -> Attr {
+    Attr {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        mode: st.st_mode,
+        nlink: st.st_nlink,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev,
+        size: st.st_size as u64,
+        blksize: st.st_blksize as u32,
+        blocks: st.st_blocks as u64,
+        atime: Time { sec: st.st_atime as i64, nsec: st.st_atime_nsec as u32 },
+        mtime: Time { sec: st.st_mtime as i64, nsec: st.st_mtime_nsec as u32 },
+        ctime: Time { sec: st.st_ctime as i64, nsec: st.st_ctime_nsec as u32 },
+    }
+}
+
+fn fstat_attr(fd: BorrowedFd<'_>) -> Result<Attr> {
+    Ok(attr_of(&rfs::fstat(fd)?))
+}
+
+fn stat_at(dir: &OwnedFd, name: &str) -> Result<Attr> {
+    Ok(attr_of(&rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?))
+}
+
+fn timestamp(t: Time) -> rustix::fs::Timespec {
+    rustix::fs::Timespec { tv_sec: t.sec, tv_nsec: t.nsec as _ }
+}
+
+fn dt_of(t: rfs::FileType) -> u8 {
+    match t {
+        rfs::FileType::Fifo => libc::DT_FIFO,
+        rfs::FileType::CharacterDevice => libc::DT_CHR,
+        rfs::FileType::Directory => libc::DT_DIR,
+        rfs::FileType::BlockDevice => libc::DT_BLK,
+        rfs::FileType::RegularFile => libc::DT_REG,
+        rfs::FileType::Symlink => libc::DT_LNK,
+        rfs::FileType::Socket => libc::DT_SOCK,
+        _ => libc::DT_UNKNOWN,
+    }
+}
+
+impl Backend for PosixBackend {
+    type File = PosixFile;
+
+    fn open(&self, path: &str, flags: u32, mode: u32) -> Result<(PosixFile, Attr)> {
+        let flags = flags & CLIENT_FLAGS;
+        // O_NONBLOCK keeps a FIFO in the export from stalling the connection.
+        let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let mode = if flags & libc::O_CREAT as u32 != 0 { mode & 0o7777 } else { 0 };
+        let fd = rfs::openat2(&self.root, rel(path)?, oflags, Mode::from_bits_retain(mode), RESOLVE)?;
+        let attr = fstat_attr(fd.as_fd())?;
+        let acc = flags & libc::O_ACCMODE as u32;
+        let file = PosixFile {
+            fd,
+            readable: acc == libc::O_RDONLY as u32 || acc == libc::O_RDWR as u32,
+            append: flags & libc::O_APPEND as u32 != 0,
+            dir: Mutex::new(None),
+        };
+        Ok((file, attr))
+    }
+
+    fn read<'f>(&self, file: &'f PosixFile, offset: u64, len: usize) -> Result<ReadData<'f>> {
+        let st = rfs::fstat(&file.fd)?;
+        if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile {
+            // The size clamps the reply length announced before `sendfile`;
+            // see ARCHITECTURE.md for the truncate race.
+            let avail = (st.st_size as u64).saturating_sub(offset);
+            let len = len.min(usize::try_from(avail).unwrap_or(usize::MAX));
+            if !file.readable {
+                return Err(Errno::BADF);
+            }
+            return Ok(ReadData::Fd { fd: file.fd.as_fd(), offset, len });
+        }
+        let mut buf = vec![0u8; len];
+        let n = rustix::io::pread(&file.fd, &mut buf, offset)?;
+        buf.truncate(n);
+        Ok(ReadData::Bytes(buf))
+    }
+
+    fn write(&self, file: &PosixFile, offset: u64, data: &[u8]) -> Result<u64> {
+        let append = file.append;
+        let mut done = 0;
+        while done < data.len() {
+            let n = if append {
+                rustix::io::write(&file.fd, &data[done..])?
+            } else {
+                rustix::io::pwrite(&file.fd, &data[done..], offset + done as u64)?
+            };
+            if n == 0 {
+                return Err(Errno::NOSPC);
+            }
+            done += n;
+        }
+        if append {
+            return Ok(rfs::seek(&file.fd, rfs::SeekFrom::Current(0))?);
+        }
+        Ok(offset + done as u64)
+    }
+
+    fn fsync(&self, file: &PosixFile, datasync: bool) -> Result<()> {
+        if datasync {
+            rfs::fdatasync(&file.fd)?;
+        } else {
+            rfs::fsync(&file.fd)?;
+        }
+        Ok(())
+    }
+
+    fn readdir(&self, dir: &PosixFile, cookie: u64, max: usize, plus: bool) -> Result<(Vec<DirEntry>, bool)> {
+        let mut guard = dir.dir.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(DirStream { dir: Dir::read_from(&dir.fd)?, at: 0 });
+        }
+        let stream = guard.as_mut().expect("just set");
+        if stream.at != cookie {
+            if cookie == 0 {
+                stream.dir.rewind();
+            } else {
+                stream.dir.seek(cookie as i64)?;
+            }
+            stream.at = cookie;
+        }
+        let mut out = Vec::new();
+        let mut eof = false;
+        while out.len() < max {
+            let Some(ent) = stream.dir.read() else {
+                eof = true;
+                break;
+            };
+            let ent = ent?;
+            let name = ent.file_name().to_string_lossy().into_owned();
+            let attr = if plus && name != ".." {
+                rfs::statat(&dir.fd, ent.file_name(), AtFlags::SYMLINK_NOFOLLOW).ok().map(|s| attr_of(&s))
+            } else if plus {
+                // `..` of the export root must not reveal the outside.
+                rfs::statat(&dir.fd, ".", AtFlags::SYMLINK_NOFOLLOW).ok().map(|s| attr_of(&s))
+            } else {
+                None
+            };
+            stream.at = ent.offset() as u64;
+            out.push(DirEntry { name, ino: ent.ino(), kind: dt_of(ent.file_type()), cookie: stream.at, attr });
+        }
+        Ok((out, eof))
+    }
+
+    fn getattr(&self, node: Node<'_, PosixFile>) -> Result<Attr> {
+        fstat_attr(self.node_fd(&node)?.fd())
+    }
+
+    fn truncate(&self, node: Node<'_, PosixFile>, size: u64) -> Result<Attr> {
+        let size = i64::try_from(size).map_err(|_| Errno::FBIG)?;
+        match node {
+            Node::File(f) => {
+                rfs::ftruncate(&f.fd, size as u64).map_err(|e| {
+                    // ftruncate on a descriptor not open for writing.
+                    if e == rustix::io::Errno::BADF {
+                        Errno::INVAL
+                    } else {
+                        e.into()
+                    }
+                })?;
+                fstat_attr(f.fd.as_fd())
+            }
+            Node::Path(_) | Node::PathNoFollow(_) => {
+                let n = self.node_fd(&node)?;
+                let fd = rfs::open(
+                    n.proc_path().as_c_str(),
+                    OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+                    Mode::empty(),
+                )?;
+                rfs::ftruncate(&fd, size as u64)?;
+                fstat_attr(fd.as_fd())
+            }
+        }
+    }
+
+    fn chmod(&self, node: Node<'_, PosixFile>, mode: u32) -> Result<Attr> {
+        let n = self.node_fd(&node)?;
+        if matches!(node, Node::PathNoFollow(_)) && n.is_symlink()? {
+            return Err(Errno::OPNOTSUPP);
+        }
+        rfs::chmodat(CWD, n.proc_path().as_c_str(), Mode::from_bits_retain(mode & 0o7777), AtFlags::empty())?;
+        fstat_attr(n.fd())
+    }
+
+    fn chown(&self, node: Node<'_, PosixFile>, uid: u32, gid: u32) -> Result<Attr> {
+        let n = self.node_fd(&node)?;
+        let uid = (uid != u32::MAX).then(|| rustix::fs::Uid::from_raw(uid));
+        let gid = (gid != u32::MAX).then(|| rustix::fs::Gid::from_raw(gid));
+        rfs::chownat(n.fd(), "", uid, gid, AtFlags::EMPTY_PATH)?;
+        fstat_attr(n.fd())
+    }
+
+    fn utimens(&self, node: Node<'_, PosixFile>, atime: Time, mtime: Time) -> Result<Attr> {
+        let ts = rfs::Timestamps { last_access: timestamp(atime), last_modification: timestamp(mtime) };
+        match node {
+            Node::PathNoFollow(p) => {
+                let (dir, fin) = self.split(p)?;
+                match fin {
+                    Final::Name(name) => {
+                        rfs::utimensat(&dir, name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
+                        stat_at(&dir, name)
+                    }
+                    // `.`/`..`/root are directories: no symlink to avoid following.
+                    _ => self.utimens(Node::Path(p), atime, mtime),
+                }
+            }
+            _ => {
+                let n = self.node_fd(&node)?;
+                rfs::utimensat(CWD, n.proc_path().as_c_str(), &ts, AtFlags::empty())?;
+                fstat_attr(n.fd())
+            }
+        }
+    }
+
+    fn mkdir(&self, path: &str, mode: u32) -> Result<Attr> {
+        let (dir, fin) = self.split(path)?;
+        let name = fin.name(Errno::EXIST)?;
+        rfs::mkdirat(&dir, name, Mode::from_bits_retain(mode & 0o7777))?;
+        stat_at(&dir, name)
+    }
+
+    fn rmdir(&self, path: &str) -> Result<()> {
+        let (dir, fin) = self.split(path)?;
+        let name = match fin {
+            Final::Root => return Err(Errno(libc::EBUSY)),
+            Final::Dot => return Err(Errno::INVAL),
+            Final::DotDot => return Err(Errno::NOTEMPTY),
+            Final::Name(n) => n,
+        };
+        Ok(rfs::unlinkat(&dir, name, AtFlags::REMOVEDIR)?)
+    }
+
+    fn unlink(&self, path: &str) -> Result<()> {
+        let (dir, fin) = self.split(path)?;
+        Ok(rfs::unlinkat(&dir, fin.name(Errno::ISDIR)?, AtFlags::empty())?)
+    }
+
+    fn rename(&self, from: &str, to: &str, flags: u32) -> Result<()> {
+        let (fdir, ffin) = self.split(from)?;
+        let (tdir, tfin) = self.split(to)?;
+        let busy = Errno(libc::EBUSY);
+        let flags = rfs::RenameFlags::from_bits(flags).ok_or(Errno::INVAL)?;
+        Ok(rfs::renameat_with(&fdir, ffin.name(busy)?, &tdir, tfin.name(busy)?, flags)?)
+    }
+
+    fn link(&self, from: &str, to: &str) -> Result<Attr> {
+        let (fdir, ffin) = self.split(from)?;
+        let (tdir, tfin) = self.split(to)?;
+        let fname = ffin.name(Errno::PERM)?;
+        let tname = tfin.name(Errno::EXIST)?;
+        rfs::linkat(&fdir, fname, &tdir, tname, AtFlags::empty())?;
+        stat_at(&tdir, tname)
+    }
+
+    fn symlink(&self, target: &str, path: &str) -> Result<Attr> {
+        if target.contains('\0') || target.len() > ferry_proto::MAX_PATH {
+            return Err(Errno::INVAL);
+        }
+        let (dir, fin) = self.split(path)?;
+        let name = fin.name(Errno::EXIST)?;
+        rfs::symlinkat(target, &dir, name)?;
+        stat_at(&dir, name)
+    }
+
+    fn readlink(&self, path: &str) -> Result<String> {
+        let (dir, fin) = self.split(path)?;
+        let target = rfs::readlinkat(&dir, fin.name(Errno::INVAL)?, Vec::new())?;
+        Ok(target.to_string_lossy().into_owned())
+    }
+
+    fn statfs(&self, path: &str) -> Result<StatFs> {
+        let fd = self.open_path(path, true)?;
+        let s = rfs::fstatvfs(&fd)?;
+        Ok(StatFs {
+            bsize: s.f_bsize,
+            frsize: s.f_frsize,
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            favail: s.f_favail,
+            fsid: s.f_fsid,
+            flags: s.f_flag.bits(),
+            namemax: s.f_namemax,
+        })
+    }
+
+    fn access(&self, path: &str, mode: u32) -> Result<()> {
+        let fd = self.open_path(path, true)?;
+        let access = rfs::Access::from_bits(mode).ok_or(Errno::INVAL)?;
+        Ok(rfs::accessat(&fd, "", access, AtFlags::EMPTY_PATH)?)
+    }
+
+    fn getxattr(&self, node: Node<'_, PosixFile>, name: &str) -> Result<Vec<u8>> {
+        let n = self.node_fd(&node)?;
+        if n.is_symlink()? {
+            return Err(Errno::NODATA);
+        }
+        let path = n.proc_path();
+        let size = rfs::getxattr_query(path.as_c_str(), name)?;
+        let mut buf = vec![0u8; size];
+        let got = rfs::getxattr(path.as_c_str(), name, &mut buf[..])?;
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    fn setxattr(&self, node: Node<'_, PosixFile>, name: &str, value: &[u8], flags: u32) -> Result<()> {
+        let n = self.node_fd(&node)?;
+        if n.is_symlink()? {
+            return Err(Errno::PERM);
+        }
+        let flags = rfs::XattrFlags::from_bits(flags).ok_or(Errno::INVAL)?;
+        Ok(rfs::setxattr(n.proc_path().as_c_str(), name, value, flags)?)
+    }
+
+    fn listxattr(&self, node: Node<'_, PosixFile>) -> Result<Vec<u8>> {
+        let n = self.node_fd(&node)?;
+        if n.is_symlink()? {
+            return Ok(Vec::new());
+        }
+        let path = n.proc_path();
+        let size = rfs::listxattr_query(path.as_c_str())?;
+        let mut buf = vec![0u8; size];
+        let got = rfs::listxattr(path.as_c_str(), &mut buf[..])?;
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    fn removexattr(&self, node: Node<'_, PosixFile>, name: &str) -> Result<()> {
+        let n = self.node_fd(&node)?;
+        if n.is_symlink()? {
+            return Err(Errno::PERM);
+        }
+        Ok(rfs::removexattr(n.proc_path().as_c_str(), name)?)
+    }
+}

@@ -1,0 +1,282 @@
+//! One client's state and the request dispatch: turns a typed [`Request`]
+//! into backend calls. Knows messages, not bytes.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ferry_proto::{caps, Attr, DirEntry, Request, StatFs, Target};
+
+use crate::backend::{Backend, Errno, Node, ReadData, Result};
+
+/// Settings that shape what a session allows.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub read_only: bool,
+    pub max_handles: usize,
+    /// Capabilities in force for this session (both sides have them).
+    pub caps: u64,
+    /// Largest read reply the client accepts.
+    pub max_read: u32,
+}
+
+/// What a request produced. `Data` borrows the session's open file so the
+/// connection can `sendfile` from it.
+pub enum Answer<'s> {
+    Empty,
+    Opened { handle: u64, attr: Attr },
+    Data(ReadData<'s>),
+    Written(u32),
+    Offset(u64),
+    Attr(Attr),
+    Name(String),
+    StatFs(StatFs),
+    Xattr { size: u32, value: Vec<u8> },
+    Dir { eof: bool, entries: Vec<DirEntry> },
+}
+
+struct Handle<F> {
+    file: F,
+    /// The shared file offset that `Read`, `Write` and `Seek` use.
+    offset: Cell<u64>,
+    is_dir: bool,
+}
+
+pub struct Session<B: Backend> {
+    backend: Arc<B>,
+    policy: Policy,
+    handles: HashMap<u64, Handle<B::File>>,
+    next_handle: u64,
+}
+
+/// Largest directory batch, whatever the client asks for.
+const READDIR_MAX: usize = 4096;
+
+impl<B: Backend> Session<B> {
+    pub fn new(backend: Arc<B>, policy: Policy) -> Self {
+        Session { backend, policy, handles: HashMap::new(), next_handle: 1 }
+    }
+
+    fn handle(&self, h: u64) -> Result<&Handle<B::File>> {
+        self.handles.get(&h).ok_or(Errno::BADF)
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.policy.read_only {
+            Err(Errno::ROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn cap(&self, bit: u64) -> bool {
+        self.policy.caps & bit != 0
+    }
+
+    fn node<'t>(&'t self, t: &Target<'t>) -> Result<Node<'t, B::File>> {
+        Ok(match *t {
+            Target::Handle(h) => Node::File(&self.handle(h)?.file),
+            Target::Path(p) => Node::Path(p),
+            Target::PathNoFollow(p) => Node::PathNoFollow(p),
+        })
+    }
+
+    fn clamp(&self, count: u32) -> usize {
+        count.min(self.policy.max_read) as usize
+    }
+
+    /// Executes one request. Handshake messages are the connection's job and
+    /// are refused here.
+    pub fn execute<'s>(&'s mut self, req: &Request<'_>) -> Result<Answer<'s>> {
+        let b = Arc::clone(&self.backend);
+        match *req {
+            Request::Hello { .. } | Request::Auth { .. } => Err(Errno::INVAL),
+            Request::Ping => Ok(Answer::Empty),
+            Request::Open { path, flags, mode } => self.open(path, flags, mode),
+            Request::Close { handle } => {
+                self.handles.remove(&handle).ok_or(Errno::BADF)?;
+                Ok(Answer::Empty)
+            }
+            Request::Read { handle, count } => {
+                let n = self.clamp(count);
+                let h = self.handles.get(&handle).ok_or(Errno::BADF)?;
+                let data = self.backend.read(&h.file, h.offset.get(), n)?;
+                h.offset.set(h.offset.get() + data.len() as u64);
+                Ok(Answer::Data(data))
+            }
+            Request::Pread { handle, offset, count } => {
+                let n = self.clamp(count);
+                let h = self.handles.get(&handle).ok_or(Errno::BADF)?;
+                Ok(Answer::Data(self.backend.read(&h.file, offset, n)?))
+            }
+            Request::Write { handle, data } => {
+                self.writable()?;
+                let h = self.handle(handle)?;
+                h.offset.set(b.write(&h.file, h.offset.get(), data)?);
+                Ok(Answer::Written(data.len() as u32))
+            }
+            Request::Pwrite { handle, offset, data } => {
+                self.writable()?;
+                b.write(&self.handle(handle)?.file, offset, data)?;
+                Ok(Answer::Written(data.len() as u32))
+            }
+            Request::Seek { handle, offset, whence } => self.seek(handle, offset, whence),
+            Request::Stat { target } => Ok(Answer::Attr(b.getattr(self.node(&target)?)?)),
+            Request::Fsync { handle, datasync } => {
+                b.fsync(&self.handle(handle)?.file, datasync)?;
+                Ok(Answer::Empty)
+            }
+            Request::Truncate { target, size } => {
+                self.writable()?;
+                Ok(Answer::Attr(b.truncate(self.node(&target)?, size)?))
+            }
+            Request::Mkdir { path, mode } => {
+                self.writable()?;
+                Ok(Answer::Attr(b.mkdir(path, mode)?))
+            }
+            Request::Rmdir { path } => {
+                self.writable()?;
+                b.rmdir(path).map(|_| Answer::Empty)
+            }
+            Request::Unlink { path } => {
+                self.writable()?;
+                b.unlink(path).map(|_| Answer::Empty)
+            }
+            Request::Rename { from, to, flags } => {
+                self.writable()?;
+                if flags != 0 && !self.cap(caps::RENAME_FLAGS) {
+                    return Err(Errno::INVAL);
+                }
+                b.rename(from, to, flags).map(|_| Answer::Empty)
+            }
+            Request::Link { from, to } => {
+                self.writable()?;
+                Ok(Answer::Attr(b.link(from, to)?))
+            }
+            Request::Symlink { target, path } => {
+                self.writable()?;
+                Ok(Answer::Attr(b.symlink(target, path)?))
+            }
+            Request::Readlink { path } => Ok(Answer::Name(b.readlink(path)?)),
+            Request::Chmod { target, mode } => {
+                self.writable()?;
+                Ok(Answer::Attr(b.chmod(self.node(&target)?, mode)?))
+            }
+            Request::Chown { target, uid, gid } => {
+                self.writable()?;
+                Ok(Answer::Attr(b.chown(self.node(&target)?, uid, gid)?))
+            }
+            Request::Utimens { target, atime, mtime } => {
+                self.writable()?;
+                Ok(Answer::Attr(b.utimens(self.node(&target)?, atime, mtime)?))
+            }
+            Request::Statfs { path } => {
+                let mut s = b.statfs(path)?;
+                if self.policy.read_only {
+                    s.flags |= libc::ST_RDONLY;
+                }
+                Ok(Answer::StatFs(s))
+            }
+            Request::Access { path, mode } => {
+                if mode & libc::W_OK as u32 != 0 && self.policy.read_only {
+                    b.access(path, libc::F_OK as u32)?;
+                    return Err(Errno::ROFS);
+                }
+                b.access(path, mode).map(|_| Answer::Empty)
+            }
+            Request::GetXattr { target, name, size } => {
+                self.xattr_cap()?;
+                let v = b.getxattr(self.node(&target)?, name)?;
+                xattr_answer(v, size)
+            }
+            Request::SetXattr { target, name, value, flags } => {
+                self.xattr_cap()?;
+                self.writable()?;
+                b.setxattr(self.node(&target)?, name, value, flags).map(|_| Answer::Empty)
+            }
+            Request::ListXattr { target, size } => {
+                self.xattr_cap()?;
+                let v = b.listxattr(self.node(&target)?)?;
+                xattr_answer(v, size)
+            }
+            Request::RemoveXattr { target, name } => {
+                self.xattr_cap()?;
+                self.writable()?;
+                b.removexattr(self.node(&target)?, name).map(|_| Answer::Empty)
+            }
+            Request::ReadDir { handle, cookie, max_entries, plus } => {
+                let h = self.handle(handle)?;
+                if !h.is_dir {
+                    return Err(Errno::NOTDIR);
+                }
+                let plus = plus && self.cap(caps::READDIRPLUS);
+                let max = (max_entries as usize).clamp(1, READDIR_MAX);
+                let (entries, eof) = b.readdir(&h.file, cookie, max, plus)?;
+                Ok(Answer::Dir { eof, entries })
+            }
+        }
+    }
+
+    fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Answer<'_>> {
+        let acc = flags & libc::O_ACCMODE as u32;
+        let changes = acc != libc::O_RDONLY as u32 || flags & (libc::O_CREAT | libc::O_TRUNC) as u32 != 0;
+        if changes && self.policy.read_only {
+            return Err(Errno::ROFS);
+        }
+        if self.handles.len() >= self.policy.max_handles {
+            return Err(Errno::MFILE);
+        }
+        let (file, attr) = self.backend.open(path, flags, mode)?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        let is_dir = attr.is_dir();
+        self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir });
+        Ok(Answer::Opened { handle, attr })
+    }
+
+    fn seek(&mut self, handle: u64, offset: i64, whence: u32) -> Result<Answer<'_>> {
+        let size = self.backend.getattr(Node::File(&self.handle(handle)?.file))?.size;
+        let h = self.handle(handle)?;
+        let base: i128 = match whence as i32 {
+            libc::SEEK_SET => 0,
+            libc::SEEK_CUR => h.offset.get() as i128,
+            libc::SEEK_END => size as i128,
+            // No holes are tracked: data runs to the end, one hole sits there.
+            libc::SEEK_DATA | libc::SEEK_HOLE => {
+                if offset < 0 || offset as u64 >= size {
+                    return Err(Errno::NXIO);
+                }
+                let to = if whence as i32 == libc::SEEK_DATA { offset as u64 } else { size };
+                h.offset.set(to);
+                return Ok(Answer::Offset(to));
+            }
+            _ => return Err(Errno::INVAL),
+        };
+        let to = base + offset as i128;
+        if to < 0 || to > i64::MAX as i128 {
+            return Err(Errno::INVAL);
+        }
+        h.offset.set(to as u64);
+        Ok(Answer::Offset(to as u64))
+    }
+
+    fn xattr_cap(&self) -> Result<()> {
+        if self.cap(caps::XATTR) {
+            Ok(())
+        } else {
+            Err(Errno::OPNOTSUPP)
+        }
+    }
+}
+
+/// `size` 0 asks for the length only; a too-small buffer is `ERANGE`.
+fn xattr_answer<'s>(v: Vec<u8>, size: u32) -> Result<Answer<'s>> {
+    let len = u32::try_from(v.len()).map_err(|_| Errno::RANGE)?;
+    if size == 0 {
+        return Ok(Answer::Xattr { size: len, value: Vec::new() });
+    }
+    if len > size {
+        return Err(Errno::RANGE);
+    }
+    Ok(Answer::Xattr { size: len, value: v })
+}
