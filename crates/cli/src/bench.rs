@@ -111,6 +111,8 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let mut tcp = Series::new("raw TCP stream, 1 MiB writes", "MB/s");
     let mut read = Series::new("ferry sequential read", "MB/s");
     let mut write = Series::new("ferry sequential write", "MB/s");
+    let mut sendfile = Series::new("raw sendfile of the file to TCP", "MB/s");
+    let mut recvwrite = Series::new("raw TCP recv + pwrite to a file", "MB/s");
     let mut ping = Series::new("raw TCP ping-pong (64 B), median", "µs");
     let mut stat = Series::new("ferry stat, median", "µs");
     let mut stat99 = Series::new("ferry stat, p99", "µs");
@@ -118,6 +120,8 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         tcp.values.push(raw_stream(bytes)?);
         write.values.push(ferry_write(&client, bytes, block)?);
         read.values.push(ferry_read(&client, bytes, block)?);
+        sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
+        recvwrite.values.push(raw_recv_write(&dir.join("raw.dat"), bytes)?);
         ping.values.push(raw_pingpong(a.rtts)?);
         let (m, p99) = ferry_stat(&client, a.rtts)?;
         stat.values.push(m);
@@ -129,12 +133,29 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         a.size_mib, a.block_kib, a.runs, a.rtts
     );
     println!("{:<36} {:>10} {:>22} {:>22}", "figure", "median", "min..max", "ratio");
+    let _ = std::fs::remove_file(dir.join("raw.dat"));
     let raw_tcp = tcp.median();
     let raw_rtt = ping.median();
     for (s, ratio) in [
         (&tcp, String::new()),
-        (&read, format!("{:.0} % of raw TCP", 100.0 * read.median() / raw_tcp)),
-        (&write, format!("{:.0} % of raw TCP", 100.0 * write.median() / raw_tcp)),
+        (&sendfile, String::new()),
+        (&recvwrite, String::new()),
+        (
+            &read,
+            format!(
+                "{:.0} % of raw TCP, {:.0} % of raw sendfile",
+                100.0 * read.median() / raw_tcp,
+                100.0 * read.median() / sendfile.median()
+            ),
+        ),
+        (
+            &write,
+            format!(
+                "{:.0} % of raw TCP, {:.0} % of raw recv+pwrite",
+                100.0 * write.median() / raw_tcp,
+                100.0 * write.median() / recvwrite.median()
+            ),
+        ),
         (&ping, String::new()),
         (&stat, format!("{:.2} x raw ping-pong", stat.median() / raw_rtt)),
         (&stat99, String::new()),
@@ -228,6 +249,53 @@ fn raw_stream(bytes: u64) -> Result<f64, String> {
     Ok(mbps(bytes, t.elapsed()))
 }
 
+/// The peer `sendfile`s the benchmark file: the best a server can do
+/// moving this file's pages to a socket.
+fn raw_sendfile(path: &Path, bytes: u64) -> Result<f64, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
+    let c = Command::new(exe()?)
+        .args(["bench-peer", "sendfile", &addr, &bytes.to_string()])
+        .arg(path)
+        .spawn()
+        .map_err(|e| format!("cannot start bench peer: {e}"))?;
+    let _peer = Reap(c);
+    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1024 * 1024];
+    let t = Instant::now();
+    let mut got = 0u64;
+    while got < bytes {
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("raw sendfile stream ended early".into());
+        }
+        got += n as u64;
+    }
+    Ok(mbps(bytes, t.elapsed()))
+}
+
+/// Receives a raw stream and writes it into a file: the best a server can
+/// do taking data from a socket into this directory's page cache.
+fn raw_recv_write(path: &Path, bytes: u64) -> Result<f64, String> {
+    use std::os::unix::fs::FileExt;
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
+    let _peer = spawn_peer("source", &addr, bytes)?;
+    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1024 * 1024];
+    let t = Instant::now();
+    let f = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    let mut got = 0u64;
+    while got < bytes {
+        let want = (bytes - got).min(buf.len() as u64) as usize;
+        s.read_exact(&mut buf[..want]).map_err(|e| e.to_string())?;
+        f.write_all_at(&buf[..want], got).map_err(|e| e.to_string())?;
+        got += want as u64;
+    }
+    drop(f);
+    Ok(mbps(bytes, t.elapsed()))
+}
+
 fn raw_pingpong(n: usize) -> Result<f64, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
@@ -254,10 +322,21 @@ fn spawn_peer(mode: &str, addr: &str, n: u64) -> Result<Reap, String> {
 }
 
 /// The other process of a raw measurement.
-pub fn peer(mode: &str, addr: &str, n: u64) -> Result<(), String> {
+pub fn peer(mode: &str, addr: &str, n: u64, path: Option<&Path>) -> Result<(), String> {
     let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     match mode {
+        "sendfile" => {
+            let f = std::fs::File::open(path.ok_or("sendfile needs a path")?).map_err(|e| e.to_string())?;
+            let mut off = 0u64;
+            while off < n {
+                let want = (n - off).min(1 << 20) as usize;
+                let k = rustix::fs::sendfile(&s, &f, Some(&mut off), want).map_err(|e| e.to_string())?;
+                if k == 0 {
+                    return Err("file shorter than expected".into());
+                }
+            }
+        }
         "source" => {
             let buf = vec![0x5au8; 1024 * 1024];
             let mut left = n;

@@ -236,24 +236,30 @@ fn strip(e: &io::Error) -> String {
 }
 
 pub fn cat(tf: Option<&Path>, url: &str) -> Result<(), String> {
+    use std::os::fd::AsFd;
     let u = parse(url)?;
     let client = Clients::new(tf).get(&u)?;
     let mut f = client.open(&u.path, OpenOptions::new().read(true)).map_err(|e| fail(&u, e))?;
-    let mut out = io::stdout().lock();
+    // Straight to the descriptor: `Stdout` is line-buffered and would scan
+    // every megabyte for newlines.
+    let stdout = io::stdout();
+    let fd = stdout.as_fd();
     let mut buf = vec![0u8; 1024 * 1024];
     loop {
         let n = f.read(&mut buf).map_err(|e| format!("{u}: {}", strip(&e)))?;
         if n == 0 {
             break;
         }
-        if let Err(e) = out.write_all(&buf[..n]) {
-            if e.kind() == io::ErrorKind::BrokenPipe {
-                return Ok(());
+        let mut out = &buf[..n];
+        while !out.is_empty() {
+            match rustix::io::write(fd, out) {
+                Ok(k) => out = &out[k..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::PIPE) => return Ok(()),
+                Err(e) => return Err(format!("stdout: {}", strip(&e.into()))),
             }
-            return Err(format!("stdout: {}", strip(&e)));
         }
     }
-    out.flush().map_err(|e| format!("stdout: {}", strip(&e)))?;
     f.close().map_err(|e| fail(&u, e))
 }
 

@@ -63,7 +63,7 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Internal: the other end of the raw TCP measurements.
     #[command(hide = true)]
-    BenchPeer { mode: String, addr: String, bytes: u64 },
+    BenchPeer { mode: String, addr: String, bytes: u64, path: Option<PathBuf> },
 }
 
 fn main() -> ExitCode {
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
         Cmd::Rm { recursive, url } => commands::rm(tf, &url, recursive),
         Cmd::Mv { src, dst } => commands::mv(tf, &src, &dst),
         Cmd::Bench(a) => bench::run(a, tf),
-        Cmd::BenchPeer { mode, addr, bytes } => bench::peer(&mode, &addr, bytes),
+        Cmd::BenchPeer { mode, addr, bytes, path } => bench::peer(&mode, &addr, bytes, path.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -20,6 +20,10 @@ use ferry_proto::{
 
 use crate::error::{Error, Result};
 
+/// Receive buffer: holds many small replies, but only a sliver of a large
+/// read reply, whose data goes straight into the caller's buffer.
+const RX_BUF: usize = 8 * 1024;
+
 /// Largest reply body this client accepts (announced in `Hello`).
 pub const CLIENT_MAX_FRAME: u32 = 64 * 1024 * 1024 + 4096;
 
@@ -103,7 +107,7 @@ impl Engine {
     pub fn connect(addr: &str, opts: &Options) -> Result<Engine> {
         let stream = connect_tcp(addr, opts.connect_timeout)?;
         stream.set_nodelay(true).map_err(Error::from_io)?;
-        let mut rx = BufReader::with_capacity(64 * 1024, stream.try_clone().map_err(Error::from_io)?);
+        let mut rx = BufReader::with_capacity(RX_BUF, stream.try_clone().map_err(Error::from_io)?);
         let mut tx = stream;
         let mut nonce: Nonce = [0; 32];
         getrandom::getrandom(&mut nonce).map_err(|e| Error::Auth(format!("no randomness: {e}")))?;
@@ -114,11 +118,10 @@ impl Engine {
             max_frame: CLIENT_MAX_FRAME,
             nonce,
         };
-        let welcome = match handshake_call(&mut tx, &mut rx, &hello, 1)? {
-            (h, body) => match Reply::decode(h.op, &body) {
-                Ok(Reply::Welcome(w)) => w,
-                _ => return Err(Error::Protocol("bad welcome".into())),
-            },
+        let (h, body) = handshake_call(&mut tx, &mut rx, &hello, 1)?;
+        let welcome = match Reply::decode(h.op, &body) {
+            Ok(Reply::Welcome(w)) => w,
+            _ => return Err(Error::Protocol("bad welcome".into())),
         };
         if welcome.max_frame < ferry_proto::MIN_MAX_FRAME {
             return Err(Error::Protocol(format!("server frame limit {} is below the minimum", welcome.max_frame)));

@@ -260,7 +260,9 @@ impl State {
     /// older than the last change or a day old.
     fn touch_atime(&mut self, now: Time) {
         let a = time_key(self.atime);
-        if a <= time_key(self.mtime) || a <= time_key(self.ctime) || now.sec.saturating_sub(self.atime.sec) >= RELATIME_SECS
+        if a <= time_key(self.mtime)
+            || a <= time_key(self.ctime)
+            || now.sec.saturating_sub(self.atime.sec) >= RELATIME_SECS
         {
             self.atime = now;
         }
@@ -510,7 +512,8 @@ impl MemoryBackend {
     pub fn new() -> MemoryBackend {
         let uid = rustix::process::geteuid().as_raw();
         let gid = rustix::process::getegid().as_raw();
-        let shared = Arc::new(Shared { bytes: AtomicU64::new(0), inodes: AtomicU64::new(1), next_ino: AtomicU64::new(2) });
+        let shared =
+            Arc::new(Shared { bytes: AtomicU64::new(0), inodes: AtomicU64::new(1), next_ino: AtomicU64::new(2) });
         let t = now();
         let root = Arc::new(Inode {
             ino: 1,
@@ -590,7 +593,12 @@ impl MemoryBackend {
 
     /// Resolves everything but the last component: the directory that holds
     /// it, the component, and whether a trailing slash followed it.
-    fn walk_parent<'p>(&self, start: Arc<Inode>, path: &'p str, hops: &mut u32) -> Result<(Arc<Inode>, Last<'p>, bool)> {
+    fn walk_parent<'p>(
+        &self,
+        start: Arc<Inode>,
+        path: &'p str,
+        hops: &mut u32,
+    ) -> Result<(Arc<Inode>, Last<'p>, bool)> {
         let (comps, trailing) = split(path);
         let Some((&last, init)) = comps.split_last() else {
             return Ok((start, Last::Root, false));
@@ -642,7 +650,14 @@ impl MemoryBackend {
     /// A new inode owned by the server, taking its group (and, for a
     /// directory, the set-group-ID bit) from a set-group-ID parent as Linux
     /// does.
-    fn make_inode(&self, parent: &State, parent_arc: &Arc<Inode>, kind: NewKind, perm: u32, now: Time) -> Result<Arc<Inode>> {
+    fn make_inode(
+        &self,
+        parent: &State,
+        parent_arc: &Arc<Inode>,
+        kind: NewKind,
+        perm: u32,
+        now: Time,
+    ) -> Result<Arc<Inode>> {
         let ino = self.shared.take_inode()?;
         let (mut perm, mut gid) = (perm, self.gid);
         if parent.perm & S_ISGID != 0 {
@@ -713,7 +728,15 @@ impl MemoryBackend {
         }
     }
 
-    fn apply_rename(&self, od: &Arc<Inode>, on: &str, nd: &Arc<Inode>, nn: &str, old: &Arc<Inode>, new: Option<&Arc<Inode>>) {
+    fn apply_rename(
+        &self,
+        od: &Arc<Inode>,
+        on: &str,
+        nd: &Arc<Inode>,
+        nn: &str,
+        old: &Arc<Inode>,
+        new: Option<&Arc<Inode>>,
+    ) {
         let t = now();
         let same_dir = Arc::ptr_eq(od, nd);
         let old_is_dir = old.ftype == FType::Dir;
@@ -964,15 +987,11 @@ impl Backend for MemoryBackend {
             let d = st.dir().ok_or(Errno::NOTDIR)?;
             let parent = d.parent.upgrade().unwrap_or_else(|| dir.inode.clone());
             let dots = [(COOKIE_DOT, ".", dir.inode.clone()), (COOKIE_DOTDOT, "..", parent)];
-            let mut all = dots
-                .into_iter()
-                .filter(|(c, _, _)| *c > cookie)
-                .map(|(c, n, i)| (c, n.to_owned(), i))
-                .chain(
-                    d.entries
-                        .range((Bound::Excluded(cookie.max(COOKIE_DOTDOT)), Bound::Unbounded))
-                        .map(|(&c, e)| (c, e.name.clone(), e.inode.clone())),
-                );
+            let mut all = dots.into_iter().filter(|(c, _, _)| *c > cookie).map(|(c, n, i)| (c, n.to_owned(), i)).chain(
+                d.entries
+                    .range((Bound::Excluded(cookie.max(COOKIE_DOTDOT)), Bound::Unbounded))
+                    .map(|(&c, e)| (c, e.name.clone(), e.inode.clone())),
+            );
             picked.extend(all.by_ref().take(max));
             more = all.next().is_some();
             if !dir.noatime {
@@ -1387,5 +1406,1019 @@ impl Backend for MemoryBackend {
         self.shared.refund((name.len() + value.len()) as u64);
         st.ctime = now();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RDONLY: u32 = O_RDONLY;
+    const WRONLY: u32 = O_WRONLY;
+    const RDWR: u32 = O_RDWR;
+    const CREAT: u32 = O_CREAT;
+
+    fn errno<T>(r: Result<T>) -> i32 {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.0,
+        }
+    }
+
+    fn open(b: &MemoryBackend, path: &str, flags: u32) -> MemoryFile {
+        b.open(path, flags, 0o644).unwrap_or_else(|e| panic!("open {path}: {e:?}")).0
+    }
+
+    fn mkfile(b: &MemoryBackend, path: &str, data: &[u8]) -> Attr {
+        let f = open(b, path, CREAT | WRONLY | O_TRUNC);
+        b.write(&f, 0, data).unwrap();
+        b.getattr(Node::File(&f)).unwrap()
+    }
+
+    fn bytes(d: ReadData<'_>) -> Vec<u8> {
+        match d {
+            ReadData::Bytes(v) => v,
+            ReadData::Fd { .. } => panic!("memory backend returned a descriptor"),
+        }
+    }
+
+    fn read_at(b: &MemoryBackend, f: &MemoryFile, off: u64, len: usize) -> Vec<u8> {
+        bytes(b.read(f, off, len).unwrap())
+    }
+
+    fn contents(b: &MemoryBackend, path: &str) -> Vec<u8> {
+        let f = open(b, path, RDONLY);
+        read_at(b, &f, 0, 1 << 24)
+    }
+
+    fn stat(b: &MemoryBackend, path: &str) -> Attr {
+        b.getattr(Node::Path(path)).unwrap_or_else(|e| panic!("stat {path}: {e:?}"))
+    }
+
+    fn lstat(b: &MemoryBackend, path: &str) -> Attr {
+        b.getattr(Node::PathNoFollow(path)).unwrap_or_else(|e| panic!("lstat {path}: {e:?}"))
+    }
+
+    fn list(b: &MemoryBackend, path: &str) -> Vec<String> {
+        let d = open(b, path, RDONLY | O_DIRECTORY);
+        let (entries, eof) = b.readdir(&d, 0, usize::MAX, false).unwrap();
+        assert!(eof);
+        entries.into_iter().map(|e| e.name).collect()
+    }
+
+    fn later(a: Time, b: Time) -> bool {
+        time_key(a) > time_key(b)
+    }
+
+    /// Lets the clock move so a changed timestamp is visibly different.
+    fn tick() {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+
+    #[test]
+    fn root_belongs_to_the_server() {
+        let b = MemoryBackend::new();
+        for p in ["", "/", ".", "//", "./.", "..", "/../.."] {
+            let a = stat(&b, p);
+            assert_eq!(a.mode, 0o40755, "{p}");
+            assert_eq!(a.ino, 1);
+        }
+        let a = stat(&b, "");
+        assert_eq!(a.nlink, 2);
+        assert_eq!(a.uid, rustix::process::geteuid().as_raw());
+        assert_eq!(a.gid, rustix::process::getegid().as_raw());
+        assert_eq!(a.dev, DEV);
+        assert_eq!(a.blksize, 4096);
+    }
+
+    #[test]
+    fn create_write_read() {
+        let b = MemoryBackend::new();
+        let (f, a) = b.open("f", CREAT | RDWR, 0o640).unwrap();
+        assert_eq!(a.mode, 0o100640);
+        assert_eq!(a.nlink, 1);
+        assert_eq!(a.size, 0);
+        assert_eq!(b.write(&f, 0, b"hello").unwrap(), 5);
+        assert_eq!(b.write(&f, 5, b" world").unwrap(), 11);
+        assert_eq!(read_at(&b, &f, 0, 100), b"hello world");
+        assert_eq!(read_at(&b, &f, 6, 3), b"wor");
+        assert_eq!(read_at(&b, &f, 11, 10), b"");
+        assert_eq!(read_at(&b, &f, 1000, 10), b"");
+        assert_eq!(read_at(&b, &f, 0, 0), b"");
+        let a = stat(&b, "f");
+        assert_eq!(a.size, 11);
+        assert_eq!(a.blocks, 1);
+        // The mode is used as given: the memory backend has no umask.
+        let (_, a) = b.open("g", CREAT | WRONLY, 0o7777).unwrap();
+        assert_eq!(a.mode, 0o107777);
+        let (_, a) = b.open("h", CREAT | WRONLY, 0o170644).unwrap();
+        assert_eq!(a.mode, 0o100644);
+        assert_eq!(b.write(&f, 0, b"").unwrap(), 0);
+        assert_eq!(errno(b.read(&f, 1 << 63, 1)), libc::EINVAL);
+        assert_eq!(errno(b.write(&f, 1 << 63, b"x")), libc::EINVAL);
+        assert_eq!(errno(b.write(&f, (1 << 63) - 1, b"x")), libc::EFBIG);
+    }
+
+    #[test]
+    fn holes_and_chunk_boundaries() {
+        let b = MemoryBackend::new();
+        let f = open(&b, "f", CREAT | RDWR);
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        b.write(&f, 10, &data).unwrap();
+        let got = read_at(&b, &f, 0, 300_000);
+        assert_eq!(got.len(), 200_010);
+        assert_eq!(&got[..10], &[0; 10]);
+        assert_eq!(&got[10..], &data[..]);
+        // Reads straddling chunk edges.
+        for off in [CHUNK - 3, CHUNK, 2 * CHUNK - 1, 3 * CHUNK + 5] {
+            let got = read_at(&b, &f, off, 7);
+            assert_eq!(got, &data[(off - 10) as usize..(off - 10 + 7) as usize]);
+        }
+        // Overwrite across a boundary.
+        b.write(&f, CHUNK - 2, b"ABCD").unwrap();
+        assert_eq!(read_at(&b, &f, CHUNK - 2, 4), b"ABCD");
+        // A far write leaves a hole of zeros and costs only its chunk.
+        let before = b.statfs("").unwrap().bfree;
+        let far = 1u64 << 40;
+        assert_eq!(b.write(&f, far, b"end").unwrap(), far + 3);
+        assert_eq!(stat(&b, "f").size, far + 3);
+        assert_eq!(read_at(&b, &f, far - 4, 100), b"\0\0\0\0end");
+        assert_eq!(read_at(&b, &f, far / 2, 5), [0; 5]);
+        assert!(before - b.statfs("").unwrap().bfree <= 1);
+    }
+
+    #[test]
+    fn append_writes_at_the_end() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"abc");
+        let f = open(&b, "f", WRONLY | O_APPEND);
+        assert_eq!(b.write(&f, 0, b"de").unwrap(), 5);
+        assert_eq!(b.write(&f, 1, b"f").unwrap(), 6);
+        assert_eq!(b.write(&f, 0, b"").unwrap(), 6);
+        assert_eq!(contents(&b, "f"), b"abcdef");
+    }
+
+    #[test]
+    fn access_modes_of_handles() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"abc");
+        let r = open(&b, "f", RDONLY);
+        assert_eq!(errno(b.write(&r, 0, b"x")), libc::EBADF);
+        let w = open(&b, "f", WRONLY);
+        assert_eq!(errno(b.read(&w, 0, 1)), libc::EBADF);
+        // Access mode 3 allows neither, as on Linux.
+        let n = open(&b, "f", 3);
+        assert_eq!(errno(b.read(&n, 0, 1)), libc::EBADF);
+        assert_eq!(errno(b.write(&n, 0, b"x")), libc::EBADF);
+        assert_eq!(errno(b.open("", 3, 0)), libc::EISDIR);
+        let d = open(&b, "", RDONLY);
+        assert_eq!(errno(b.read(&d, 0, 1)), libc::EISDIR);
+        assert_eq!(errno(b.write(&d, 0, b"x")), libc::EBADF);
+        b.fsync(&r, false).unwrap();
+        b.fsync(&d, true).unwrap();
+    }
+
+    #[test]
+    fn open_flags() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"hello");
+        b.mkdir("d", 0o755).unwrap();
+        b.symlink("f", "lf").unwrap();
+        b.symlink("d", "ld").unwrap();
+        b.symlink("nowhere", "dang").unwrap();
+        b.symlink("/d/inside", "abs").unwrap();
+
+        assert_eq!(errno(b.open("f", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open("lf", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open("dang", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open("lf", O_NOFOLLOW | RDONLY, 0)), libc::ELOOP);
+        assert_eq!(errno(b.open("lf", O_NOFOLLOW | CREAT | RDONLY, 0o644)), libc::ELOOP);
+        assert_eq!(errno(b.open("ld", O_NOFOLLOW | O_DIRECTORY | RDONLY, 0)), libc::ENOTDIR);
+        open(&b, "ld/", O_NOFOLLOW | RDONLY);
+        assert_eq!(errno(b.open("f", O_DIRECTORY | RDONLY, 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.open("lf/", RDONLY, 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.open("f/", RDONLY, 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.open("d", WRONLY, 0)), libc::EISDIR);
+        assert_eq!(errno(b.open("d", RDWR, 0)), libc::EISDIR);
+        assert_eq!(errno(b.open("d", RDONLY | O_TRUNC, 0)), libc::EISDIR);
+        assert_eq!(errno(b.open("d", CREAT | RDONLY, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open("d", CREAT | O_EXCL | RDONLY, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open("d/.", CREAT | O_EXCL | RDONLY, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open("", CREAT | RDONLY, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open("new", CREAT | O_DIRECTORY | RDONLY, 0o644)), libc::EINVAL);
+        assert_eq!(errno(b.open("new/", CREAT | RDWR, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open("f/", CREAT | RDWR, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open("missing", RDONLY, 0)), libc::ENOENT);
+        assert_eq!(errno(b.open("missing/x", CREAT | RDWR, 0o644)), libc::ENOENT);
+        assert_eq!(errno(b.open("f/x", CREAT | RDWR, 0o644)), libc::ENOTDIR);
+        open(&b, "ld", O_DIRECTORY | RDONLY);
+
+        // O_CREAT through a dangling symlink creates its target.
+        let (_, a) = b.open("dang", CREAT | RDWR, 0o600).unwrap();
+        assert_eq!(a.mode, 0o100600);
+        assert_eq!(lstat(&b, "nowhere").ino, a.ino);
+        // An absolute target resolves from the export root.
+        let (_, a) = b.open("abs", CREAT | RDWR, 0o600).unwrap();
+        assert_eq!(stat(&b, "d/inside").ino, a.ino);
+
+        // O_TRUNC truncates even a read-only open, and stamps the times.
+        let before = stat(&b, "f");
+        tick();
+        let (_, a) = b.open("f", RDONLY | O_TRUNC, 0).unwrap();
+        assert_eq!(a.size, 0);
+        assert!(later(a.mtime, before.mtime) && later(a.ctime, before.ctime));
+        // O_CREAT on an existing file keeps it.
+        mkfile(&b, "f", b"data");
+        let (_, a) = b.open("f", CREAT | RDWR, 0o600).unwrap();
+        assert_eq!((a.size, a.mode), (4, 0o100644));
+        // Creating updates the parent's times.
+        let d0 = stat(&b, "d");
+        tick();
+        b.open("d/new", CREAT | WRONLY, 0o644).unwrap();
+        let d1 = stat(&b, "d");
+        assert!(later(d1.mtime, d0.mtime) && later(d1.ctime, d0.ctime));
+        assert_eq!(d1.nlink, 2);
+        // Ignored flags.
+        let flags =
+            RDWR | libc::O_CLOEXEC as u32 | libc::O_NONBLOCK as u32 | libc::O_SYNC as u32 | libc::O_DIRECT as u32;
+        open(&b, "f", flags);
+    }
+
+    #[test]
+    fn path_resolution() {
+        let b = MemoryBackend::new();
+        b.mkdir("a", 0o755).unwrap();
+        b.mkdir("a/b", 0o755).unwrap();
+        mkfile(&b, "a/b/f", b"x");
+        let ino = stat(&b, "a/b/f").ino;
+        for p in ["a/b/f", "/a/b/f", "a//b///f", "./a/./b/f", "a/b/../b/f", "../../a/b/f", "a/../../a/b/f", "/../a/b/f"]
+        {
+            assert_eq!(stat(&b, p).ino, ino, "{p}");
+        }
+        assert_eq!(stat(&b, "a/b/..").ino, stat(&b, "a").ino);
+        assert_eq!(errno(b.getattr(Node::Path("a/b/f/"))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path("a/b/f/x"))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path("a/b/f/.."))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path("a/x/f"))), libc::ENOENT);
+        assert_eq!(errno(b.getattr(Node::Path("a/x/.."))), libc::ENOENT);
+        let long = "n".repeat(256);
+        assert_eq!(errno(b.getattr(Node::Path(&long))), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.open(&long, CREAT | RDWR, 0o644)), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.mkdir(&format!("a/{long}"), 0o755)), libc::ENAMETOOLONG);
+        // The walk stops at the missing directory before it sees the long name.
+        assert_eq!(errno(b.getattr(Node::Path(&format!("x/{long}")))), libc::ENOENT);
+        let ok = "n".repeat(255);
+        mkfile(&b, &ok, b"");
+        assert_eq!(errno(b.getattr(Node::Path(&"a/".repeat(2048)))), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.getattr(Node::Path("a\0b"))), libc::EINVAL);
+
+        // Symlinks: relative to their directory, absolute from the root,
+        // never above the root.
+        b.symlink("b/f", "a/rel").unwrap();
+        b.symlink("/a/b", "a/b/absdir").unwrap();
+        b.symlink("../../../../../a", "a/b/up").unwrap();
+        b.symlink("/../../a/b/f", "escape").unwrap();
+        assert_eq!(stat(&b, "a/rel").ino, ino);
+        assert_eq!(stat(&b, "a/b/absdir/f").ino, ino);
+        assert_eq!(stat(&b, "a/b/up/b/f").ino, ino);
+        assert_eq!(stat(&b, "escape").ino, ino);
+        assert_eq!(lstat(&b, "a/rel").mode, 0o120777);
+        assert_eq!(lstat(&b, "a/b/absdir/").ino, stat(&b, "a/b").ino);
+        assert_eq!(lstat(&b, "a/b/absdir/.").ino, stat(&b, "a/b").ino);
+        b.symlink("missing", "dangling").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path("dangling"))), libc::ENOENT);
+        assert_eq!(lstat(&b, "dangling").size, 7);
+        b.symlink("a/b/f", "tofile").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path("tofile/x"))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path("tofile/"))), libc::ENOTDIR);
+    }
+
+    #[test]
+    fn symlink_hop_limit() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"");
+        b.symlink("f", "l0").unwrap();
+        for i in 1..=41 {
+            b.symlink(&format!("l{}", i - 1), &format!("l{i}")).unwrap();
+        }
+        // l39 needs 40 follows, l40 needs 41.
+        open(&b, "l39", RDONLY);
+        assert_eq!(errno(b.open("l40", RDONLY, 0)), libc::ELOOP);
+        stat(&b, "l39");
+        assert_eq!(errno(b.getattr(Node::Path("l40"))), libc::ELOOP);
+        lstat(&b, "l40");
+        b.symlink("loop", "loop").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path("loop"))), libc::ELOOP);
+        assert_eq!(errno(b.getattr(Node::Path("loop/x"))), libc::ELOOP);
+        assert_eq!(errno(b.open("loop", CREAT | RDWR, 0o644)), libc::ELOOP);
+        b.symlink("a", "b").unwrap();
+        b.symlink("b", "a").unwrap();
+        assert_eq!(errno(b.mkdir("a/x", 0o755)), libc::ELOOP);
+        b.symlink("", "empty").unwrap_err();
+    }
+
+    fn readdir_all(b: &MemoryBackend, d: &MemoryFile, mut cookie: u64, batch: usize) -> Vec<DirEntry> {
+        let mut out = Vec::new();
+        loop {
+            let (entries, eof) = b.readdir(d, cookie, batch, false).unwrap();
+            if let Some(last) = entries.last() {
+                cookie = last.cookie;
+            }
+            out.extend(entries);
+            if eof {
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn readdir_lists_and_resumes() {
+        let b = MemoryBackend::new();
+        b.mkdir("d", 0o755).unwrap();
+        mkfile(&b, "d/f", b"12345");
+        b.mkdir("d/sub", 0o700).unwrap();
+        b.symlink("f", "d/l").unwrap();
+        let d = open(&b, "d", RDONLY | O_DIRECTORY);
+        let (all, eof) = b.readdir(&d, 0, 100, true).unwrap();
+        assert!(eof);
+        let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, [".", "..", "f", "sub", "l"]);
+        let kinds: Vec<u8> = all.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [libc::DT_DIR, libc::DT_DIR, libc::DT_REG, libc::DT_DIR, libc::DT_LNK]);
+        assert_eq!(all[0].ino, stat(&b, "d").ino);
+        assert_eq!(all[1].ino, 1);
+        assert_eq!(all[2].attr, Some(lstat(&b, "d/f")));
+        assert_eq!(all[4].attr.map(|a| a.mode), Some(0o120777));
+        assert_eq!(all[1].attr.map(|a| a.ino), Some(1));
+        let cookies: Vec<u64> = all.iter().map(|e| e.cookie).collect();
+        assert!(cookies.windows(2).all(|w| w[0] < w[1]) && cookies[0] > 0);
+        let (plain, _) = b.readdir(&d, 0, 100, false).unwrap();
+        assert!(plain.iter().all(|e| e.attr.is_none()));
+
+        // One at a time gives the same thing.
+        let one: Vec<String> = readdir_all(&b, &d, 0, 1).into_iter().map(|e| e.name).collect();
+        assert_eq!(one, names);
+        // Exactly at the end: eof with nothing, and max 0 reports more left.
+        let (none, eof) = b.readdir(&d, *cookies.last().unwrap(), 10, false).unwrap();
+        assert!(none.is_empty() && eof);
+        let (none, eof) = b.readdir(&d, 0, 0, false).unwrap();
+        assert!(none.is_empty() && !eof);
+        let (two, eof) = b.readdir(&d, 0, 2, false).unwrap();
+        assert_eq!(two.len(), 2);
+        assert!(!eof);
+
+        // Cookies stay valid when entries around them come and go.
+        let (first, _) = b.readdir(&d, 0, 3, false).unwrap();
+        let at = first[2].cookie; // after "f"
+        b.unlink("d/f").unwrap();
+        mkfile(&b, "d/g", b"");
+        let rest: Vec<String> = readdir_all(&b, &d, at, 2).into_iter().map(|e| e.name).collect();
+        assert_eq!(rest, ["sub", "l", "g"]);
+        b.unlink("d/l").unwrap();
+        let rest: Vec<String> = readdir_all(&b, &d, at, 2).into_iter().map(|e| e.name).collect();
+        assert_eq!(rest, ["sub", "g"]);
+
+        // Root's ".." is the root.
+        let r = open(&b, "", RDONLY);
+        let (e, _) = b.readdir(&r, 0, 2, false).unwrap();
+        assert_eq!((e[0].ino, e[1].ino), (1, 1));
+
+        let f = open(&b, "d/g", RDONLY);
+        assert_eq!(errno(b.readdir(&f, 0, 10, false)), libc::ENOTDIR);
+
+        // A removed directory cannot be listed, as getdents says on Linux.
+        b.mkdir("gone", 0o755).unwrap();
+        let g = open(&b, "gone", RDONLY | O_DIRECTORY);
+        b.rmdir("gone").unwrap();
+        assert_eq!(errno(b.readdir(&g, 0, 10, false)), libc::ENOENT);
+        let a = b.getattr(Node::File(&g)).unwrap();
+        assert_eq!((a.nlink, a.size), (0, 0));
+    }
+
+    #[test]
+    fn readdir_many_entries() {
+        let b = MemoryBackend::new();
+        for i in 0..1000 {
+            mkfile(&b, &format!("f{i}"), b"");
+        }
+        let d = open(&b, "", RDONLY);
+        let all = readdir_all(&b, &d, 0, 37);
+        assert_eq!(all.len(), 1002);
+        let mut names: Vec<String> = all.into_iter().skip(2).map(|e| e.name).collect();
+        names.sort();
+        let mut want: Vec<String> = (0..1000).map(|i| format!("f{i}")).collect();
+        want.sort();
+        assert_eq!(names, want);
+    }
+
+    #[test]
+    fn truncate_semantics() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"hello world");
+        b.mkdir("d", 0o755).unwrap();
+        b.symlink("f", "lf").unwrap();
+        let before = stat(&b, "f");
+        tick();
+        let a = b.truncate(Node::Path("f"), 5).unwrap();
+        assert_eq!(a.size, 5);
+        assert!(later(a.mtime, before.mtime) && later(a.ctime, before.ctime));
+        assert_eq!(contents(&b, "f"), b"hello");
+        // Extending reads zeros, not the old bytes.
+        assert_eq!(b.truncate(Node::Path("lf"), 8).unwrap().size, 8);
+        assert_eq!(contents(&b, "f"), b"hello\0\0\0");
+        // ext4 stamps the times even when the size stays.
+        let before = stat(&b, "f");
+        tick();
+        let a = b.truncate(Node::Path("f"), 8).unwrap();
+        assert!(later(a.mtime, before.mtime));
+        assert_eq!(errno(b.truncate(Node::Path("d"), 0)), libc::EISDIR);
+        assert_eq!(errno(b.truncate(Node::PathNoFollow("lf"), 0)), libc::ELOOP);
+        assert_eq!(errno(b.truncate(Node::Path("f/"), 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.truncate(Node::Path("missing"), 0)), libc::ENOENT);
+        assert_eq!(errno(b.truncate(Node::Path("f"), u64::MAX)), libc::EFBIG);
+        let r = open(&b, "f", RDONLY);
+        assert_eq!(errno(b.truncate(Node::File(&r), 0)), libc::EINVAL);
+        let dh = open(&b, "d", RDONLY);
+        assert_eq!(errno(b.truncate(Node::File(&dh), 0)), libc::EINVAL);
+        let w = open(&b, "f", WRONLY);
+        assert_eq!(b.truncate(Node::File(&w), 2).unwrap().size, 2);
+        assert_eq!(contents(&b, "f"), b"he");
+        // Shrinking across chunks, then growing again.
+        let big: Vec<u8> = vec![7; 3 * CHUNK as usize + 10];
+        b.write(&w, 0, &big).unwrap();
+        b.truncate(Node::File(&w), CHUNK + 1).unwrap();
+        b.truncate(Node::File(&w), 4 * CHUNK).unwrap();
+        let got = contents(&b, "f");
+        assert_eq!(got.len(), 4 * CHUNK as usize);
+        assert!(got[..CHUNK as usize + 1].iter().all(|&x| x == 7));
+        assert!(got[CHUNK as usize + 1..].iter().all(|&x| x == 0));
+        b.truncate(Node::File(&w), CHUNK).unwrap();
+        b.truncate(Node::File(&w), CHUNK + 5).unwrap();
+        assert_eq!(read_at(&b, &r, CHUNK - 1, 10), [7, 0, 0, 0, 0, 0]);
+        // A huge sparse extension is free.
+        b.truncate(Node::File(&w), 1 << 50).unwrap();
+        assert_eq!(stat(&b, "f").size, 1 << 50);
+    }
+
+    #[test]
+    fn chmod_semantics() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"");
+        b.symlink("f", "lf").unwrap();
+        let before = stat(&b, "f");
+        tick();
+        let a = b.chmod(Node::Path("f"), 0o104751).unwrap();
+        assert_eq!(a.mode, 0o104751);
+        assert!(later(a.ctime, before.ctime));
+        assert_eq!(a.mtime, before.mtime);
+        assert_eq!(b.chmod(Node::Path("lf"), 0o600).unwrap().mode, 0o100600);
+        assert_eq!(errno(b.chmod(Node::PathNoFollow("lf"), 0o600)), libc::EOPNOTSUPP);
+        assert_eq!(b.chmod(Node::PathNoFollow("f"), 0o640).unwrap().mode, 0o100640);
+        let r = open(&b, "f", RDONLY);
+        assert_eq!(b.chmod(Node::File(&r), 0o444).unwrap().mode, 0o100444);
+        assert_eq!(b.chmod(Node::Path(""), 0o700).unwrap().mode, 0o40700);
+        assert_eq!(errno(b.chmod(Node::Path("missing"), 0o700)), libc::ENOENT);
+        // Root ignores permission bits.
+        mkfile(&b, "f", b"still writable");
+        assert_eq!(contents(&b, "f"), b"still writable");
+    }
+
+    #[test]
+    fn chown_semantics() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"");
+        b.mkdir("d", 0o755).unwrap();
+        b.symlink("f", "lf").unwrap();
+        let a = b.chown(Node::Path("f"), 5, u32::MAX).unwrap();
+        assert_eq!((a.uid, a.gid), (5, rustix::process::getegid().as_raw()));
+        let a = b.chown(Node::Path("f"), u32::MAX, 6).unwrap();
+        assert_eq!((a.uid, a.gid), (5, 6));
+        let before = a;
+        tick();
+        let a = b.chown(Node::Path("f"), u32::MAX, u32::MAX).unwrap();
+        assert!(later(a.ctime, before.ctime));
+        // Set-user-ID always goes; set-group-ID only with group execute.
+        b.chmod(Node::Path("f"), 0o6755).unwrap();
+        assert_eq!(b.chown(Node::Path("f"), u32::MAX, u32::MAX).unwrap().mode, 0o100755);
+        b.chmod(Node::Path("f"), 0o6745).unwrap();
+        assert_eq!(b.chown(Node::Path("f"), 1, 1).unwrap().mode, 0o102745);
+        b.chmod(Node::Path("d"), 0o6755).unwrap();
+        assert_eq!(b.chown(Node::Path("d"), 1, 1).unwrap().mode, 0o46755);
+        // No follow changes the link itself.
+        let a = b.chown(Node::PathNoFollow("lf"), 7, 8).unwrap();
+        assert_eq!((a.uid, a.gid, a.mode), (7, 8, 0o120777));
+        assert_eq!(stat(&b, "lf").uid, 1);
+    }
+
+    #[test]
+    fn utimens_semantics() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"");
+        b.symlink("f", "lf").unwrap();
+        let t1 = Time { sec: 100, nsec: 5 };
+        let t2 = Time { sec: -3, nsec: 999_999_999 };
+        let before = stat(&b, "f");
+        tick();
+        let a = b.utimens(Node::Path("f"), t1, t2).unwrap();
+        assert_eq!((a.atime, a.mtime), (t1, t2));
+        assert!(later(a.ctime, before.ctime));
+        let a = b.utimens(Node::Path("f"), Time::OMIT, t1).unwrap();
+        assert_eq!((a.atime, a.mtime), (t1, t1));
+        let a = b.utimens(Node::Path("f"), Time::NOW, Time::OMIT).unwrap();
+        assert!(later(a.atime, t1));
+        assert_eq!(a.atime, a.ctime);
+        assert_eq!(a.mtime, t1);
+        // Both omitted: nothing changes, not even ctime.
+        let before = a;
+        tick();
+        assert_eq!(b.utimens(Node::Path("f"), Time::OMIT, Time::OMIT).unwrap(), before);
+        let bad = Time { sec: 0, nsec: 1_000_000_000 };
+        assert_eq!(errno(b.utimens(Node::Path("f"), bad, Time::OMIT)), libc::EINVAL);
+        // The path is resolved before the times are checked.
+        assert_eq!(errno(b.utimens(Node::Path("missing"), bad, Time::OMIT)), libc::ENOENT);
+        let a = b.utimens(Node::PathNoFollow("lf"), t2, t2).unwrap();
+        assert_eq!(a.mode, 0o120777);
+        assert_eq!(a.mtime, t2);
+        assert_eq!(stat(&b, "f").mtime, t1);
+        let f = open(&b, "f", RDONLY);
+        assert_eq!(b.utimens(Node::File(&f), t2, t2).unwrap().atime, t2);
+    }
+
+    #[test]
+    fn atime_is_relatime() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"abc");
+        let f = open(&b, "f", RDONLY);
+        let old = Time { sec: 1000, nsec: 0 };
+        let recent = now();
+        b.utimens(Node::File(&f), recent, old).unwrap();
+        // atime newer than mtime but not ctime (utimens set ctime just now).
+        read_at(&b, &f, 0, 1);
+        let a = stat(&b, "f");
+        assert!(later(a.atime, recent));
+        // Now atime is newer than both: a read leaves it.
+        tick();
+        read_at(&b, &f, 0, 1);
+        assert_eq!(stat(&b, "f").atime, a.atime);
+        // O_NOATIME never touches it.
+        b.utimens(Node::File(&f), old, old).unwrap();
+        let n = open(&b, "f", RDONLY | O_NOATIME);
+        read_at(&b, &n, 0, 1);
+        assert_eq!(stat(&b, "f").atime, old);
+    }
+
+    #[test]
+    fn mkdir_semantics() {
+        let b = MemoryBackend::new();
+        let a = b.mkdir("d", 0o7777).unwrap();
+        // mkdir keeps only permissions and the sticky bit.
+        assert_eq!(a.mode, 0o41777);
+        assert_eq!(a.nlink, 2);
+        assert_eq!(a.size, 4096);
+        assert_eq!(stat(&b, "").nlink, 3);
+        b.mkdir("d/e/", 0o755).unwrap();
+        assert_eq!(stat(&b, "d").nlink, 3);
+        mkfile(&b, "f", b"");
+        b.symlink("nowhere", "dang").unwrap();
+        for p in ["d", "f", "dang", "d/.", "d/..", "", "/", "f/"] {
+            assert_eq!(errno(b.mkdir(p, 0o755)), libc::EEXIST, "{p}");
+        }
+        assert_eq!(errno(b.mkdir("x/y", 0o755)), libc::ENOENT);
+        assert_eq!(errno(b.mkdir("f/y", 0o755)), libc::ENOTDIR);
+        // A set-group-ID directory passes on its group, and the bit to
+        // subdirectories.
+        b.chmod(Node::Path("d"), 0o2775).unwrap();
+        b.chown(Node::Path("d"), u32::MAX, 4242).unwrap();
+        let a = b.mkdir("d/sub", 0o755).unwrap();
+        assert_eq!((a.gid, a.mode), (4242, 0o42755));
+        let (_, a) = b.open("d/file", CREAT | WRONLY, 0o644).unwrap();
+        assert_eq!((a.gid, a.mode), (4242, 0o100644));
+        let a = b.symlink("x", "d/link").unwrap();
+        assert_eq!(a.gid, 4242);
+        assert_eq!(b.mkdir("plain", 0o755).unwrap().gid, rustix::process::getegid().as_raw());
+    }
+
+    #[test]
+    fn rmdir_semantics() {
+        let b = MemoryBackend::new();
+        b.mkdir("d", 0o755).unwrap();
+        b.mkdir("d/e", 0o755).unwrap();
+        mkfile(&b, "f", b"");
+        b.symlink("d", "ld").unwrap();
+        assert_eq!(errno(b.rmdir("d")), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rmdir("f")), libc::ENOTDIR);
+        assert_eq!(errno(b.rmdir("ld")), libc::ENOTDIR);
+        assert_eq!(errno(b.rmdir("d/.")), libc::EINVAL);
+        assert_eq!(errno(b.rmdir(".")), libc::EINVAL);
+        assert_eq!(errno(b.rmdir("d/e/..")), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rmdir("")), libc::EBUSY);
+        assert_eq!(errno(b.rmdir("/")), libc::EBUSY);
+        assert_eq!(errno(b.rmdir("missing")), libc::ENOENT);
+        assert_eq!(stat(&b, "d").nlink, 3);
+        let before = stat(&b, "d");
+        tick();
+        b.rmdir("d/e/").unwrap();
+        let a = stat(&b, "d");
+        assert_eq!(a.nlink, 2);
+        assert!(later(a.mtime, before.mtime));
+        b.rmdir("ld/").unwrap_err();
+        b.rmdir("d").unwrap();
+        assert_eq!(stat(&b, "").nlink, 2);
+        assert_eq!(list(&b, ""), [".", "..", "f", "ld"]);
+    }
+
+    #[test]
+    fn unlink_semantics() {
+        let b = MemoryBackend::new();
+        b.mkdir("d", 0o755).unwrap();
+        mkfile(&b, "f", b"data");
+        b.symlink("d", "ld").unwrap();
+        assert_eq!(errno(b.unlink("d")), libc::EISDIR);
+        assert_eq!(errno(b.unlink("d/")), libc::EISDIR);
+        assert_eq!(errno(b.unlink("d/.")), libc::EISDIR);
+        assert_eq!(errno(b.unlink("")), libc::EISDIR);
+        assert_eq!(errno(b.unlink("f/")), libc::ENOTDIR);
+        assert_eq!(errno(b.unlink("ld/")), libc::ENOTDIR);
+        assert_eq!(errno(b.unlink("missing/")), libc::ENOENT);
+        assert_eq!(errno(b.unlink("missing")), libc::ENOENT);
+        // The link goes, not its target.
+        b.unlink("ld").unwrap();
+        stat(&b, "d");
+        // An open file outlives its name.
+        let used = b.statfs("").unwrap();
+        let f = open(&b, "f", RDWR);
+        let before = stat(&b, "f");
+        tick();
+        b.unlink("f").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path("f"))), libc::ENOENT);
+        let a = b.getattr(Node::File(&f)).unwrap();
+        assert_eq!(a.nlink, 0);
+        assert!(later(a.ctime, before.ctime));
+        assert_eq!(b.write(&f, 4, b" more").unwrap(), 9);
+        assert_eq!(read_at(&b, &f, 0, 100), b"data more");
+        assert_eq!(b.statfs("").unwrap().ffree, used.ffree);
+        drop(f);
+        assert_eq!(b.statfs("").unwrap().ffree, used.ffree + 1);
+        assert_eq!(list(&b, ""), [".", "..", "d"]);
+    }
+
+    #[test]
+    fn rename_files() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "a", b"A");
+        mkfile(&b, "b", b"B");
+        let ia = stat(&b, "a").ino;
+        let f = open(&b, "b", RDONLY);
+        tick();
+        let before = stat(&b, "");
+        b.rename("a", "b", 0).unwrap();
+        assert_eq!(contents(&b, "b"), b"A");
+        assert_eq!(stat(&b, "b").ino, ia);
+        assert_eq!(errno(b.getattr(Node::Path("a"))), libc::ENOENT);
+        // The replaced file lives on through its handle, with no links.
+        assert_eq!(b.getattr(Node::File(&f)).unwrap().nlink, 0);
+        assert_eq!(read_at(&b, &f, 0, 10), b"B");
+        let after = stat(&b, "");
+        assert!(later(after.mtime, before.mtime));
+        assert!(later(stat(&b, "b").ctime, before.ctime));
+        // Same file under two names: nothing happens.
+        b.link("b", "c").unwrap();
+        b.rename("b", "c", 0).unwrap();
+        assert_eq!(stat(&b, "b").nlink, 2);
+        assert_eq!(list(&b, ""), [".", "..", "b", "c"]);
+        b.rename("b", "b", 0).unwrap();
+        assert_eq!(errno(b.rename("b", "b", RENAME_NOREPLACE)), libc::EEXIST);
+        assert_eq!(errno(b.rename("b", "c", RENAME_NOREPLACE)), libc::EEXIST);
+        b.rename("b", "z", RENAME_NOREPLACE).unwrap();
+        assert_eq!(errno(b.rename("missing", "q", 0)), libc::ENOENT);
+        assert_eq!(errno(b.rename("missing", "z", RENAME_NOREPLACE)), libc::ENOENT);
+        assert_eq!(errno(b.rename("z", "q/", 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename("z/", "q", 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename("z", "nodir/q", 0)), libc::ENOENT);
+        assert_eq!(errno(b.rename(".", "q", 0)), libc::EBUSY);
+        assert_eq!(errno(b.rename("", "q", 0)), libc::EBUSY);
+        assert_eq!(errno(b.rename("z", ".", 0)), libc::EBUSY);
+        assert_eq!(errno(b.rename("z", ".", RENAME_NOREPLACE)), libc::EEXIST);
+        assert_eq!(errno(b.rename("z", "c", 3)), libc::EINVAL);
+        assert_eq!(errno(b.rename("z", "c", 4)), libc::EINVAL);
+        assert_eq!(errno(b.rename("z", "c", 8)), libc::EINVAL);
+        // A symlink moves as itself.
+        b.symlink("z", "l").unwrap();
+        b.rename("l", "m", 0).unwrap();
+        assert_eq!(b.readlink("m").unwrap(), "z");
+        // Renaming within a directory re-lists the name at the end.
+        assert_eq!(list(&b, ""), [".", "..", "c", "z", "m"]);
+    }
+
+    #[test]
+    fn rename_directories() {
+        let b = MemoryBackend::new();
+        b.mkdir("a", 0o755).unwrap();
+        b.mkdir("a/b", 0o755).unwrap();
+        b.mkdir("a/b/c", 0o755).unwrap();
+        b.mkdir("e", 0o755).unwrap();
+        mkfile(&b, "f", b"");
+        assert_eq!(errno(b.rename("a", "a/b/x", 0)), libc::EINVAL);
+        assert_eq!(errno(b.rename("a", "a/x", 0)), libc::EINVAL);
+        assert_eq!(errno(b.rename("a/b", "a", 0)), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rename("a/b/c", "a", 0)), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rename("a/b/c", "a", RENAME_EXCHANGE)), libc::EINVAL);
+        assert_eq!(errno(b.rename("a", "a/b", RENAME_EXCHANGE)), libc::EINVAL);
+        assert_eq!(errno(b.rename("f", "a", 0)), libc::EISDIR);
+        assert_eq!(errno(b.rename("a", "f", 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename("e", "a", 0)), libc::ENOTEMPTY);
+        b.rename("a/b", "a/b", 0).unwrap();
+        // Move a directory to another parent: link counts and `..` follow.
+        let ib = stat(&b, "a/b").ino;
+        b.rename("a/b", "e/b2/", 0).unwrap();
+        assert_eq!(stat(&b, "a").nlink, 2);
+        assert_eq!(stat(&b, "e").nlink, 3);
+        assert_eq!(stat(&b, "e/b2").ino, ib);
+        assert_eq!(stat(&b, "e/b2/c/../..").ino, stat(&b, "e").ino);
+        let d = open(&b, "e/b2", RDONLY);
+        let (ents, _) = b.readdir(&d, 0, 2, false).unwrap();
+        assert_eq!(ents[1].ino, stat(&b, "e").ino);
+        // Replace an empty directory.
+        let ia = stat(&b, "a").ino;
+        let root_links = stat(&b, "").nlink;
+        b.rename("a", "e/b2/c", 0).unwrap();
+        assert_eq!(stat(&b, "e/b2/c").ino, ia);
+        assert_eq!(stat(&b, "").nlink, root_links - 1);
+        assert_eq!(stat(&b, "e/b2").nlink, 3);
+        // Same parent, dir over empty dir: the parent loses one link.
+        b.mkdir("e/b2/x", 0o755).unwrap();
+        assert_eq!(stat(&b, "e/b2").nlink, 4);
+        b.rename("e/b2/x", "e/b2/c", 0).unwrap();
+        assert_eq!(stat(&b, "e/b2").nlink, 3);
+        // A moved directory's ctime changes.
+        let before = stat(&b, "e/b2");
+        tick();
+        b.rename("e/b2", "top", 0).unwrap();
+        assert!(later(stat(&b, "top").ctime, before.ctime));
+        assert_eq!(stat(&b, "top/..").ino, 1);
+    }
+
+    #[test]
+    fn rename_exchange() {
+        let b = MemoryBackend::new();
+        b.mkdir("d1", 0o755).unwrap();
+        b.mkdir("d2", 0o755).unwrap();
+        b.mkdir("d1/sub", 0o755).unwrap();
+        mkfile(&b, "d2/file", b"F");
+        let (isub, ifile) = (stat(&b, "d1/sub").ino, stat(&b, "d2/file").ino);
+        assert_eq!(errno(b.rename("d1/sub", "d2/none", RENAME_EXCHANGE)), libc::ENOENT);
+        assert_eq!(errno(b.rename("d2/file/", "d1/sub", RENAME_EXCHANGE)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename("d1/sub", "d2/file/", RENAME_EXCHANGE)), libc::ENOTDIR);
+        b.rename("d1/sub", "d2/file", RENAME_EXCHANGE).unwrap();
+        assert_eq!(stat(&b, "d1/sub").ino, ifile);
+        assert_eq!(stat(&b, "d2/file").ino, isub);
+        assert_eq!(stat(&b, "d1").nlink, 2);
+        assert_eq!(stat(&b, "d2").nlink, 3);
+        assert_eq!(stat(&b, "d2/file/..").ino, stat(&b, "d2").ino);
+        assert_eq!(contents(&b, "d1/sub"), b"F");
+        // Names keep their places in the listing.
+        mkfile(&b, "x", b"X");
+        mkfile(&b, "y", b"Y");
+        b.rename("x", "y", RENAME_EXCHANGE).unwrap();
+        assert_eq!(contents(&b, "x"), b"Y");
+        assert_eq!(list(&b, ""), [".", "..", "d1", "d2", "x", "y"]);
+        b.rename("x", "x", RENAME_EXCHANGE).unwrap();
+        assert_eq!(contents(&b, "x"), b"Y");
+    }
+
+    #[test]
+    fn deep_tree_drops_without_recursion() {
+        let b = MemoryBackend::new();
+        b.mkdir("a", 0o755).unwrap();
+        // Renames build a chain deeper than any path could name.
+        for _ in 0..200_000 {
+            b.mkdir("t", 0o755).unwrap();
+            b.rename("a", "t/a", 0).unwrap();
+            b.rename("t", "a", 0).unwrap();
+        }
+        assert_eq!(b.statfs("").unwrap().files - b.statfs("").unwrap().ffree, 200_002);
+        drop(b);
+    }
+
+    #[test]
+    fn link_semantics() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"x");
+        b.mkdir("d", 0o755).unwrap();
+        b.symlink("f", "lf").unwrap();
+        let before = stat(&b, "f");
+        tick();
+        let a = b.link("f", "d/g").unwrap();
+        assert_eq!(a.ino, before.ino);
+        assert_eq!(a.nlink, 2);
+        assert!(later(a.ctime, before.ctime));
+        assert_eq!(stat(&b, "d/g").nlink, 2);
+        assert_eq!(errno(b.link("d", "dl")), libc::EPERM);
+        assert_eq!(errno(b.link(".", "dl")), libc::EPERM);
+        assert_eq!(errno(b.link("d", "f")), libc::EEXIST);
+        assert_eq!(errno(b.link("f", "d/g")), libc::EEXIST);
+        assert_eq!(errno(b.link("f", "new/")), libc::ENOENT);
+        assert_eq!(errno(b.link("f", "d/..")), libc::EEXIST);
+        assert_eq!(errno(b.link("missing", "x")), libc::ENOENT);
+        assert_eq!(errno(b.link("f/", "x")), libc::ENOTDIR);
+        // A hard link to a symlink is to the link itself.
+        let a = b.link("lf", "lf2").unwrap();
+        assert_eq!(a.mode, 0o120777);
+        assert_eq!(lstat(&b, "lf").nlink, 2);
+        b.unlink("f").unwrap();
+        assert_eq!(contents(&b, "d/g"), b"x");
+        assert_eq!(stat(&b, "d/g").nlink, 1);
+    }
+
+    #[test]
+    fn symlink_and_readlink() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"");
+        b.mkdir("d", 0o755).unwrap();
+        let a = b.symlink("some/target", "l").unwrap();
+        assert_eq!((a.mode, a.size, a.nlink, a.blocks), (0o120777, 11, 1, 0));
+        assert_eq!(b.readlink("l").unwrap(), "some/target");
+        assert_eq!(b.readlink("/l").unwrap(), "some/target");
+        assert_eq!(errno(b.symlink("x", "l")), libc::EEXIST);
+        assert_eq!(errno(b.symlink("x", "f")), libc::EEXIST);
+        assert_eq!(errno(b.symlink("x", "f/")), libc::EEXIST);
+        assert_eq!(errno(b.symlink("x", "new/")), libc::ENOENT);
+        assert_eq!(errno(b.symlink("x", "d/.")), libc::EEXIST);
+        assert_eq!(errno(b.symlink("", "e")), libc::ENOENT);
+        assert_eq!(errno(b.symlink(&"x".repeat(4096), "e")), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.readlink("f")), libc::EINVAL);
+        assert_eq!(errno(b.readlink("d")), libc::EINVAL);
+        assert_eq!(errno(b.readlink("")), libc::EINVAL);
+        assert_eq!(errno(b.readlink("missing")), libc::ENOENT);
+        b.symlink("f", "lf").unwrap();
+        b.symlink("d", "ld").unwrap();
+        assert_eq!(errno(b.readlink("lf/")), libc::ENOTDIR);
+        assert_eq!(errno(b.readlink("ld/")), libc::EINVAL);
+        b.symlink("../lf", "d/up").unwrap();
+        assert_eq!(b.readlink("ld/up").unwrap(), "../lf");
+        assert_eq!(stat(&b, "d/up").ino, stat(&b, "f").ino);
+    }
+
+    #[test]
+    fn statfs_and_access() {
+        let b = MemoryBackend::new();
+        let s = b.statfs("").unwrap();
+        assert_eq!((s.bsize, s.frsize, s.namemax), (4096, 4096, 255));
+        assert_eq!(s.blocks, BUDGET / 4096);
+        assert_eq!(s.bfree, s.blocks);
+        assert_eq!(s.files - s.ffree, 1);
+        mkfile(&b, "f", &vec![1; 1 << 20]);
+        let s2 = b.statfs("f").unwrap();
+        assert_eq!(s.bfree - s2.bfree, 256);
+        assert_eq!(s.ffree - s2.ffree, 1);
+        b.unlink("f").unwrap();
+        assert_eq!(b.statfs("/").unwrap(), s);
+        assert_eq!(errno(b.statfs("missing")), libc::ENOENT);
+
+        mkfile(&b, "f", b"");
+        b.mkdir("d", 0o000).unwrap();
+        b.symlink("f", "lf").unwrap();
+        b.chmod(Node::Path("f"), 0o000).unwrap();
+        for m in [0, 2, 4, 6] {
+            b.access("f", m).unwrap();
+        }
+        assert_eq!(errno(b.access("f", 1)), libc::EACCES);
+        assert_eq!(errno(b.access("lf", 1)), libc::EACCES);
+        b.access("d", 7).unwrap();
+        b.chmod(Node::Path("f"), 0o001).unwrap();
+        b.access("f", 1).unwrap();
+        assert_eq!(errno(b.access("f", 8)), libc::EINVAL);
+        assert_eq!(errno(b.access("missing", 0)), libc::ENOENT);
+    }
+
+    #[test]
+    fn xattrs() {
+        let b = MemoryBackend::new();
+        mkfile(&b, "f", b"");
+        b.mkdir("d", 0o755).unwrap();
+        b.symlink("f", "lf").unwrap();
+        let before = stat(&b, "f");
+        tick();
+        b.setxattr(Node::Path("f"), "user.a", b"1", 0).unwrap();
+        assert!(later(stat(&b, "f").ctime, before.ctime));
+        b.setxattr(Node::Path("f"), "trusted.t", b"", 0).unwrap();
+        b.setxattr(Node::Path("f"), "security.s", b"sss", 0).unwrap();
+        assert_eq!(b.getxattr(Node::Path("f"), "user.a").unwrap(), b"1");
+        assert_eq!(b.getxattr(Node::Path("lf"), "trusted.t").unwrap(), b"");
+        assert_eq!(b.listxattr(Node::Path("f")).unwrap(), b"security.s\0trusted.t\0user.a\0");
+        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.a", b"2", XATTR_CREATE)), libc::EEXIST);
+        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.b", b"2", XATTR_REPLACE)), libc::ENODATA);
+        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.b", b"2", 3)), libc::ENODATA);
+        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.b", b"2", 4)), libc::EINVAL);
+        b.setxattr(Node::Path("f"), "user.a", b"22", XATTR_REPLACE).unwrap();
+        assert_eq!(b.getxattr(Node::Path("f"), "user.a").unwrap(), b"22");
+        b.setxattr(Node::Path("f"), "user.b", b"3", XATTR_CREATE).unwrap();
+        assert_eq!(errno(b.getxattr(Node::Path("f"), "user.zz")), libc::ENODATA);
+        assert_eq!(errno(b.removexattr(Node::Path("f"), "user.zz")), libc::ENODATA);
+        b.removexattr(Node::Path("f"), "user.b").unwrap();
+        assert_eq!(errno(b.getxattr(Node::Path("f"), "user.b")), libc::ENODATA);
+        // Names.
+        for (name, e) in [
+            ("", libc::ERANGE),
+            ("user.", libc::EINVAL),
+            ("foo.a", libc::EOPNOTSUPP),
+            ("system.posix_acl_access", libc::EOPNOTSUPP),
+            ("user", libc::EOPNOTSUPP),
+        ] {
+            assert_eq!(errno(b.setxattr(Node::Path("f"), name, b"v", 0)), e, "{name}");
+            assert_eq!(errno(b.getxattr(Node::Path("f"), name)), e, "{name}");
+            assert_eq!(errno(b.removexattr(Node::Path("f"), name)), e, "{name}");
+        }
+        let long = format!("user.{}", "n".repeat(250));
+        b.setxattr(Node::Path("f"), &long, b"v", 0).unwrap();
+        let too_long = format!("user.{}", "n".repeat(251));
+        assert_eq!(errno(b.setxattr(Node::Path("f"), &too_long, b"v", 0)), libc::ERANGE);
+        // Values.
+        let big = vec![9; XATTR_SIZE_MAX];
+        b.setxattr(Node::Path("d"), "user.big", &big, 0).unwrap();
+        assert_eq!(b.getxattr(Node::Path("d"), "user.big").unwrap(), big);
+        assert_eq!(errno(b.setxattr(Node::Path("d"), "user.big", &vec![0; XATTR_SIZE_MAX + 1], 0)), libc::E2BIG);
+        // user.* is only for files and directories.
+        assert_eq!(errno(b.setxattr(Node::PathNoFollow("lf"), "user.a", b"v", 0)), libc::EPERM);
+        assert_eq!(errno(b.setxattr(Node::PathNoFollow("lf"), "user.", b"v", 0)), libc::EPERM);
+        assert_eq!(errno(b.getxattr(Node::PathNoFollow("lf"), "user.a")), libc::ENODATA);
+        assert_eq!(errno(b.removexattr(Node::PathNoFollow("lf"), "user.a")), libc::EPERM);
+        b.setxattr(Node::PathNoFollow("lf"), "trusted.x", b"v", 0).unwrap();
+        assert_eq!(b.listxattr(Node::PathNoFollow("lf")).unwrap(), b"trusted.x\0");
+        assert_eq!(b.getxattr(Node::Path("lf"), "user.a").unwrap(), b"22");
+        // Through a handle, whatever its access mode.
+        let r = open(&b, "f", RDONLY);
+        b.setxattr(Node::File(&r), "user.h", b"h", 0).unwrap();
+        assert_eq!(b.getxattr(Node::Path("f"), "user.h").unwrap(), b"h");
+        assert_eq!(errno(b.listxattr(Node::Path("missing"))), libc::ENOENT);
+        // Attribute bytes count against the budget and come back.
+        let free = b.statfs("").unwrap().bfree;
+        b.removexattr(Node::Path("d"), "user.big").unwrap();
+        assert_eq!(b.statfs("").unwrap().bfree, free + 16);
+    }
+
+    #[test]
+    fn out_of_space() {
+        let b = MemoryBackend::new();
+        let f = open(&b, "f", CREAT | RDWR);
+        // Pretend the budget is nearly spent.
+        b.shared.bytes.store(BUDGET - 10, Ordering::Relaxed);
+        assert_eq!(b.write(&f, 0, b"0123456789").unwrap(), 10);
+        assert_eq!(errno(b.write(&f, 10, b"x")), libc::ENOSPC);
+        // Overwriting allocated bytes needs no new space.
+        assert_eq!(b.write(&f, 0, b"abc").unwrap(), 3);
+        assert_eq!(errno(b.setxattr(Node::File(&f), "user.x", b"", 0)), libc::ENOSPC);
+        b.truncate(Node::File(&f), 0).unwrap();
+        assert_eq!(b.shared.bytes.load(Ordering::Relaxed), BUDGET - 10);
+        b.shared.inodes.store(MAX_INODES, Ordering::Relaxed);
+        assert_eq!(errno(b.mkdir("d", 0o755)), libc::ENOSPC);
+        assert_eq!(errno(b.open("g", CREAT | RDWR, 0o644)), libc::ENOSPC);
+        assert_eq!(list(&b, ""), [".", "..", "f"]);
+    }
+
+    #[test]
+    fn concurrent_use() {
+        let b = Arc::new(MemoryBackend::new());
+        b.mkdir("shared", 0o755).unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    let dir = format!("t{t}");
+                    b.mkdir(&dir, 0o755).unwrap();
+                    for i in 0..200 {
+                        let p = format!("{dir}/f{i}");
+                        let f = open(&b, &p, CREAT | RDWR);
+                        b.write(&f, 0, p.as_bytes()).unwrap();
+                        assert_eq!(read_at(&b, &f, 0, 100), p.as_bytes());
+                        let q = format!("shared/{t}-{i}");
+                        b.rename(&p, &q, 0).unwrap();
+                        if i % 2 == 0 {
+                            b.unlink(&q).unwrap();
+                        }
+                    }
+                    b.rmdir(&dir).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let names = list(&b, "shared");
+        assert_eq!(names.len(), 2 + 8 * 100);
+        assert_eq!(stat(&b, "").nlink, 3);
+        assert_eq!(contents(&b, "shared/3-7"), b"t3/f7");
+    }
+
+    #[test]
+    fn inode_numbers_are_unique() {
+        let b = MemoryBackend::new();
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(1);
+        for i in 0..100 {
+            assert!(seen.insert(mkfile(&b, &format!("f{i}"), b"").ino));
+            assert!(seen.insert(b.mkdir(&format!("d{i}"), 0o755).unwrap().ino));
+            assert!(seen.insert(b.symlink("x", &format!("l{i}")).unwrap().ino));
+        }
     }
 }

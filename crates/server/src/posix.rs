@@ -172,9 +172,9 @@ fn attr_of(st: &rfs::Stat) -> Attr {
         size: st.st_size as u64,
         blksize: st.st_blksize as u32,
         blocks: st.st_blocks as u64,
-        atime: Time { sec: st.st_atime as i64, nsec: st.st_atime_nsec as u32 },
-        mtime: Time { sec: st.st_mtime as i64, nsec: st.st_mtime_nsec as u32 },
-        ctime: Time { sec: st.st_ctime as i64, nsec: st.st_ctime_nsec as u32 },
+        atime: Time { sec: st.st_atime, nsec: st.st_atime_nsec as u32 },
+        mtime: Time { sec: st.st_mtime, nsec: st.st_mtime_nsec as u32 },
+        ctime: Time { sec: st.st_ctime, nsec: st.st_ctime_nsec as u32 },
     }
 }
 
