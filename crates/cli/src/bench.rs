@@ -114,6 +114,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let mut sendfile = Series::new("raw sendfile of the file to TCP", "MB/s");
     let mut recvwrite = Series::new("raw TCP recv + pwrite to a file", "MB/s");
     let mut ping = Series::new("raw TCP ping-pong (64 B), median", "µs");
+    let mut null = Series::new("ferry null request (ping), median", "µs");
     let mut stat = Series::new("ferry stat, median", "µs");
     let mut stat99 = Series::new("ferry stat, p99", "µs");
     for _ in 0..a.runs {
@@ -123,6 +124,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
         recvwrite.values.push(raw_recv_write(&dir.join("raw.dat"), bytes)?);
         ping.values.push(raw_pingpong(a.rtts)?);
+        null.values.push(ferry_ping(&client, a.rtts)?);
         let (m, p99) = ferry_stat(&client, a.rtts)?;
         stat.values.push(m);
         stat99.values.push(p99);
@@ -157,6 +159,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
             ),
         ),
         (&ping, String::new()),
+        (&null, format!("{:.2} x raw ping-pong", null.median() / raw_rtt)),
         (&stat, format!("{:.2} x raw ping-pong", stat.median() / raw_rtt)),
         (&stat99, String::new()),
     ] {
@@ -218,6 +221,16 @@ fn ferry_read(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
         return Err(format!("read {total} bytes, expected {bytes}"));
     }
     Ok(mbps(bytes, t.elapsed()))
+}
+
+fn ferry_ping(c: &Client, n: usize) -> Result<f64, String> {
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    for _ in 0..n {
+        let t = Instant::now();
+        c.ping().map_err(|e| e.to_string())?;
+        h.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+    }
+    Ok(h.value_at_quantile(0.5) as f64 / 1e3)
 }
 
 fn ferry_stat(c: &Client, n: usize) -> Result<(f64, f64), String> {

@@ -94,6 +94,9 @@ pub struct Engine {
     cv: Condvar,
     welcome: Welcome,
     max_frame: u32,
+    /// The process that connected: after `fork` the child shares the socket
+    /// with the parent and must not read its replies.
+    pid: rustix::process::Pid,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -159,6 +162,7 @@ impl Engine {
             cv: Condvar::new(),
             max_frame: welcome.max_frame.min(CLIENT_MAX_FRAME),
             welcome,
+            pid: rustix::process::getpid(),
         })
     }
 
@@ -189,6 +193,7 @@ impl Engine {
     /// Sends a request once the window has room; returns its id. `reply_bytes`
     /// is what the reply will carry (the read size), for the byte window.
     pub fn start(&self, req: &Request<'_>, reply_bytes: u64) -> Result<u64> {
+        self.same_process()?;
         let cost = req.bulk().len() as u64 + reply_bytes;
         let id = {
             let mut st = lock(&self.st);
@@ -226,6 +231,7 @@ impl Engine {
     /// Waits for the reply to `id`. A data reply goes into `dest` if given
     /// (its length is in `Frame::data_len`); an error reply becomes `Err`.
     pub fn finish(&self, id: u64, mut dest: Option<&mut [u8]>) -> Result<Frame> {
+        self.same_process()?;
         let mut st = lock(&self.st);
         loop {
             if let Some(s) = st.stored.remove(&id) {
@@ -244,6 +250,19 @@ impl Engine {
                 return f;
             }
         }
+    }
+
+    /// Refuses use from a forked child: its requests would interleave with
+    /// the parent's on one socket and either could read the other's replies.
+    fn same_process(&self) -> Result<()> {
+        if rustix::process::getpid() == self.pid {
+            return Ok(());
+        }
+        Err(Error::Io {
+            kind: io::ErrorKind::NotConnected,
+            errno: Some(libc::ENOTCONN),
+            message: "this connection belongs to the parent process (used after fork); connect again".into(),
+        })
     }
 
     /// Sends and waits.

@@ -1,14 +1,17 @@
 //! A directory on the server's disk, with every path confined beneath it.
 //!
 //! Confinement rests on one rule: nothing ever resolves a client path except
-//! `openat2(root, path, .., RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`. Calls
+//! `openat2(root, path, .., RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`. Calls
 //! that act on a final name (`mkdirat`, `unlinkat`, `renameat2`, ...) get a
 //! parent directory opened that way plus a single component that cannot
 //! contain `/`, and never follow a final symlink. Calls that must follow one
 //! act on the `O_PATH` descriptor `openat2` returned, through
 //! `/proc/self/fd/N` (our own descriptor, so the magic link is safe). A
 //! concurrent rename cannot redirect a resolution outside: the kernel checks
-//! `RESOLVE_BENEATH` during the walk itself.
+//! `RESOLVE_IN_ROOT` during the walk itself. `RESOLVE_IN_ROOT` treats the
+//! export as the root of the name space, exactly as the memory backend does:
+//! `..` at the top stays at the top and an absolute symlink resolves from the
+//! export root, so both backends give the same answers.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -20,7 +23,7 @@ use rustix::fs::{self as rfs, AtFlags, Dir, Mode, OFlags, ResolveFlags, CWD};
 
 use crate::backend::{Backend, Errno, Node, ReadData, Result};
 
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+const RESOLVE: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
 
 /// Open flags a client may ask for; anything else is dropped so `openat2`
 /// (which rejects unknown bits) sees only what we understand.
