@@ -117,21 +117,34 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let mut null = Series::new("ferry null request (ping), median", "µs");
     let mut stat = Series::new("ferry stat, median", "µs");
     let mut stat99 = Series::new("ferry stat, p99", "µs");
+    let mut xping = Series::new("raw TCP ping-pong, cross-core", "µs");
+    let mut xnull = Series::new("ferry null request, cross-core", "µs");
+    let mut xstat = Series::new("ferry stat, cross-core", "µs");
+    let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    let cross = cpus.count() >= 2;
     for _ in 0..a.runs {
         tcp.values.push(raw_stream(bytes)?);
         write.values.push(ferry_write(&client, bytes, block)?);
         read.values.push(ferry_read(&client, bytes, block)?);
         sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
         recvwrite.values.push(raw_recv_write(&dir.join("raw.dat"), bytes)?);
-        ping.values.push(raw_pingpong(a.rtts)?);
-        null.values.push(ferry_ping(&client, a.rtts)?);
-        let (m, p99) = ferry_stat(&client, a.rtts)?;
-        stat.values.push(m);
-        stat99.values.push(p99);
+        let addr = format!("127.0.0.1:{port}");
+        let lat = latencies(&addr, server.0.id(), a.rtts, 0, &cpus)?;
+        ping.values.push(lat.raw);
+        null.values.push(lat.null);
+        stat.values.push(lat.stat);
+        stat99.values.push(lat.stat99);
+        if cross {
+            let lat = latencies(&addr, server.0.id(), a.rtts, 1, &cpus)?;
+            xping.values.push(lat.raw);
+            xnull.values.push(lat.null);
+            xstat.values.push(lat.stat);
+        }
     }
     drop(server);
     println!(
-        "ferry bench: {} MiB file, {} KiB requests, {} runs, {} round trips each; medians (min..max)",
+        "ferry bench: {} MiB file, {} KiB requests, {} runs, {} round trips each; medians (min..max);\n\
+         latencies pinned: client CPU 0, server/peer CPU 0 (same core) or CPU 1 (cross-core)",
         a.size_mib, a.block_kib, a.runs, a.rtts
     );
     println!("{:<36} {:>10} {:>22} {:>22}", "figure", "median", "min..max", "ratio");
@@ -162,7 +175,13 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         (&null, format!("{:.2} x raw ping-pong", null.median() / raw_rtt)),
         (&stat, format!("{:.2} x raw ping-pong", stat.median() / raw_rtt)),
         (&stat99, String::new()),
+        (&xping, String::new()),
+        (&xnull, format!("{:.2} x raw ping-pong", xnull.median() / xping.median())),
+        (&xstat, format!("{:.2} x raw ping-pong", xstat.median() / xping.median())),
     ] {
+        if s.values.is_empty() {
+            continue;
+        }
         println!("{:<36} {:>7.1} {:<4} {:>10.1}..{:<10.1} {ratio}", s.name, s.median(), s.unit, s.min(), s.max());
     }
     Ok(())
@@ -221,26 +240,6 @@ fn ferry_read(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
         return Err(format!("read {total} bytes, expected {bytes}"));
     }
     Ok(mbps(bytes, t.elapsed()))
-}
-
-fn ferry_ping(c: &Client, n: usize) -> Result<f64, String> {
-    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
-    for _ in 0..n {
-        let t = Instant::now();
-        c.ping().map_err(|e| e.to_string())?;
-        h.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
-    }
-    Ok(h.value_at_quantile(0.5) as f64 / 1e3)
-}
-
-fn ferry_stat(c: &Client, n: usize) -> Result<(f64, f64), String> {
-    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
-    for _ in 0..n {
-        let t = Instant::now();
-        c.metadata("/bench.dat").map_err(|e| e.to_string())?;
-        h.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
-    }
-    Ok((h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3))
 }
 
 /// The peer sends `bytes` in 1 MiB writes; we receive them.
@@ -309,21 +308,80 @@ fn raw_recv_write(path: &Path, bytes: u64) -> Result<f64, String> {
     Ok(mbps(bytes, t.elapsed()))
 }
 
-fn raw_pingpong(n: usize) -> Result<f64, String> {
+/// Medians (µs) of the three round trips, and the p99 of `stat`.
+struct Latencies {
+    raw: f64,
+    null: f64,
+    stat: f64,
+    stat99: f64,
+}
+
+/// Pins a process's main thread (`None`: this thread) to one CPU; threads
+/// it starts afterwards inherit the mask.
+fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)), &set)
+        .map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))
+}
+
+/// Raw ping-pong, ferry's null request and `stat`, with this process on
+/// CPU 0 and the server and the echo peer on `peer_cpu`: a round trip on
+/// this VM costs ~4 µs within a core and ~15 µs across cores, and an
+/// unpinned run flips between the two, so ratios only hold for one
+/// placement at a time. Batches interleave the three for the same reason.
+fn latencies(
+    addr: &str,
+    server: u32,
+    n: usize,
+    peer_cpu: usize,
+    all: &rustix::thread::CpuSet,
+) -> Result<Latencies, String> {
+    pin(None, 0)?;
+    pin(Some(server), peer_cpu)?;
+    // A fresh connection: its server thread starts with the pinned mask.
+    let c = Client::connect(addr, &Options::default()).map_err(|e| e.to_string());
+    let r = c.and_then(|c| latencies_on(&c, n, peer_cpu));
+    let restore = |pid: Option<rustix::process::Pid>| rustix::thread::sched_setaffinity(pid, all);
+    let _ = restore(None);
+    let _ = restore(rustix::process::Pid::from_raw(server as i32));
+    r
+}
+
+fn latencies_on(c: &Client, n: usize, peer_cpu: usize) -> Result<Latencies, String> {
+    const BATCHES: usize = 20;
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
-    let _peer = spawn_peer("echo", &addr, n as u64)?;
+    let per = n.div_ceil(BATCHES);
+    let peer = spawn_peer("echo", &addr, (per * BATCHES) as u64)?;
+    pin(Some(peer.0.id()), peer_cpu)?;
+    let _peer = peer;
     let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
-    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let hist = || hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string());
+    let (mut raw, mut null, mut stat) = (hist()?, hist()?, hist()?);
     let mut msg = [7u8; 64];
-    for _ in 0..n {
-        let t = Instant::now();
-        s.write_all(&msg).map_err(|e| e.to_string())?;
-        s.read_exact(&mut msg).map_err(|e| e.to_string())?;
-        h.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+    let e = |e: std::io::Error| e.to_string();
+    for _ in 0..BATCHES {
+        for _ in 0..per {
+            let t = Instant::now();
+            s.write_all(&msg).map_err(e)?;
+            s.read_exact(&mut msg).map_err(e)?;
+            raw.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+        }
+        for _ in 0..per {
+            let t = Instant::now();
+            c.ping().map_err(|e| e.to_string())?;
+            null.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+        }
+        for _ in 0..per {
+            let t = Instant::now();
+            c.metadata("/bench.dat").map_err(|e| e.to_string())?;
+            stat.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+        }
     }
-    Ok(h.value_at_quantile(0.5) as f64 / 1e3)
+    let us = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    Ok(Latencies { raw: us(&raw, 0.5), null: us(&null, 0.5), stat: us(&stat, 0.5), stat99: us(&stat, 0.99) })
 }
 
 fn spawn_peer(mode: &str, addr: &str, n: u64) -> Result<Reap, String> {

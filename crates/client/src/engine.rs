@@ -84,6 +84,8 @@ struct State {
     /// Ids whose reply nobody wants (an abandoned prefetch).
     discard: HashSet<u64>,
     reader_busy: bool,
+    /// Callers blocked on `cv`.
+    waiters: usize,
     dead: Option<Error>,
 }
 
@@ -157,6 +159,7 @@ impl Engine {
                 stored: HashMap::new(),
                 discard: HashSet::new(),
                 reader_busy: false,
+                waiters: 0,
                 dead: None,
             }),
             cv: Condvar::new(),
@@ -231,7 +234,7 @@ impl Engine {
     /// Waits for the reply to `id`. A data reply goes into `dest` if given
     /// (its length is in `Frame::data_len`); an error reply becomes `Err`.
     pub fn finish(&self, id: u64, mut dest: Option<&mut [u8]>) -> Result<Frame> {
-        self.same_process()?;
+        // No fork check here: `start` has made it for this id already.
         let mut st = lock(&self.st);
         loop {
             if let Some(s) = st.stored.remove(&id) {
@@ -296,7 +299,10 @@ impl Engine {
         dest: Option<&mut [u8]>,
     ) -> Result<(MutexGuard<'a, State>, Option<Result<Frame>>)> {
         if st.reader_busy {
-            return Ok((self.cv.wait(st).unwrap_or_else(|e| e.into_inner()), None));
+            st.waiters += 1;
+            let mut st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiters -= 1;
+            return Ok((st, None));
         }
         if st.outstanding.is_empty() {
             // Nothing in flight can answer: a caller waited for an id it
@@ -308,7 +314,11 @@ impl Engine {
         let got = self.read_one(want, dest);
         let mut st = lock(&self.st);
         st.reader_busy = false;
-        self.cv.notify_all();
+        // A wake-up is a system call: skip it when no one waits (the
+        // single-threaded case, where it would double a small request's cost).
+        if st.waiters > 0 {
+            self.cv.notify_all();
+        }
         match got {
             Err(e) => {
                 if st.dead.is_none() {
