@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, SeekFrom};
+use std::sync::Mutex;
 
 use ferry_proto::{Attr, Reply, Request, Target};
 
@@ -143,7 +144,9 @@ pub struct File {
     writes: VecDeque<u64>,
     /// A write-behind failure, reported by the next call.
     error: Option<Error>,
-    prefetch: VecDeque<Prefetch>,
+    /// Read-ahead in flight. Behind a lock only because `write_at` takes
+    /// `&self` and must drop it; every other user has `&mut self`.
+    prefetch: Mutex<VecDeque<Prefetch>>,
     /// End offset and size of the last read, to see a sequential pattern.
     last_read: Option<(u64, usize)>,
     closed: bool,
@@ -166,7 +169,7 @@ impl File {
             pos_unknown: false,
             writes: VecDeque::new(),
             error: None,
-            prefetch: VecDeque::new(),
+            prefetch: Mutex::new(VecDeque::new()),
             last_read: None,
             closed: false,
         })
@@ -241,6 +244,7 @@ impl File {
 
     /// Writes all of `buf` at `offset` and waits for the server.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.drop_prefetch();
         let engine = self.client.engine();
         let mut ids = VecDeque::new();
         let mut first_err = None;
@@ -282,8 +286,14 @@ impl File {
         self.take_error()
     }
 
-    fn drop_prefetch(&mut self) {
-        for p in self.prefetch.drain(..) {
+    fn queue(&mut self) -> &mut VecDeque<Prefetch> {
+        self.prefetch.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets all read-ahead: after a write its data may be stale.
+    fn drop_prefetch(&self) {
+        let mut q = self.prefetch.lock().unwrap_or_else(|e| e.into_inner());
+        for p in q.drain(..) {
             self.client.engine().forget(p.id);
         }
     }
@@ -291,11 +301,13 @@ impl File {
     /// Keeps read-ahead requests of `n` bytes going past the reader.
     fn top_up(&mut self, n: usize) -> Result<()> {
         let want = (PREFETCH_BYTES / n).clamp(1, PREFETCH_MAX).min(self.depth().saturating_sub(1).max(1));
-        let mut next = self.prefetch.back().map_or(self.pos, |p| p.offset + p.len as u64);
-        while self.prefetch.len() < want {
-            let req = Request::Pread { handle: self.handle, offset: next, count: n as u32 };
-            let id = self.client.engine().start(&req, n as u64)?;
-            self.prefetch.push_back(Prefetch { id, offset: next, len: n });
+        let (handle, pos) = (self.handle, self.pos);
+        let engine = std::sync::Arc::clone(self.client.engine());
+        let q = self.queue();
+        let mut next = q.back().map_or(pos, |p| p.offset + p.len as u64);
+        while q.len() < want {
+            let id = engine.start(&Request::Pread { handle, offset: next, count: n as u32 }, n as u64)?;
+            q.push_back(Prefetch { id, offset: next, len: n });
             next += n as u64;
         }
         Ok(())
@@ -310,10 +322,11 @@ impl File {
         if n == 0 {
             return Ok(0);
         }
-        if let Some(p) = self.prefetch.front() {
-            if p.offset == self.pos && p.len == n {
+        let pos = self.pos;
+        if let Some(p) = self.queue().front() {
+            if p.offset == pos && p.len == n {
                 let id = p.id;
-                self.prefetch.pop_front();
+                self.queue().pop_front();
                 let got = self.client.engine().finish(id, Some(buf))?.data_len;
                 self.pos += got as u64;
                 self.last_read = Some((self.pos, n));

@@ -247,6 +247,9 @@ impl<B: Backend> Conn<B> {
                 self.out.extend_from_slice(&b);
                 self.flush()
             }
+            // Nothing to send after the header: MSG_MORE would hold it back
+            // until the kernel's cork timer (200 ms) fires.
+            ReadData::Fd { len: 0, .. } => self.flush(),
             ReadData::Fd { fd, offset, len } => {
                 send_more(&self.tx, &self.out).map_err(End::Io)?;
                 self.out.clear();

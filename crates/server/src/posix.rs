@@ -455,9 +455,9 @@ impl Backend for PosixBackend {
     }
 
     fn access(&self, path: &str, mode: u32) -> Result<()> {
-        let fd = self.open_path(path, true)?;
+        let n = NodeFd::Path(self.open_path(path, true)?);
         let access = rfs::Access::from_bits(mode).ok_or(Errno::INVAL)?;
-        Ok(rfs::accessat(&fd, "", access, AtFlags::EMPTY_PATH)?)
+        Ok(rfs::access(n.proc_path().as_c_str(), access)?)
     }
 
     fn getxattr(&self, node: Node<'_, PosixFile>, name: &str) -> Result<Vec<u8>> {
