@@ -61,6 +61,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         };
         cfg.token = Some(server_token(&path)?);
     }
+    raise_fd_limit();
     // Clients send the modes they want; their own umask is already applied.
     rustix::process::umask(rustix::fs::Mode::empty());
     let listener = TcpListener::bind(&a.listen).map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
@@ -76,6 +77,16 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         ferry_server::serve(listener, Arc::new(backend), cfg)
     };
     res.map_err(|e| e.to_string())
+}
+
+/// Open files on behalf of clients are descriptors: take all the kernel allows.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let l = getrlimit(Resource::Nofile);
+    if l.current != l.maximum {
+        // Keeping the lower limit only makes the server refuse opens sooner.
+        let _ = setrlimit(Resource::Nofile, Rlimit { current: l.maximum, maximum: l.maximum });
+    }
 }
 
 /// Reads the token, or creates the file with a fresh random one (0600).

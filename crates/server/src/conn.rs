@@ -6,6 +6,9 @@ use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::Arc;
+use std::time::Instant;
+
+use crate::session::HandleBudget;
 
 use ferry_proto::{
     client_proof, op, proofs_equal, server_proof, DecodeError, ErrorReply, Header, Nonce, Reply, Request, Welcome,
@@ -31,26 +34,34 @@ pub enum End {
 }
 
 pub struct Conn<B: Backend> {
-    rx: BufReader<TcpStream>,
+    rx: BufReader<Timed>,
     tx: TcpStream,
     peer: SocketAddr,
     cfg: Arc<Config>,
     backend: Arc<B>,
+    budget: Arc<HandleBudget>,
     body: Vec<u8>,
     out: Vec<u8>,
 }
 
 impl<B: Backend> Conn<B> {
-    pub fn new(stream: TcpStream, peer: SocketAddr, cfg: Arc<Config>, backend: Arc<B>) -> io::Result<Self> {
+    pub fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        cfg: Arc<Config>,
+        backend: Arc<B>,
+        budget: Arc<HandleBudget>,
+    ) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(cfg.idle_timeout))?;
         let tx = stream.try_clone()?;
         Ok(Conn {
-            rx: BufReader::with_capacity(64 * 1024, stream),
+            rx: BufReader::with_capacity(64 * 1024, Timed { stream, deadline: None }),
             tx,
             peer,
             cfg,
             backend,
+            budget,
             body: Vec::new(),
             out: Vec::with_capacity(OUT_FLUSH),
         })
@@ -108,7 +119,19 @@ impl<B: Backend> Conn<B> {
         End::Protocol(msg)
     }
 
+    /// The handshake has one deadline for all of it, so a peer that never
+    /// authenticates (or sends a byte now and then) cannot hold a
+    /// connection slot for the whole idle timeout.
     fn handshake(&mut self) -> Result<Policy, End> {
+        self.rx.get_mut().deadline = Some(Instant::now() + self.cfg.handshake_timeout.min(self.cfg.idle_timeout));
+        let policy = self.handshake_steps();
+        let t = self.rx.get_mut();
+        t.deadline = None;
+        t.stream.set_read_timeout(Some(self.cfg.idle_timeout)).map_err(End::Io)?;
+        policy
+    }
+
+    fn handshake_steps(&mut self) -> Result<Policy, End> {
         let h = self.read_frame(HANDSHAKE_MAX)?;
         let proto = Errno(libc::EPROTO);
         if h.op != op::HELLO {
@@ -149,6 +172,7 @@ impl<B: Backend> Conn<B> {
             self.authenticate(&token, &server_nonce, &client_nonce)?;
         }
         Ok(Policy {
+            budget: Arc::clone(&self.budget),
             read_only: self.cfg.read_only,
             max_handles: self.cfg.max_handles,
             caps,
@@ -256,6 +280,26 @@ impl<B: Backend> Conn<B> {
                 sendfile_all(&self.tx, fd, offset, len).map_err(End::Io)
             }
         }
+    }
+}
+
+/// The socket, with an optional deadline that bounds every read (used for
+/// the handshake; afterwards only the idle timeout applies).
+struct Timed {
+    stream: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            self.stream.set_read_timeout(Some(left))?;
+        }
+        self.stream.read(buf)
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 pub use backend::{Backend, Errno, Node, ReadData};
 pub use conn::End;
-pub use session::Policy;
+pub use session::{HandleBudget, Policy};
 
 /// Server settings; `Config::default()` is what `ferry serve` uses.
 #[derive(Clone, Debug)]
@@ -34,6 +34,8 @@ pub struct Config {
     pub max_handles: usize,
     pub max_connections: usize,
     pub idle_timeout: Duration,
+    /// Time allowed for the whole handshake, authentication included.
+    pub handshake_timeout: Duration,
     /// Capabilities offered (tests turn some off to check degradation).
     pub caps: u64,
     pub boot_id: u64,
@@ -50,17 +52,27 @@ impl Default for Config {
             max_frame: 64 * 1024 * 1024 + 4096,
             window_requests: 64,
             window_bytes: 256 * 1024 * 1024,
-            max_handles: 65536,
+            max_handles: 4096,
             max_connections: 1024,
             idle_timeout: Duration::from_secs(3600),
+            handshake_timeout: Duration::from_secs(10),
             caps: ferry_proto::caps::ALL,
             boot_id: u64::from_le_bytes(id),
         }
     }
 }
 
+/// Handles all sessions may hold together: the descriptor limit minus room
+/// for every connection's socket and the few descriptors a request uses
+/// while it runs, so accepting and serving never run out.
+fn handle_budget(max_connections: usize) -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1 << 20) as usize;
+    limit.saturating_sub(4 * max_connections + 64).max(64)
+}
+
 /// Accepts connections forever, one thread each.
 pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
+    let budget = Arc::new(HandleBudget::new(handle_budget(cfg.max_connections)));
     let cfg = Arc::new(cfg);
     let live = Arc::new(AtomicUsize::new(0));
     loop {
@@ -77,7 +89,7 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
             eprintln!("ferry serve: {peer}: refused, {} connections already", cfg.max_connections);
             continue;
         }
-        let conn = match conn::Conn::new(stream, peer, Arc::clone(&cfg), Arc::clone(&backend)) {
+        let conn = match conn::Conn::new(stream, peer, Arc::clone(&cfg), Arc::clone(&backend), Arc::clone(&budget)) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("ferry serve: {peer}: {e}");

@@ -68,7 +68,14 @@ impl PosixBackend {
         if !follow {
             flags |= OFlags::NOFOLLOW;
         }
-        Ok(rfs::openat2(&self.root, rel(path)?, flags, Mode::empty(), RESOLVE)?)
+        resolve(&self.root, rel(path)?, flags, Mode::empty())
+    }
+
+    fn is_root(&self, fd: &OwnedFd) -> bool {
+        match (rfs::fstat(fd), rfs::fstat(&self.root)) {
+            (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+            _ => false,
+        }
     }
 
     /// Parent directory (confined) and final component of `path`.
@@ -90,13 +97,7 @@ impl PosixBackend {
                 Final::Name(n)
             }
         };
-        let fd = rfs::openat2(
-            &self.root,
-            parent,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            RESOLVE,
-        )?;
+        let fd = resolve(&self.root, parent, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
         Ok((fd, fin))
     }
 
@@ -149,6 +150,22 @@ impl NodeFd<'_> {
     fn is_symlink(&self) -> Result<bool> {
         Ok(rfs::FileType::from_raw_mode(rfs::fstat(self.fd())?.st_mode) == rfs::FileType::Symlink)
     }
+}
+
+/// `openat2` confined to the export. The kernel answers `EAGAIN` when a
+/// rename anywhere raced a walk through `..`; the walk is then simply
+/// repeated, as openat2(2) advises.
+fn resolve(root: &OwnedFd, path: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd> {
+    const ATTEMPTS: usize = 128;
+    let mut last = rustix::io::Errno::AGAIN;
+    for _ in 0..ATTEMPTS {
+        match rfs::openat2(root, path, flags, mode, RESOLVE) {
+            Ok(fd) => return Ok(fd),
+            Err(rustix::io::Errno::AGAIN) => last = rustix::io::Errno::AGAIN,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.into())
 }
 
 /// Strips the leading `/`; the root is `.`.
@@ -214,7 +231,7 @@ impl Backend for PosixBackend {
         // O_NONBLOCK keeps a FIFO in the export from stalling the connection.
         let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
         let mode = if flags & libc::O_CREAT as u32 != 0 { mode & 0o7777 } else { 0 };
-        let fd = rfs::openat2(&self.root, rel(path)?, oflags, Mode::from_bits_retain(mode), RESOLVE)?;
+        let fd = resolve(&self.root, rel(path)?, oflags, Mode::from_bits_retain(mode))?;
         let attr = fstat_attr(fd.as_fd())?;
         let acc = flags & libc::O_ACCMODE as u32;
         let file = PosixFile {
@@ -296,16 +313,18 @@ impl Backend for PosixBackend {
             };
             let ent = ent?;
             let name = ent.file_name().to_string_lossy().into_owned();
-            let attr = if plus && name != ".." {
-                rfs::statat(&dir.fd, ent.file_name(), AtFlags::SYMLINK_NOFOLLOW).ok().map(|s| attr_of(&s))
-            } else if plus {
-                // `..` of the export root must not reveal the outside.
-                rfs::statat(&dir.fd, ".", AtFlags::SYMLINK_NOFOLLOW).ok().map(|s| attr_of(&s))
+            // `..` of the export root is the root itself, as the export is
+            // the root of the client's name space; nothing outside shows.
+            let target = if name == ".." && self.is_root(&dir.fd) { c"." } else { ent.file_name() };
+            let st = if plus || target != ent.file_name() {
+                rfs::statat(&dir.fd, target, AtFlags::SYMLINK_NOFOLLOW).ok()
             } else {
                 None
             };
+            let ino = if target == ent.file_name() { ent.ino() } else { st.as_ref().map_or(0, |s| s.st_ino) };
+            let attr = if plus { st.as_ref().map(attr_of) } else { None };
             stream.at = ent.offset() as u64;
-            out.push(DirEntry { name, ino: ent.ino(), kind: dt_of(ent.file_type()), cookie: stream.at, attr });
+            out.push(DirEntry { name, ino, kind: dt_of(ent.file_type()), cookie: stream.at, attr });
         }
         Ok((out, eof))
     }

@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferry_proto::{caps, Attr, DirEntry, Request, StatFs, Target};
@@ -12,12 +13,41 @@ use crate::backend::{Backend, Errno, Node, ReadData, Result};
 /// Settings that shape what a session allows.
 #[derive(Clone, Debug)]
 pub struct Policy {
+    /// Open handles of all sessions together.
+    pub budget: Arc<HandleBudget>,
     pub read_only: bool,
     pub max_handles: usize,
     /// Capabilities in force for this session (both sides have them).
     pub caps: u64,
     /// Largest read reply the client accepts.
     pub max_read: u32,
+}
+
+/// A cap on open handles across all sessions, below the process's file
+/// descriptor limit, so one client opening files without end gets `ENFILE`
+/// while others can still connect and work.
+#[derive(Debug)]
+pub struct HandleBudget {
+    open: AtomicUsize,
+    max: usize,
+}
+
+impl HandleBudget {
+    pub fn new(max: usize) -> Self {
+        HandleBudget { open: AtomicUsize::new(0), max }
+    }
+
+    fn take(&self) -> Result<()> {
+        if self.open.fetch_add(1, Ordering::Relaxed) >= self.max {
+            self.open.fetch_sub(1, Ordering::Relaxed);
+            return Err(Errno(libc::ENFILE));
+        }
+        Ok(())
+    }
+
+    fn give(&self, n: usize) {
+        self.open.fetch_sub(n, Ordering::Relaxed);
+    }
 }
 
 /// What a request produced. `Data` borrows the session's open file so the
@@ -95,6 +125,7 @@ impl<B: Backend> Session<B> {
             Request::Open { path, flags, mode } => self.open(path, flags, mode),
             Request::Close { handle } => {
                 self.handles.remove(&handle).ok_or(Errno::BADF)?;
+                self.policy.budget.give(1);
                 Ok(Answer::Empty)
             }
             Request::Read { handle, count } => {
@@ -226,7 +257,14 @@ impl<B: Backend> Session<B> {
         if self.handles.len() >= self.policy.max_handles {
             return Err(Errno::MFILE);
         }
-        let (file, attr) = self.backend.open(path, flags, mode)?;
+        self.policy.budget.take()?;
+        let (file, attr) = match self.backend.open(path, flags, mode) {
+            Ok(x) => x,
+            Err(e) => {
+                self.policy.budget.give(1);
+                return Err(e);
+            }
+        };
         let handle = self.next_handle;
         self.next_handle += 1;
         let is_dir = attr.is_dir();
@@ -266,6 +304,12 @@ impl<B: Backend> Session<B> {
         } else {
             Err(Errno::OPNOTSUPP)
         }
+    }
+}
+
+impl<B: Backend> Drop for Session<B> {
+    fn drop(&mut self) {
+        self.policy.budget.give(self.handles.len());
     }
 }
 
