@@ -106,7 +106,18 @@ pub fn run(mut a: BenchArgs, _tf: Option<&Path>) -> Result<(), String> {
 }
 
 fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), String> {
+    let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    let cross = cpus.count() >= 2;
+    CROSS.store(cross, std::sync::atomic::Ordering::Relaxed);
     let (server, port) = start_server(dir)?;
+    if cross {
+        // Throughput runs: client on CPU 0, server and raw peers on CPU 1,
+        // as two machines' worth of CPU would be. Unpinned, the kernel
+        // sometimes stacks both ends on one core and a figure doubles or
+        // halves from run to run.
+        pin(None, 0)?;
+        pin(Some(server.0.id()), 1)?;
+    }
     let client = Client::connect(&format!("127.0.0.1:{port}"), &Options::default()).map_err(|e| e.to_string())?;
     let mut tcp = Series::new("raw TCP stream, 1 MiB writes", "MB/s");
     let mut read = Series::new("ferry sequential read", "MB/s");
@@ -120,8 +131,6 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let mut xping = Series::new("raw TCP ping-pong, cross-core", "µs");
     let mut xnull = Series::new("ferry null request, cross-core", "µs");
     let mut xstat = Series::new("ferry stat, cross-core", "µs");
-    let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
-    let cross = cpus.count() >= 2;
     for _ in 0..a.runs {
         tcp.values.push(raw_stream(bytes)?);
         write.values.push(ferry_write(&client, bytes, block)?);
@@ -129,13 +138,13 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
         recvwrite.values.push(raw_recv_write(&dir.join("raw.dat"), bytes)?);
         let addr = format!("127.0.0.1:{port}");
-        let lat = latencies(&addr, server.0.id(), a.rtts, 0, &cpus)?;
+        let lat = latencies(&addr, server.0.id(), a.rtts, 0, cross)?;
         ping.values.push(lat.raw);
         null.values.push(lat.null);
         stat.values.push(lat.stat);
         stat99.values.push(lat.stat99);
         if cross {
-            let lat = latencies(&addr, server.0.id(), a.rtts, 1, &cpus)?;
+            let lat = latencies(&addr, server.0.id(), a.rtts, 1, cross)?;
             xping.values.push(lat.raw);
             xnull.values.push(lat.null);
             xstat.values.push(lat.stat);
@@ -144,7 +153,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     drop(server);
     println!(
         "ferry bench: {} MiB file, {} KiB requests, {} runs, {} round trips each; medians (min..max);\n\
-         latencies pinned: client CPU 0, server/peer CPU 0 (same core) or CPU 1 (cross-core)",
+         pinned: client CPU 0, server/peer CPU 1; same-core latencies: all on CPU 0",
         a.size_mib, a.block_kib, a.runs, a.rtts
     );
     println!("{:<36} {:>10} {:>22} {:>22}", "figure", "median", "min..max", "ratio");
@@ -271,7 +280,9 @@ fn raw_sendfile(path: &Path, bytes: u64) -> Result<f64, String> {
         .arg(path)
         .spawn()
         .map_err(|e| format!("cannot start bench peer: {e}"))?;
-    let _peer = Reap(c);
+    let peer = Reap(c);
+    pin_peer(&peer)?;
+    let _peer = peer;
     let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 1024 * 1024];
     let t = Instant::now();
@@ -316,6 +327,18 @@ struct Latencies {
     stat99: f64,
 }
 
+/// Raw peers run where the server runs: CPU 1 when there are two.
+fn pin_peer(peer: &Reap) -> Result<(), String> {
+    if CROSS.load(std::sync::atomic::Ordering::Relaxed) {
+        pin(Some(peer.0.id()), 1)?;
+    }
+    Ok(())
+}
+
+/// Whether there are two CPUs to place the two ends on (decided before this
+/// process pins itself, after which its own mask shows one CPU).
+static CROSS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Pins a process's main thread (`None`: this thread) to one CPU; threads
 /// it starts afterwards inherit the mask.
 fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
@@ -330,21 +353,14 @@ fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
 /// this VM costs ~4 µs within a core and ~15 µs across cores, and an
 /// unpinned run flips between the two, so ratios only hold for one
 /// placement at a time. Batches interleave the three for the same reason.
-fn latencies(
-    addr: &str,
-    server: u32,
-    n: usize,
-    peer_cpu: usize,
-    all: &rustix::thread::CpuSet,
-) -> Result<Latencies, String> {
+fn latencies(addr: &str, server: u32, n: usize, peer_cpu: usize, cross: bool) -> Result<Latencies, String> {
     pin(None, 0)?;
     pin(Some(server), peer_cpu)?;
     // A fresh connection: its server thread starts with the pinned mask.
     let c = Client::connect(addr, &Options::default()).map_err(|e| e.to_string());
     let r = c.and_then(|c| latencies_on(&c, n, peer_cpu));
-    let restore = |pid: Option<rustix::process::Pid>| rustix::thread::sched_setaffinity(pid, all);
-    let _ = restore(None);
-    let _ = restore(rustix::process::Pid::from_raw(server as i32));
+    // Back to the throughput placement.
+    pin(Some(server), if cross { 1 } else { 0 })?;
     r
 }
 
@@ -389,7 +405,9 @@ fn spawn_peer(mode: &str, addr: &str, n: u64) -> Result<Reap, String> {
         .args(["bench-peer", mode, addr, &n.to_string()])
         .spawn()
         .map_err(|e| format!("cannot start bench peer: {e}"))?;
-    Ok(Reap(c))
+    let peer = Reap(c);
+    pin_peer(&peer)?;
+    Ok(peer)
 }
 
 /// The other process of a raw measurement.
