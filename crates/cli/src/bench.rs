@@ -253,36 +253,27 @@ fn ferry_read(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
 
 /// The peer sends `bytes` in 1 MiB writes; we receive them.
 fn raw_stream(bytes: u64) -> Result<f64, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
-    let _peer = spawn_peer("source", &addr, bytes)?;
-    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-    let mut buf = vec![0u8; 1024 * 1024];
-    let t = Instant::now();
-    let mut got = 0u64;
-    while got < bytes {
-        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("raw stream ended early".into());
-        }
-        got += n as u64;
-    }
-    Ok(mbps(bytes, t.elapsed()))
+    receive_from_peer(&["source"], bytes)
 }
 
 /// The peer `sendfile`s the benchmark file: the best a server can do
 /// moving this file's pages to a socket.
 fn raw_sendfile(path: &Path, bytes: u64) -> Result<f64, String> {
+    receive_from_peer(&["sendfile", &path.to_string_lossy()], bytes)
+}
+
+/// Starts `ferry bench-peer MODE ADDR BYTES [PATH]` and times receiving
+/// `bytes` from it into a 1 MiB buffer.
+fn receive_from_peer(mode_and_path: &[&str], bytes: u64) -> Result<f64, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
     let c = Command::new(exe()?)
-        .args(["bench-peer", "sendfile", &addr, &bytes.to_string()])
-        .arg(path)
+        .args(["bench-peer", mode_and_path[0], &addr, &bytes.to_string()])
+        .args(&mode_and_path[1..])
         .spawn()
         .map_err(|e| format!("cannot start bench peer: {e}"))?;
     let peer = Reap(c);
     pin_peer(&peer)?;
-    let _peer = peer;
     let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 1024 * 1024];
     let t = Instant::now();
@@ -290,11 +281,13 @@ fn raw_sendfile(path: &Path, bytes: u64) -> Result<f64, String> {
     while got < bytes {
         let n = s.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {
-            return Err("raw sendfile stream ended early".into());
+            return Err(format!("raw {} stream ended early", mode_and_path[0]));
         }
         got += n as u64;
     }
-    Ok(mbps(bytes, t.elapsed()))
+    let elapsed = t.elapsed();
+    drop(peer);
+    Ok(mbps(bytes, elapsed))
 }
 
 /// Receives a raw stream and writes it into a file: the best a server can
