@@ -5,12 +5,31 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# Tools the suite needs. Rust comes from rustup; nothing else is required yet.
+# Tools the suite needs. Rust comes from rustup; the rest is installed here.
 if ! command -v cargo >/dev/null; then
   echo "test.sh: cargo not found; install Rust (https://rustup.rs)" >&2
   exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+
+# Debian packages: fusermount3 (FUSE auto-unmount) and the programs the
+# end-to-end tests run on the mount.
+missing=()
+for pair in fusermount3:fuse3 tar:tar gzip:gzip; do
+  command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== apt-get install ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# External POSIX suites for the FUSE mount (cached: installed once).
+command -v pjdfstest >/dev/null || cargo install --locked pjdfstest
+command -v fsx >/dev/null || cargo install --locked fsx
+# pjdfstest switches to these users; Debian has nobody/nogroup but no "tests".
+id tests >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin tests
 
 echo "== format"
 cargo fmt --all -- --check

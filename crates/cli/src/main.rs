@@ -1,8 +1,9 @@
 //! The `ferry` command: serve a directory, copy and inspect remote files,
-//! measure.
+//! mount them, measure.
 
 mod bench;
 mod commands;
+mod mount;
 mod serve;
 
 use std::path::PathBuf;
@@ -59,6 +60,10 @@ enum Cmd {
     },
     /// Rename within one server.
     Mv { src: String, dst: String },
+    /// Mount a remote directory with FUSE.
+    Mount(mount::MountArgs),
+    /// Unmount a `ferry mount`.
+    Umount { mountpoint: PathBuf },
     /// Measure throughput and latency against raw loopback limits.
     Bench(bench::BenchArgs),
     /// Internal: the other end of the raw TCP measurements.
@@ -78,6 +83,8 @@ fn main() -> ExitCode {
         Cmd::Mkdir { parents, url } => commands::mkdir(tf, &url, parents),
         Cmd::Rm { recursive, url } => commands::rm(tf, &url, recursive),
         Cmd::Mv { src, dst } => commands::mv(tf, &src, &dst),
+        Cmd::Mount(a) => mount::mount(a, tf),
+        Cmd::Umount { mountpoint } => mount::umount(&mountpoint),
         Cmd::Bench(a) => bench::run(a, tf),
         Cmd::BenchPeer { mode, addr, bytes, path } => bench::peer(&mode, &addr, bytes, path.as_deref()),
     };

@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// Serve an empty in-memory file system instead of a directory.
     #[arg(long, conflicts_with = "dir")]
     memory: bool,
+    /// Let clients create character and block device nodes (never opened
+    /// for them either way).
+    #[arg(long)]
+    allow_devices: bool,
     /// Serve without authentication (anyone who can connect has access).
     #[arg(long)]
     no_auth: bool,
@@ -41,6 +45,7 @@ pub struct ServeArgs {
 pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     let mut cfg = Config {
         read_only: a.read_only,
+        allow_devices: a.allow_devices,
         max_connections: a.max_connections,
         idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
         ..Config::default()

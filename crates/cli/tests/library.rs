@@ -65,8 +65,36 @@ both_backends!(
         incompatible_version_refused,
         wrong_token_refused,
     ],
-    args: [degraded_capabilities],
+    args: [degraded_capabilities, special_nodes],
 );
+
+/// FIFOs and sockets can be made anywhere; device nodes only on a server
+/// started with `--allow-devices`, and no device node is ever opened.
+fn special_nodes(backend: &[&str]) {
+    let server = Server::start(backend);
+    let c = server.client();
+    let fifo = c.mknod("/fifo", libc::S_IFIFO | 0o640, 0).expect("mkfifo");
+    assert_eq!(fifo.mode, libc::S_IFIFO | 0o640);
+    let sock = c.mknod("/sock", libc::S_IFSOCK | 0o600, 0).expect("mknod socket");
+    assert_eq!(sock.kind(), libc::S_IFSOCK);
+    assert_eq!(errno(c.mknod("/fifo", libc::S_IFIFO | 0o640, 0)), libc::EEXIST);
+    let kinds: Vec<(String, u8)> = c.read_dir("/").expect("list").into_iter().map(|e| (e.name, e.kind)).collect();
+    assert!(kinds.contains(&("fifo".to_string(), libc::DT_FIFO)), "{kinds:?}");
+    assert!(kinds.contains(&("sock".to_string(), libc::DT_SOCK)), "{kinds:?}");
+    assert_eq!(errno(c.mknod("/null", libc::S_IFCHR | 0o666, libc::makedev(1, 3))), libc::EPERM);
+    drop(server);
+
+    let mut args = backend.to_vec();
+    args.push("--allow-devices");
+    let server = Server::start(&args);
+    let c = server.client();
+    let dev = c.mknod("/null", libc::S_IFCHR | 0o666, libc::makedev(1, 3)).expect("mknod char device");
+    assert_eq!(dev.kind(), libc::S_IFCHR);
+    assert_eq!(dev.rdev, libc::makedev(1, 3));
+    // Never a way into the server's own devices.
+    assert_eq!(errno(c.open("/null", OpenOptions::new().read(true))), libc::EACCES);
+    assert_eq!(errno(c.open("/null", OpenOptions::new().write(true))), libc::EACCES);
+}
 
 /// The errno of a failed call; panics on success.
 #[track_caller]

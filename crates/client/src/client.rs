@@ -99,6 +99,12 @@ impl Client {
         self.attr_call(&Request::Mkdir { path, mode })
     }
 
+    /// `mknod(2)`: `mode` holds the type (`S_IFIFO`, `S_IFSOCK`, `S_IFCHR`,
+    /// `S_IFBLK`, `S_IFREG`) and the permission bits.
+    pub fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr> {
+        self.attr_call(&Request::Mknod { path, mode, rdev })
+    }
+
     /// `mkdir -p`.
     pub fn create_dir_all(&self, path: &str, mode: u32) -> Result<()> {
         let mut cur = String::new();

@@ -37,6 +37,7 @@ pub mod op {
     pub const LISTXATTR: u16 = 34;
     pub const REMOVEXATTR: u16 = 35;
     pub const READDIR: u16 = 36;
+    pub const MKNOD: u16 = 37;
 }
 
 /// A request. Borrowed fields point into the frame body (server side) or the
@@ -118,6 +119,13 @@ pub enum Request<'a> {
     Link {
         from: &'a str,
         to: &'a str,
+    },
+    /// `mknod(2)`: `mode` carries the file type (`S_IFIFO`, `S_IFSOCK`,
+    /// `S_IFCHR`, `S_IFBLK`, `S_IFREG`) and permission bits.
+    Mknod {
+        path: &'a str,
+        mode: u32,
+        rdev: u64,
     },
     Symlink {
         target: &'a str,
@@ -202,6 +210,7 @@ impl<'a> Request<'a> {
             Request::Rename { .. } => op::RENAME,
             Request::Link { .. } => op::LINK,
             Request::Symlink { .. } => op::SYMLINK,
+            Request::Mknod { .. } => op::MKNOD,
             Request::Readlink { .. } => op::READLINK,
             Request::Chmod { .. } => op::CHMOD,
             Request::Chown { .. } => op::CHOWN,
@@ -298,6 +307,11 @@ impl<'a> Request<'a> {
             Request::Link { from, to } => {
                 w.str(from);
                 w.str(to);
+            }
+            Request::Mknod { path, mode, rdev } => {
+                w.u32(*mode);
+                w.u64(*rdev);
+                w.str(path);
             }
             Request::Symlink { target, path } => {
                 w.str(target);
@@ -407,6 +421,11 @@ impl<'a> Request<'a> {
                 Request::Rename { from: r.str("rename.from")?, to: r.str("rename.to")?, flags }
             }
             op::LINK => Request::Link { from: r.str("link.from")?, to: r.str("link.to")? },
+            op::MKNOD => {
+                let mode = r.u32("mknod.mode")?;
+                let rdev = r.u64("mknod.rdev")?;
+                Request::Mknod { path: r.str("mknod.path")?, mode, rdev }
+            }
             op::SYMLINK => Request::Symlink { target: r.str("symlink.target")?, path: r.str("symlink.path")? },
             op::CHMOD => {
                 let mode = r.u32("chmod.mode")?;
@@ -591,9 +610,15 @@ impl<'a> Reply<'a> {
             op::READ | op::PREAD => Reply::Data(r.rest()),
             op::WRITE | op::PWRITE => Reply::Written { count: r.u32("written.count")? },
             op::SEEK => Reply::Offset { offset: r.u64("offset")? },
-            op::STAT | op::TRUNCATE | op::MKDIR | op::LINK | op::SYMLINK | op::CHMOD | op::CHOWN | op::UTIMENS => {
-                Reply::Attr(Attr::get(&mut r)?)
-            }
+            op::STAT
+            | op::TRUNCATE
+            | op::MKDIR
+            | op::LINK
+            | op::SYMLINK
+            | op::CHMOD
+            | op::CHOWN
+            | op::UTIMENS
+            | op::MKNOD => Reply::Attr(Attr::get(&mut r)?),
             op::READLINK => Reply::Name(r.str("readlink.target")?),
             op::STATFS => Reply::StatFs(StatFs::get(&mut r)?),
             op::GETXATTR | op::LISTXATTR => Reply::Xattr { size: r.u32("xattr.size")?, value: r.bytes("xattr.value")? },

@@ -12,7 +12,8 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 30] = [
+const ALL_OPS: [u16; 31] = [
+    op::MKNOD,
     op::HELLO,
     op::AUTH,
     op::PING,
@@ -48,7 +49,7 @@ const ALL_OPS: [u16; 30] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 30;
+const REQUEST_VARIANTS: usize = 31;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -84,6 +85,7 @@ fn request_index(r: &Request) -> usize {
         Request::ListXattr { .. } => 27,
         Request::RemoveXattr { .. } => 28,
         Request::ReadDir { .. } => 29,
+        Request::Mknod { .. } => 30,
     }
 }
 
@@ -161,6 +163,7 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         27 => Request::ListXattr { target, size: r.c },
         28 => Request::RemoveXattr { target, name: &r.s2 },
         29 => Request::ReadDir { handle: r.a, cookie: r.b, max_entries: r.c, plus: r.flag },
+        30 => Request::Mknod { path: &r.s1, mode: r.c, rdev: r.b },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -287,7 +290,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         4 => &[op::READ, op::PREAD],
         5 => &[op::WRITE, op::PWRITE],
         6 => &[op::SEEK],
-        7 => &[op::STAT, op::TRUNCATE, op::MKDIR, op::LINK, op::SYMLINK, op::CHMOD, op::CHOWN, op::UTIMENS],
+        7 => &[op::STAT, op::TRUNCATE, op::MKDIR, op::LINK, op::SYMLINK, op::CHMOD, op::CHOWN, op::UTIMENS, op::MKNOD],
         8 => &[op::READLINK],
         9 => &[op::STATFS],
         10 => &[op::GETXATTR, op::LISTXATTR],

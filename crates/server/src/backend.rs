@@ -129,6 +129,8 @@ pub trait Backend: Send + Sync + 'static {
     fn utimens(&self, node: Node<'_, Self::File>, atime: Time, mtime: Time) -> Result<Attr>;
 
     fn mkdir(&self, path: &str, mode: u32) -> Result<Attr>;
+    /// `mknod(2)`: FIFO, socket, device or regular file, by `mode`'s type.
+    fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr>;
     fn rmdir(&self, path: &str) -> Result<()>;
     fn unlink(&self, path: &str) -> Result<()>;
     fn rename(&self, from: &str, to: &str, flags: u32) -> Result<()>;

@@ -174,6 +174,7 @@ impl<B: Backend> Conn<B> {
         Ok(Policy {
             budget: Arc::clone(&self.budget),
             read_only: self.cfg.read_only,
+            allow_devices: self.cfg.allow_devices,
             max_handles: self.cfg.max_handles,
             caps,
             max_read: max_frame.min(self.cfg.max_frame).saturating_sub(4096),

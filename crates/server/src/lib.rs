@@ -25,6 +25,9 @@ pub use session::{HandleBudget, Policy};
 #[derive(Clone, Debug)]
 pub struct Config {
     pub read_only: bool,
+    /// Let clients create character and block device nodes (they are never
+    /// opened for a client either way).
+    pub allow_devices: bool,
     /// Shared secret; `None` serves without authentication.
     pub token: Option<Vec<u8>>,
     /// Largest request body accepted.
@@ -48,6 +51,7 @@ impl Default for Config {
         let _ = getrandom::getrandom(&mut id);
         Config {
             read_only: false,
+            allow_devices: false,
             token: None,
             max_frame: 64 * 1024 * 1024 + 4096,
             window_requests: 64,

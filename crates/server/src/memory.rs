@@ -112,6 +112,8 @@ enum FType {
     Reg,
     Dir,
     Lnk,
+    /// FIFO, socket or device node: only a name and attributes here.
+    Special,
 }
 
 /// Counters shared by the backend and every inode, so an inode can give its
@@ -172,6 +174,11 @@ enum Content {
     File(FileData),
     Dir(DirData),
     Symlink(String),
+    /// `S_IF*` type bits and device number of a node made by `mknod`.
+    Special {
+        ifmt: u32,
+        rdev: u64,
+    },
 }
 
 /// Sparse file contents: chunk `i` holds bytes from `i * CHUNK`; bytes below
@@ -202,6 +209,7 @@ enum NewKind {
     File,
     Dir,
     Symlink(String),
+    Special { ifmt: u32, rdev: u64 },
 }
 
 /// The last component of a path, which creating and removing calls treat
@@ -224,6 +232,11 @@ impl Inode {
             // A removed directory is empty on disk, and ext4 says so.
             Content::Dir(_) => (S_IFDIR, if st.nlink == 0 { 0 } else { DIR_SIZE }),
             Content::Symlink(t) => (S_IFLNK, t.len() as u64),
+            Content::Special { ifmt, .. } => (*ifmt, 0),
+        };
+        let rdev = match &st.content {
+            Content::Special { rdev, .. } => *rdev,
+            _ => 0,
         };
         Attr {
             dev: DEV,
@@ -232,7 +245,7 @@ impl Inode {
             nlink: st.nlink,
             uid: st.uid,
             gid: st.gid,
-            rdev: 0,
+            rdev,
             size,
             blksize: BLOCK as u32,
             // Symlink targets live in the inode, as ext4's fast symlinks do.
@@ -295,7 +308,7 @@ impl Drop for Inode {
         match &mut st.content {
             Content::File(f) => bytes += f.allocated(),
             Content::Dir(d) => orphans.extend(std::mem::take(&mut d.entries).into_values().map(|e| e.inode)),
-            Content::Symlink(_) => {}
+            Content::Symlink(_) | Content::Special { .. } => {}
         }
         self.shared.refund(bytes);
         let _ = self.shared.inodes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(1)));
@@ -425,11 +438,24 @@ impl DirData {
     }
 }
 
+/// `DT_*` of a FIFO, socket or device from its mode.
+fn dt_of_mode(mode: u32) -> u8 {
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => libc::DT_FIFO,
+        libc::S_IFSOCK => libc::DT_SOCK,
+        libc::S_IFCHR => libc::DT_CHR,
+        libc::S_IFBLK => libc::DT_BLK,
+        _ => libc::DT_UNKNOWN,
+    }
+}
+
 fn dt_of(t: FType) -> u8 {
     match t {
         FType::Reg => libc::DT_REG,
         FType::Dir => libc::DT_DIR,
         FType::Lnk => libc::DT_LNK,
+        // Readdir asks `dt_of_mode`, which knows the subtype.
+        FType::Special => libc::DT_UNKNOWN,
     }
 }
 
@@ -670,6 +696,7 @@ impl MemoryBackend {
             NewKind::File => (FType::Reg, 1, Content::File(FileData::default())),
             NewKind::Dir => (FType::Dir, 2, Content::Dir(DirData::new(Arc::downgrade(parent_arc)))),
             NewKind::Symlink(t) => (FType::Lnk, 1, Content::Symlink(t)),
+            NewKind::Special { ifmt, rdev } => (FType::Special, 1, Content::Special { ifmt, rdev }),
         };
         Ok(Arc::new(Inode {
             ino,
@@ -892,6 +919,12 @@ impl Backend for MemoryBackend {
             if inode.ftype == FType::Lnk {
                 return Err(Errno::LOOP);
             }
+            if inode.ftype == FType::Special {
+                // Nothing behind a FIFO, socket or device here; devices are
+                // refused as on a `nodev` mount.
+                let ifmt = inode.attr().mode & libc::S_IFMT;
+                return Err(if ifmt == libc::S_IFCHR || ifmt == libc::S_IFBLK { Errno::ACCES } else { Errno::NXIO });
+            }
             if is_dir && wants_write {
                 return Err(Errno::ISDIR);
             }
@@ -1003,7 +1036,7 @@ impl Backend for MemoryBackend {
             .map(|(cookie, name, inode)| DirEntry {
                 name,
                 ino: inode.ino,
-                kind: dt_of(inode.ftype),
+                kind: if inode.ftype == FType::Special { dt_of_mode(inode.attr().mode) } else { dt_of(inode.ftype) },
                 cookie,
                 attr: plus.then(|| inode.attr()),
             })
@@ -1035,6 +1068,7 @@ impl Backend for MemoryBackend {
                     FType::Dir => return Err(Errno::ISDIR),
                     // Opening a symlink itself for writing fails so.
                     FType::Lnk => return Err(Errno::LOOP),
+                    FType::Special => return Err(Errno::INVAL),
                     FType::Reg => inode,
                 }
             }
@@ -1117,6 +1151,26 @@ impl Backend for MemoryBackend {
             return Err(Errno::EXIST);
         }
         Ok(self.create(&dir, name, NewKind::Dir, mode & MKDIR_MASK)?.attr())
+    }
+
+    fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr> {
+        check_path(path)?;
+        let ifmt = mode & libc::S_IFMT;
+        let kind = match ifmt {
+            0 | libc::S_IFREG => NewKind::File,
+            libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK => NewKind::Special { ifmt, rdev },
+            libc::S_IFDIR => return Err(Errno::PERM),
+            _ => return Err(Errno::INVAL),
+        };
+        let _ns = self.ns_write();
+        let (dir, last, _) = self.walk_parent(self.root.clone(), path, &mut 0)?;
+        let Last::Name(name) = last else {
+            return Err(Errno::EXIST);
+        };
+        if self.lookup_child(&dir, name)?.is_some() {
+            return Err(Errno::EXIST);
+        }
+        Ok(self.create(&dir, name, kind, mode & PERM_MASK)?.attr())
     }
 
     fn rmdir(&self, path: &str) -> Result<()> {

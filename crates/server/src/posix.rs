@@ -233,6 +233,11 @@ impl Backend for PosixBackend {
         let mode = if flags & libc::O_CREAT as u32 != 0 { mode & 0o7777 } else { 0 };
         let fd = resolve(&self.root, rel(path)?, oflags, Mode::from_bits_retain(mode))?;
         let attr = fstat_attr(fd.as_fd())?;
+        // As on a `nodev` mount: a device node in the export is never a way
+        // into the server's devices.
+        if matches!(attr.kind(), 0o020000 | 0o060000) {
+            return Err(Errno::ACCES);
+        }
         let acc = flags & libc::O_ACCMODE as u32;
         let file = PosixFile {
             fd,
@@ -403,6 +408,15 @@ impl Backend for PosixBackend {
         let (dir, fin) = self.split(path)?;
         let name = fin.name(Errno::EXIST)?;
         rfs::mkdirat(&dir, name, Mode::from_bits_retain(mode & 0o7777))?;
+        stat_at(&dir, name)
+    }
+
+    fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr> {
+        let (dir, fin) = self.split(path)?;
+        let name = fin.name(Errno::EXIST)?;
+        let ftype = rfs::FileType::from_raw_mode(mode);
+        let ftype = if mode & libc::S_IFMT == 0 { rfs::FileType::RegularFile } else { ftype };
+        rfs::mknodat(&dir, name, ftype, Mode::from_bits_retain(mode & 0o7777), rdev)?;
         stat_at(&dir, name)
     }
 

@@ -16,6 +16,8 @@ pub struct Policy {
     /// Open handles of all sessions together.
     pub budget: Arc<HandleBudget>,
     pub read_only: bool,
+    /// Whether clients may create character and block device nodes.
+    pub allow_devices: bool,
     pub max_handles: usize,
     /// Capabilities in force for this session (both sides have them).
     pub caps: u64,
@@ -164,6 +166,14 @@ impl<B: Backend> Session<B> {
             Request::Mkdir { path, mode } => {
                 self.writable()?;
                 Ok(Answer::Attr(b.mkdir(path, mode)?))
+            }
+            Request::Mknod { path, mode, rdev } => {
+                self.writable()?;
+                let ifmt = mode & libc::S_IFMT;
+                if (ifmt == libc::S_IFCHR || ifmt == libc::S_IFBLK) && !self.policy.allow_devices {
+                    return Err(Errno::PERM);
+                }
+                Ok(Answer::Attr(b.mknod(path, mode, rdev)?))
             }
             Request::Rmdir { path } => {
                 self.writable()?;

@@ -1,0 +1,264 @@
+//! `ferry mount` and `ferry umount`.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use clap::Args;
+use ferry_client::Url;
+use ferry_fuse::{FerryFs, FsOptions, MountConfig};
+use rustix::io::Errno;
+use rustix::mount::UnmountFlags;
+
+use crate::commands::Clients;
+
+#[derive(Args)]
+pub struct MountArgs {
+    /// What to mount: ferry://HOST:PORT/path.
+    url: String,
+    /// An existing directory to mount on.
+    mountpoint: PathBuf,
+    /// Mount read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Seconds the kernel trusts file attributes (size, times, mode) before
+    /// asking the server again; 0 asks on every stat.
+    #[arg(long, default_value_t = 1.0, value_name = "S")]
+    attr_timeout: f64,
+    /// Seconds the kernel trusts a name lookup (and a "no such file")
+    /// before asking the server again; 0 asks every time.
+    #[arg(long, default_value_t = 1.0, value_name = "S")]
+    entry_timeout: f64,
+    /// Let other users use the mount (allow_other).
+    #[arg(long)]
+    allow_other: bool,
+    /// Cache file data in the kernel page cache (refreshed on open and when
+    /// the server's mtime or size changes) instead of direct I/O.
+    #[arg(long)]
+    cache: bool,
+    /// Extra mount options, comma-separated (e.g. -o default_permissions,noexec).
+    #[arg(short = 'o', value_delimiter = ',', value_name = "OPT")]
+    options: Vec<String>,
+    /// Return once the mount is ready, leaving the daemon running.
+    #[arg(long)]
+    background: bool,
+    /// Threads serving kernel requests.
+    #[arg(long, default_value_t = 4, hide = true)]
+    threads: usize,
+    /// Internal: the daemon half of --background; prints "ready" on stdout.
+    #[arg(long, hide = true)]
+    daemon: bool,
+}
+
+fn timeout(name: &str, s: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|_| format!("--{name}: {s} is not a number of seconds"))
+}
+
+fn errno_text(e: Errno) -> String {
+    let s = io::Error::from(e).to_string();
+    s.split(" (os error").next().unwrap_or(&s).to_string()
+}
+
+pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
+    let opts = FsOptions {
+        attr_timeout: timeout("attr-timeout", a.attr_timeout)?,
+        entry_timeout: timeout("entry-timeout", a.entry_timeout)?,
+        cache: a.cache,
+    };
+    let url = Url::parse(&a.url)?;
+    let mp = a.mountpoint.clone();
+    if a.background {
+        return background(&a, tf);
+    }
+    if a.daemon {
+        // Leave the caller's session: a Ctrl-C or hang-up meant for the
+        // shell that ran `ferry mount --background` must not reach us.
+        let _ = rustix::process::setsid();
+    }
+    clean_dead_mount(&mp)?;
+    match std::fs::metadata(&mp) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("{}: Not a directory", mp.display())),
+        Err(e) => return Err(format!("{}: {}", mp.display(), strip(&e))),
+    }
+    let client = Clients::new(tf).get(&url)?;
+    match client.metadata(&url.path) {
+        Ok(attr) if attr.is_dir() => {}
+        Ok(_) => return Err(format!("{url}: Not a directory")),
+        Err(e) => return Err(format!("{url}: {e}")),
+    }
+    let cfg = MountConfig {
+        fs: opts.clone(),
+        read_only: a.read_only,
+        allow_other: a.allow_other,
+        auto_unmount: fusermount3().is_some(),
+        fsname: format!("ferry://{}{}", url.addr, url.path),
+        options: a.options.clone(),
+        threads: a.threads,
+    };
+    let fs = FerryFs::new(client, &url.path, opts);
+    let session =
+        ferry_fuse::spawn(fs, &mp, &cfg).map_err(|e| format!("{}: mount failed: {}", mp.display(), strip(&e)))?;
+    if a.daemon {
+        tell_parent_ready()?;
+    }
+    serve_until_unmounted(session, &mp)
+}
+
+/// Writes "ready" to the parent's pipe, then points stdout and stderr at
+/// /dev/null: the parent exits, and a later write to its pipes would fail.
+fn tell_parent_ready() -> Result<(), String> {
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let mut out = io::stdout().lock();
+    out.write_all(b"ready\n").and_then(|()| out.flush()).map_err(|e| format!("notifying the parent: {e}"))?;
+    drop(out);
+    let _ = rustix::stdio::dup2_stdout(&null);
+    let _ = rustix::stdio::dup2_stderr(&null);
+    Ok(())
+}
+
+/// Serves until the mount goes away (`ferry umount`, `umount`) or a signal
+/// asks us to unmount.
+fn serve_until_unmounted(session: ferry_fuse::BackgroundSession, mp: &Path) -> Result<(), String> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| format!("installing signal handlers: {e}"))?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for s in signals.forever() {
+            if tx.send(s).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(_) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) if session.guard.is_finished() => {
+                // Unmounted from outside; the session has ended.
+                return session.join().map_err(|e| format!("{}: {e}", mp.display()));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    match unmount(mp) {
+        Ok(()) => session.join().map_err(|e| format!("{}: {e}", mp.display())),
+        Err(Errno::BUSY) => {
+            // Asked to stop while something still uses the mount: detach it
+            // so new users cannot enter, and exit; the remaining users see
+            // ENOTCONN once we are gone.
+            let _ = rustix::mount::unmount(mp, UnmountFlags::DETACH);
+            Err(format!("{}: mount was busy; detached it lazily", mp.display()))
+        }
+        Err(e) => Err(format!("{}: unmount failed: {}", mp.display(), errno_text(e))),
+    }
+}
+
+/// Unmounts directly (we are usually root), else through fusermount3.
+fn unmount(mp: &Path) -> Result<(), Errno> {
+    match rustix::mount::unmount(mp, UnmountFlags::empty()) {
+        Err(Errno::PERM) => {
+            let Some(fm) = fusermount3() else { return Err(Errno::PERM) };
+            let out = Command::new(fm).arg("-u").arg("--").arg(mp).stdin(Stdio::null()).output();
+            match out {
+                Ok(o) if o.status.success() => Ok(()),
+                Ok(o) if String::from_utf8_lossy(&o.stderr).contains("busy") => Err(Errno::BUSY),
+                _ => Err(Errno::PERM),
+            }
+        }
+        r => r,
+    }
+}
+
+/// A FUSE mount whose daemon died answers every access with ENOTCONN and
+/// blocks a new mount there; detach it.
+fn clean_dead_mount(mp: &Path) -> Result<(), String> {
+    match std::fs::metadata(mp) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            rustix::mount::unmount(mp, UnmountFlags::DETACH)
+                .map_err(|e| format!("{}: dead mount, and detaching it failed: {}", mp.display(), errno_text(e)))?;
+            eprintln!("ferry: {}: removed a dead mount left by a daemon that died", mp.display());
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn fusermount3() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    dirs.extend(["/usr/bin", "/bin", "/usr/sbin", "/sbin"].map(PathBuf::from));
+    dirs.into_iter().map(|d| d.join("fusermount3")).find(|p| p.is_file())
+}
+
+/// Starts this program again as the daemon and waits for it to say the
+/// mount is ready, or to fail.
+fn background(a: &MountArgs, tf: Option<&Path>) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding the ferry binary: {e}"))?;
+    let mut cmd = Command::new(exe);
+    if let Some(t) = tf {
+        cmd.arg("--token-file").arg(t);
+    }
+    cmd.arg("mount").arg(&a.url).arg(&a.mountpoint).arg("--daemon");
+    cmd.arg("--attr-timeout").arg(a.attr_timeout.to_string());
+    cmd.arg("--entry-timeout").arg(a.entry_timeout.to_string());
+    cmd.arg("--threads").arg(a.threads.to_string());
+    for (on, flag) in [(a.read_only, "--read-only"), (a.allow_other, "--allow-other"), (a.cache, "--cache")] {
+        if on {
+            cmd.arg(flag);
+        }
+    }
+    if !a.options.is_empty() {
+        cmd.arg("-o").arg(a.options.join(","));
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| format!("starting the mount daemon: {e}"))?;
+    let mut line = String::new();
+    let out = child.stdout.take().expect("piped stdout");
+    let _ = BufReader::new(out).read_line(&mut line);
+    let mut err = String::new();
+    if line.trim() == "ready" {
+        // Pass on what the daemon said before it was ready (e.g. a dead
+        // mount it cleaned up); it closes stderr once ready.
+        let _ = child.stderr.take().expect("piped stderr").read_to_string(&mut err);
+        eprint!("{err}");
+        return Ok(());
+    }
+    let _ = child.stderr.take().expect("piped stderr").read_to_string(&mut err);
+    let status = child.wait().map_err(|e| format!("waiting for the mount daemon: {e}"))?;
+    let err = err.trim().strip_prefix("ferry: ").unwrap_or(err.trim()).to_string();
+    if err.is_empty() {
+        Err(format!("{}: the mount daemon exited ({status}) before the mount was ready", a.mountpoint.display()))
+    } else {
+        Err(err)
+    }
+}
+
+fn strip(e: &io::Error) -> String {
+    let s = e.to_string();
+    s.split(" (os error").next().unwrap_or(&s).to_string()
+}
+
+pub fn umount(mp: &Path) -> Result<(), String> {
+    if let Err(e) = std::fs::metadata(mp) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            // Its daemon is gone: nothing can be flushed, and a plain
+            // unmount may be refused while processes still hold it.
+            return rustix::mount::unmount(mp, UnmountFlags::DETACH)
+                .map_err(|e| format!("{}: {}", mp.display(), errno_text(e)));
+        }
+        return Err(format!("{}: {}", mp.display(), strip(&e)));
+    }
+    unmount(mp).map_err(|e| match e {
+        Errno::BUSY => format!(
+            "{}: mount is busy (a process has a file open or its working directory there); \
+             close those, or detach lazily with umount -l",
+            mp.display()
+        ),
+        Errno::INVAL => format!("{}: not a mount point", mp.display()),
+        e => format!("{}: {}", mp.display(), errno_text(e)),
+    })
+}

@@ -1,0 +1,1101 @@
+//! `ferry mount`: a FUSE file system over a ferry `Client`.
+//!
+//! The protocol names files by path, FUSE by node id. `Nodes` hands out one
+//! node id per path (never reused), counts the kernel's lookups so `forget`
+//! can drop it, and follows renames and removals so a node keeps pointing
+//! at its file. Hard links are two paths and so two node ids: `st_ino` is
+//! the node id, and tools that detect hard links by `st_ino` see two files.
+//!
+//! Data is not cached by default (ORFA): every open replies `direct_io`, so
+//! each `read`/`write` the application makes is one request of the same
+//! size to the server (split by the kernel at `max_write`, 1 MiB).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_client::{join, Attr, Client, File, OpenOptions, Target, Time};
+use fuser::{
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL,
+    TimeOrNow, WriteFlags,
+};
+
+pub use fuser::BackgroundSession;
+
+/// Largest read or write the kernel sends in one request.
+const MAX_IO: u32 = 1024 * 1024;
+
+/// How the mounted file system behaves.
+#[derive(Clone, Debug)]
+pub struct FsOptions {
+    /// How long the kernel may trust attributes before asking again.
+    pub attr_timeout: Duration,
+    /// How long the kernel may trust a name → node mapping (and a negative
+    /// lookup) before asking again.
+    pub entry_timeout: Duration,
+    /// Use the kernel page cache for file data instead of `direct_io`.
+    pub cache: bool,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        FsOptions { attr_timeout: Duration::from_secs(1), entry_timeout: Duration::from_secs(1), cache: false }
+    }
+}
+
+/// How to mount.
+#[derive(Clone, Debug, Default)]
+pub struct MountConfig {
+    pub fs: FsOptions,
+    pub read_only: bool,
+    /// Let users other than the mounter in (`allow_other`).
+    pub allow_other: bool,
+    /// Have `fusermount3` unmount if the daemon dies (needs it installed).
+    pub auto_unmount: bool,
+    /// Name shown as the mount's source in `/proc/mounts` and `df`.
+    pub fsname: String,
+    /// Extra `-o` options, as `mount.fuse` spells them.
+    pub options: Vec<String>,
+    /// Threads reading requests from the kernel (0: a default).
+    pub threads: usize,
+}
+
+/// Mounts `fs` on `mountpoint` and serves it on background threads until
+/// the returned session is dropped (which unmounts) or the mount goes away.
+pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<BackgroundSession> {
+    let mut opts = vec![MountOption::FSName(cfg.fsname.clone()), MountOption::Subtype("ferry".into())];
+    if cfg.read_only {
+        opts.push(MountOption::RO);
+    }
+    if cfg.auto_unmount {
+        opts.push(MountOption::AutoUnmount);
+    }
+    for o in &cfg.options {
+        opts.push(parse_option(o));
+    }
+    let mut config = Config::default();
+    config.mount_options = opts;
+    // fuser wants an ACL other than owner-only for auto_unmount (fusermount
+    // needs allow_other or allow_root for it); root-and-owner keeps others
+    // out all the same.
+    config.acl = if cfg.allow_other {
+        SessionACL::All
+    } else if cfg.auto_unmount {
+        SessionACL::RootAndOwner
+    } else {
+        SessionACL::Owner
+    };
+    // Several readers of /dev/fuse, so a slow request (a big read) does not
+    // hold up a `stat`; the client engine pipelines them on one connection.
+    config.n_threads = Some(if cfg.threads == 0 { 4 } else { cfg.threads });
+    config.clone_fd = true;
+    fuser::spawn_mount(fs, mountpoint, &config)
+}
+
+fn parse_option(s: &str) -> MountOption {
+    match s {
+        "auto_unmount" => MountOption::AutoUnmount,
+        "default_permissions" => MountOption::DefaultPermissions,
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "ro" => MountOption::RO,
+        "rw" => MountOption::RW,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "atime" => MountOption::Atime,
+        "noatime" => MountOption::NoAtime,
+        "dirsync" => MountOption::DirSync,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        x if x.starts_with("fsname=") => MountOption::FSName(x[7..].into()),
+        x if x.starts_with("subtype=") => MountOption::Subtype(x[8..].into()),
+        x => MountOption::CUSTOM(x.into()),
+    }
+}
+
+type R<T> = Result<T, Errno>;
+
+fn errno(e: ferry_client::Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn io_errno(e: io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The tables stay consistent between statements; a panicking request
+    // must not take the whole mount down with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The protocol carries UTF-8 names only.
+fn name_str(name: &OsStr) -> R<&str> {
+    name.to_str().ok_or(Errno::EINVAL)
+}
+
+fn to_system_time(t: Time) -> SystemTime {
+    let base = if t.sec >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(t.sec as u64))
+    } else {
+        UNIX_EPOCH.checked_sub(Duration::from_secs(t.sec.unsigned_abs()))
+    };
+    base.and_then(|b| b.checked_add(Duration::from_nanos(u64::from(t.nsec.min(999_999_999))))).unwrap_or(UNIX_EPOCH)
+}
+
+fn from_system_time(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Time { sec, nsec }
+        }
+    }
+}
+
+fn time_arg(t: Option<TimeOrNow>) -> Time {
+    match t {
+        None => Time::OMIT,
+        Some(TimeOrNow::Now) => Time::NOW,
+        Some(TimeOrNow::SpecificTime(t)) => from_system_time(t),
+    }
+}
+
+fn kind_of_mode(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_of_dt(dt: u8) -> FileType {
+    match dt {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        libc::DT_SOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn file_attr(ino: u64, a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: to_system_time(a.atime),
+        mtime: to_system_time(a.mtime),
+        ctime: to_system_time(a.ctime),
+        crtime: UNIX_EPOCH,
+        kind: kind_of_mode(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink.min(u64::from(u32::MAX)) as u32,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: if a.blksize == 0 { 4096 } else { a.blksize },
+        flags: 0,
+    }
+}
+
+struct Node {
+    /// `None` once the file was removed or replaced: the kernel may still
+    /// hold the node (an open file), but it no longer has a name.
+    path: Option<String>,
+    lookups: u64,
+}
+
+/// Node id ↔ path.
+struct Nodes {
+    by_ino: HashMap<u64, Node>,
+    by_path: HashMap<String, u64>,
+    next: u64,
+}
+
+const ROOT: u64 = 1;
+
+fn in_subtree(p: &str, top: &str) -> bool {
+    p == top || (p.len() > top.len() && p.starts_with(top) && p.as_bytes()[top.len()] == b'/')
+}
+
+impl Nodes {
+    /// `root` is the exported path the mount shows, e.g. `/` or `/sub`.
+    fn new(root: &str) -> Nodes {
+        let mut n = Nodes { by_ino: HashMap::new(), by_path: HashMap::new(), next: ROOT + 1 };
+        n.by_ino.insert(ROOT, Node { path: Some(root.into()), lookups: 1 });
+        n.by_path.insert(root.into(), ROOT);
+        n
+    }
+
+    fn path(&self, ino: u64) -> R<String> {
+        self.by_ino.get(&ino).and_then(|n| n.path.clone()).ok_or(Errno::ENOENT)
+    }
+
+    /// The node for `path`, created if new, with one more kernel lookup.
+    fn remember(&mut self, path: &str) -> u64 {
+        if let Some(&ino) = self.by_path.get(path) {
+            if let Some(n) = self.by_ino.get_mut(&ino) {
+                n.lookups += 1;
+            }
+            return ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_ino.insert(ino, Node { path: Some(path.to_string()), lookups: 1 });
+        self.by_path.insert(path.to_string(), ino);
+        ino
+    }
+
+    fn forget(&mut self, ino: u64, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let Some(node) = self.by_ino.get_mut(&ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            if let Some(p) = self.by_ino.remove(&ino).and_then(|n| n.path) {
+                if self.by_path.get(&p) == Some(&ino) {
+                    self.by_path.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// `path` and everything under it no longer exist under those names.
+    fn detach(&mut self, path: &str) {
+        let gone: Vec<String> = self.by_path.keys().filter(|p| in_subtree(p, path)).cloned().collect();
+        for p in gone {
+            if let Some(ino) = self.by_path.remove(&p) {
+                if let Some(n) = self.by_ino.get_mut(&ino) {
+                    n.path = None;
+                }
+            }
+        }
+    }
+
+    /// Moves the subtree at `from` to `to` (whatever was at `to` is gone).
+    fn rename(&mut self, from: &str, to: &str) {
+        self.detach(to);
+        let moved = self.move_subtree(from, to);
+        self.reinsert(moved);
+    }
+
+    fn move_subtree(&mut self, from: &str, to: &str) -> Vec<(u64, String)> {
+        let moved: Vec<String> = self.by_path.keys().filter(|p| in_subtree(p, from)).cloned().collect();
+        let mut out = Vec::new();
+        for p in moved {
+            if let Some(ino) = self.by_path.remove(&p) {
+                let np = format!("{to}{}", &p[from.len()..]);
+                if let Some(n) = self.by_ino.get_mut(&ino) {
+                    n.path = Some(np.clone());
+                }
+                out.push((ino, np));
+            }
+        }
+        out
+    }
+
+    /// `RENAME_EXCHANGE`: the two subtrees trade places.
+    fn exchange(&mut self, a: &str, b: &str) {
+        let from_a = self.move_subtree(a, "\0a");
+        let from_b = self.move_subtree(b, a);
+        for (ino, p) in from_b {
+            self.by_path.insert(p, ino);
+        }
+        for (ino, p) in from_a {
+            let np = format!("{b}{}", &p[2..]);
+            if let Some(n) = self.by_ino.get_mut(&ino) {
+                n.path = Some(np.clone());
+            }
+            self.by_path.insert(np, ino);
+        }
+    }
+
+    fn reinsert(&mut self, moved: Vec<(u64, String)>) {
+        for (ino, p) in moved {
+            self.by_path.insert(p, ino);
+        }
+    }
+}
+
+struct OpenFile {
+    /// `None` after `release`. Reads and positional writes share the file
+    /// (`read_at`/`write_at` take `&self`); appends and syncs take it alone.
+    file: RwLock<Option<File>>,
+    append: bool,
+    /// The node it was opened on: a node whose name is gone (removed while
+    /// open) is reached through this handle.
+    ino: AtomicU64,
+}
+
+/// What a node-level call acts on: its path, or an open handle once the
+/// node has no name.
+enum Obj {
+    Path(String),
+    Handle(u64),
+}
+
+impl Obj {
+    fn target(&self) -> Target<'_> {
+        match self {
+            // The kernel acts on the node itself, never through a symlink.
+            Obj::Path(p) => Target::PathNoFollow(p),
+            Obj::Handle(h) => Target::Handle(*h),
+        }
+    }
+}
+
+/// A directory listing taken at `opendir`, so offsets stay stable while the
+/// kernel reads it in pieces.
+struct DirItem {
+    name: String,
+    kind: FileType,
+    attr: Option<Attr>,
+}
+
+enum Handle {
+    File(Arc<OpenFile>),
+    Dir(Arc<Vec<DirItem>>),
+}
+
+pub struct FerryFs {
+    client: Client,
+    opts: FsOptions,
+    nodes: Mutex<Nodes>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+}
+
+thread_local! {
+    /// Read buffer reused per worker thread: a fresh 1 MiB buffer per read
+    /// costs page faults on every request.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl FerryFs {
+    /// Serves the server's directory `root` (a path inside the export).
+    pub fn new(client: Client, root: &str, opts: FsOptions) -> FerryFs {
+        let root = root.trim_end_matches('/');
+        let root = if root.is_empty() { "/" } else { root };
+        FerryFs {
+            client,
+            opts,
+            nodes: Mutex::new(Nodes::new(root)),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn path(&self, ino: INodeNo) -> R<String> {
+        lock(&self.nodes).path(ino.0)
+    }
+
+    /// The node's path, or for a removed node still open, one of its handles.
+    fn obj(&self, ino: INodeNo) -> R<Obj> {
+        if let Ok(p) = self.path(ino) {
+            return Ok(Obj::Path(p));
+        }
+        let handles = lock(&self.handles);
+        for h in handles.values() {
+            if let Handle::File(f) = h {
+                if f.ino.load(Ordering::Relaxed) == ino.0 {
+                    if let Some(file) = f.file.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                        return Ok(Obj::Handle(file.handle()));
+                    }
+                }
+            }
+        }
+        Err(Errno::ENOENT)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> R<String> {
+        let name = name_str(name)?;
+        if name.contains('/') {
+            return Err(Errno::EINVAL);
+        }
+        Ok(join(&self.path(parent)?, name))
+    }
+
+    fn add_handle(&self, h: Handle) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(fh, h);
+        FileHandle(fh)
+    }
+
+    fn file(&self, fh: FileHandle) -> R<Arc<OpenFile>> {
+        match lock(&self.handles).get(&fh.0) {
+            Some(Handle::File(f)) => Ok(Arc::clone(f)),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    fn dir(&self, fh: FileHandle) -> R<Arc<Vec<DirItem>>> {
+        match lock(&self.handles).get(&fh.0) {
+            Some(Handle::Dir(d)) => Ok(Arc::clone(d)),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    /// The server's handle behind a FUSE file handle.
+    fn server_handle(&self, fh: FileHandle) -> R<u64> {
+        let f = self.file(fh)?;
+        let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().map(File::handle).ok_or(Errno::EBADF)
+    }
+
+    fn entry(&self, path: &str, attr: &Attr, reply: ReplyEntry) {
+        let ino = lock(&self.nodes).remember(path);
+        reply.entry_with_ttls(&self.opts.attr_timeout, &self.opts.entry_timeout, &file_attr(ino, attr), Generation(0));
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        if self.opts.cache {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        }
+    }
+
+    /// Open options for `open(2)` flags as the kernel passes them.
+    fn open_options(flags: i32) -> OpenOptions {
+        let mut o = OpenOptions::new();
+        match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => o.write(true),
+            libc::O_RDWR => o.read(true).write(true),
+            _ => o.read(true),
+        };
+        if flags & libc::O_ACCMODE != libc::O_RDONLY {
+            o.append(flags & libc::O_APPEND != 0);
+        }
+        o.truncate(flags & libc::O_TRUNC != 0);
+        // The kernel resolved the path already: a symlink found at our
+        // path now means the file changed under us, and must not be
+        // followed somewhere else. O_DIRECT is dropped: its alignment rules
+        // are the kernel's business on this side, not the server's.
+        o.nofollow(true);
+        o.custom_flags((flags & (libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME)) as u32);
+        o
+    }
+
+    fn open_file(&self, path: &str, o: &OpenOptions, flags: i32, ino: u64) -> R<(Arc<OpenFile>, FileHandle, Attr)> {
+        let file = self.client.open(path, o).map_err(errno)?;
+        let attr = *file.attr();
+        let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let f = Arc::new(OpenFile { file: RwLock::new(Some(file)), append, ino: AtomicU64::new(ino) });
+        let fh = self.add_handle(Handle::File(Arc::clone(&f)));
+        Ok((f, fh, attr))
+    }
+
+    // The arguments are FUSE's setattr fields, one for one.
+    #[allow(clippy::too_many_arguments)]
+    fn do_setattr(
+        &self,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        fh: Option<FileHandle>,
+    ) -> R<Attr> {
+        let handle = match fh {
+            Some(fh) => Some(self.server_handle(fh)?),
+            None => None,
+        };
+        let obj = match (self.obj(ino), handle) {
+            (Ok(o), _) => o,
+            (Err(_), Some(h)) => Obj::Handle(h),
+            (Err(e), None) => return Err(e),
+        };
+        let by_path = || obj.target();
+        let mut attr = None;
+        if let Some(m) = mode {
+            attr = Some(self.client.set_permissions(by_path(), m & 0o7777).map_err(errno)?);
+        }
+        if uid.is_some() || gid.is_some() {
+            let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
+            attr = Some(self.client.chown(by_path(), u, g).map_err(errno)?);
+        }
+        if let Some(s) = size {
+            let t = handle.map_or_else(by_path, Target::Handle);
+            attr = Some(self.client.truncate(t, s).map_err(errno)?);
+        }
+        if atime.is_some() || mtime.is_some() {
+            attr = Some(self.client.set_times(by_path(), time_arg(atime), time_arg(mtime)).map_err(errno)?);
+        }
+        match attr {
+            Some(a) => Ok(a),
+            None => self.client.stat(by_path()).map_err(errno),
+        }
+    }
+
+    fn do_write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> R<u32> {
+        let f = self.file(fh)?;
+        if f.append {
+            // The server's O_APPEND puts the data at the end it sees, which
+            // the kernel's idea of the size (the offset it sends) may miss.
+            let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
+            let file = g.as_mut().ok_or(Errno::EBADF)?;
+            file.write_all(data).map_err(io_errno)?;
+            file.flush_writes().map_err(errno)?;
+        } else {
+            let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+            g.as_ref().ok_or(Errno::EBADF)?.write_at(data, offset).map_err(errno)?;
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// Creates and opens; the new node holds one kernel lookup.
+    fn do_create(&self, parent: INodeNo, name: &OsStr, mode: u32, flags: i32) -> R<(u64, FileHandle, Attr)> {
+        let path = self.child(parent, name)?;
+        let mut o = Self::open_options(flags);
+        o.create(true).create_new(flags & libc::O_EXCL != 0).mode(mode & 0o7777);
+        // The kernel already applied the caller's umask to `mode` (we do
+        // not ask for FUSE_DONT_MASK), and the server applies none.
+        let (f, fh, attr) = self.open_file(&path, &o, flags, 0)?;
+        let ino = lock(&self.nodes).remember(&path);
+        f.ino.store(ino, Ordering::Relaxed);
+        Ok((ino, fh, attr))
+    }
+
+    /// Gives a node the server just created (as its own user) to the caller,
+    /// as a local file system would: owner is the caller, group the caller's
+    /// unless the parent directory is set-group-ID (then the server already
+    /// gave it the parent's group).
+    fn own(&self, req: &Request, path: &str, attr: Attr) -> R<Attr> {
+        let mut gid = req.gid();
+        if attr.gid != gid {
+            let parent = match path.rfind('/') {
+                Some(0) | None => "/",
+                Some(i) => &path[..i],
+            };
+            let p = self.client.metadata(parent).map_err(errno)?;
+            if p.mode & libc::S_ISGID != 0 {
+                gid = attr.gid;
+            }
+        }
+        if attr.uid == req.uid() && attr.gid == gid {
+            return Ok(attr);
+        }
+        let target = ferry_client::Target::PathNoFollow(path);
+        let mut a = self.client.chown(target, req.uid(), gid).map_err(errno)?;
+        // chown clears set-user/group-ID bits; a new node keeps what it asked.
+        if a.mode & 0o7777 != attr.mode & 0o7777 && !attr.is_symlink() {
+            a = self.client.set_permissions(target, attr.mode & 0o7777).map_err(errno)?;
+        }
+        Ok(a)
+    }
+
+    fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(value.len() as u32);
+        } else if value.len() > size as usize {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(value);
+        }
+    }
+}
+
+macro_rules! tri {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return $reply.error(e),
+        }
+    };
+}
+
+impl Filesystem for FerryFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        if let Err(max) = config.set_max_write(MAX_IO) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_IO) {
+            let _ = config.set_max_readahead(max);
+        }
+        // Each wanted separately: a kernel lacking one still mounts.
+        let mut want = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        if self.opts.cache {
+            // Cached pages are dropped when the server's mtime or size is
+            // seen to change: the page cache is as fresh as the attributes.
+            want |= InitFlags::FUSE_AUTO_INVAL_DATA;
+        }
+        for f in want.iter() {
+            let _ = config.add_capabilities(f);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let path = tri!(reply, self.child(parent, name));
+        match self.client.symlink_metadata(&path) {
+            Ok(a) => self.entry(&path, &a, reply),
+            // A negative entry with a TTL spares the server repeated misses
+            // (a node id of 0 is FUSE's "no such entry, cache that").
+            Err(e) if e.errno() == libc::ENOENT && !self.opts.entry_timeout.is_zero() => {
+                let mut a = file_attr(0, &Attr::default());
+                a.ino = INodeNo(0);
+                reply.entry_with_ttls(&Duration::ZERO, &self.opts.entry_timeout, &a, Generation(0));
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        lock(&self.nodes).forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = match fh.map(|fh| self.server_handle(fh)) {
+            Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
+            _ => self.obj(ino).and_then(|o| self.client.stat(o.target()).map_err(errno)),
+        };
+        let a = tri!(reply, r);
+        reply.attr(&self.opts.attr_timeout, &file_attr(ino.0, &a));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let a = tri!(reply, self.do_setattr(ino, mode, uid, gid, size, atime, mtime, fh));
+        reply.attr(&self.opts.attr_timeout, &file_attr(ino.0, &a));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let path = tri!(reply, self.path(ino));
+        let target = tri!(reply, self.client.read_link(&path).map_err(errno));
+        reply.data(target.as_bytes());
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let path = tri!(reply, self.child(parent, name));
+        let a = tri!(reply, self.client.mknod(&path, mode, u64::from(rdev)).map_err(errno));
+        let a = tri!(reply, self.own(req, &path, a));
+        self.entry(&path, &a, reply);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let path = tri!(reply, self.child(parent, name));
+        let a = tri!(reply, self.client.create_dir(&path, mode & 0o7777).map_err(errno));
+        let a = tri!(reply, self.own(req, &path, a));
+        self.entry(&path, &a, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = tri!(reply, self.child(parent, name));
+        tri!(reply, self.client.remove_file(&path).map_err(errno));
+        lock(&self.nodes).detach(&path);
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = tri!(reply, self.child(parent, name));
+        tri!(reply, self.client.remove_dir(&path).map_err(errno));
+        lock(&self.nodes).detach(&path);
+        reply.ok();
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let path = tri!(reply, self.child(parent, link_name));
+        let target = tri!(reply, target.to_str().ok_or(Errno::EINVAL));
+        let a = tri!(reply, self.client.symlink(target, &path).map_err(errno));
+        let a = tri!(reply, self.own(req, &path, a));
+        self.entry(&path, &a, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let from = tri!(reply, self.child(parent, name));
+        let to = tri!(reply, self.child(newparent, newname));
+        // Holding the table across the call keeps a lookup of either name
+        // from slipping in between the server's rename and ours.
+        let mut nodes = lock(&self.nodes);
+        tri!(reply, self.client.rename_with_flags(&from, &to, flags.bits()).map_err(errno));
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            nodes.exchange(&from, &to);
+        } else {
+            nodes.rename(&from, &to);
+        }
+        drop(nodes);
+        reply.ok();
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let from = tri!(reply, self.path(ino));
+        let to = tri!(reply, self.child(newparent, newname));
+        let a = tri!(reply, self.client.hard_link(&from, &to).map_err(errno));
+        self.entry(&to, &a, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let path = tri!(reply, self.path(ino));
+        let (_, fh, _) = tri!(reply, self.open_file(&path, &Self::open_options(flags.0), flags.0, ino.0));
+        reply.opened(fh, self.open_flags());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let f = tri!(reply, self.file(fh));
+        let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        let file = tri!(reply, g.as_ref().ok_or(Errno::EBADF));
+        READ_BUF.with_borrow_mut(|buf| {
+            if buf.len() < size as usize {
+                buf.resize(size as usize, 0);
+            }
+            match file.read_at(&mut buf[..size as usize], offset) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let n = tri!(reply, self.do_write(fh, offset, data));
+        reply.written(n);
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Writes are acknowledged before `write` returns, so there is
+        // nothing left to push; this only reports a late append failure.
+        let f = tri!(reply, self.file(fh));
+        let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(file) = g.as_mut() {
+            tri!(reply, file.flush_writes().map_err(errno));
+        }
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = lock(&self.handles).remove(&fh.0);
+        if let Some(Handle::File(f)) = h {
+            if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
+                tri!(reply, file.close().map_err(errno));
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let f = tri!(reply, self.file(fh));
+        let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
+        let file = tri!(reply, g.as_mut().ok_or(Errno::EBADF));
+        let r = if datasync { file.sync_data() } else { file.sync_all() };
+        tri!(reply, r.map_err(errno));
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let path = tri!(reply, self.path(ino));
+        let entries = tri!(reply, self.client.read_dir(&path).map_err(errno));
+        let items = entries
+            .into_iter()
+            .map(|e| DirItem {
+                kind: e.attr.as_ref().map_or_else(|| kind_of_dt(e.kind), |a| kind_of_mode(a.mode)),
+                name: e.name,
+                attr: e.attr,
+            })
+            .collect();
+        reply.opened(self.add_handle(Handle::Dir(Arc::new(items))), FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let items = tri!(reply, self.dir(fh));
+        // Offsets: 1 after ".", 2 after "..", then 3 + i after item i.
+        if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset < 2 && reply.add(ino, 2, FileType::Directory, "..") {
+            return reply.ok();
+        }
+        let start = offset.saturating_sub(2) as usize;
+        for (i, it) in items.iter().enumerate().skip(start) {
+            let d_ino = it.attr.map_or(u64::MAX, |a| a.ino);
+            if reply.add(INodeNo(d_ino), 3 + i as u64, it.kind, &it.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let items = tri!(reply, self.dir(fh));
+        let dir_path = tri!(reply, self.path(ino));
+        let ttl = self.opts.attr_timeout.min(self.opts.entry_timeout);
+        // The kernel takes no reference for "." and "..", only their names
+        // and numbers.
+        let parent = match dir_path.rsplit_once('/') {
+            Some((p, _)) if ino != INodeNo::ROOT => {
+                lock(&self.nodes).by_path.get(if p.is_empty() { "/" } else { p }).copied().unwrap_or(ROOT)
+            }
+            _ => ROOT,
+        };
+        let dir = Attr { mode: libc::S_IFDIR, ..Attr::default() };
+        if offset < 1 && reply.add(ino, 1, ".", &Duration::ZERO, &file_attr(ino.0, &dir), Generation(0)) {
+            return reply.ok();
+        }
+        if offset < 2 && reply.add(INodeNo(parent), 2, "..", &Duration::ZERO, &file_attr(parent, &dir), Generation(0)) {
+            return reply.ok();
+        }
+        let start = offset.saturating_sub(2) as usize;
+        let mut nodes = lock(&self.nodes);
+        for (i, it) in items.iter().enumerate().skip(start) {
+            let off = 3 + i as u64;
+            let full = match &it.attr {
+                Some(a) => {
+                    let ino = nodes.remember(&join(&dir_path, &it.name));
+                    let full = reply.add(INodeNo(ino), off, &it.name, &ttl, &file_attr(ino, a), Generation(0));
+                    if full {
+                        nodes.forget(ino, 1);
+                    }
+                    full
+                }
+                // No attributes: the name alone, node id 0, and the kernel
+                // looks it up when it is used.
+                None => {
+                    let mut a = file_attr(0, &Attr::default());
+                    a.kind = it.kind;
+                    reply.add(INodeNo(0), off, &it.name, &Duration::ZERO, &a, Generation(0))
+                }
+            };
+            if full {
+                break;
+            }
+        }
+        drop(nodes);
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        lock(&self.handles).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // The server applies directory changes synchronously; there is no
+        // directory fsync in the protocol.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let path = self.path(ino).unwrap_or_else(|_| "/".into());
+        let s = tri!(reply, self.client.statfs(&path).map_err(errno));
+        reply.statfs(
+            s.blocks,
+            s.bfree,
+            s.bavail,
+            s.files,
+            s.ffree,
+            s.bsize as u32,
+            s.namemax as u32,
+            if s.frsize == 0 { s.bsize as u32 } else { s.frsize as u32 },
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let path = tri!(reply, self.path(ino));
+        let name = tri!(reply, name_str(name));
+        tri!(reply, self.client.set_xattr(Target::PathNoFollow(&path), name, value, flags as u32).map_err(errno));
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let path = tri!(reply, self.path(ino));
+        let name = tri!(reply, name_str(name));
+        let v = tri!(reply, self.client.get_xattr(Target::PathNoFollow(&path), name).map_err(errno));
+        Self::xattr_reply(&v, size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let path = tri!(reply, self.path(ino));
+        let names = tri!(reply, self.client.list_xattr(Target::PathNoFollow(&path)).map_err(errno));
+        let mut v = Vec::new();
+        for n in names {
+            v.extend_from_slice(n.as_bytes());
+            v.push(0);
+        }
+        Self::xattr_reply(&v, size, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = tri!(reply, self.path(ino));
+        let name = tri!(reply, name_str(name));
+        tri!(reply, self.client.remove_xattr(Target::PathNoFollow(&path), name).map_err(errno));
+        reply.ok();
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let path = tri!(reply, self.path(ino));
+        tri!(reply, self.client.access(&path, mask.bits() as u32).map_err(errno));
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (ino, fh, attr) = tri!(reply, self.do_create(parent, name, mode, flags));
+        let attr = match self.child(parent, name).and_then(|p| self.own(req, &p, attr)) {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
+        reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, self.open_flags());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rename_moves_subtree_and_detaches_target() {
+        let mut n = Nodes::new("/");
+        let d = n.remember("/d");
+        let f = n.remember("/d/f");
+        let other = n.remember("/dd");
+        let victim = n.remember("/e");
+        n.rename("/d", "/e");
+        assert_eq!(n.path(d).unwrap(), "/e");
+        assert_eq!(n.path(f).unwrap(), "/e/f");
+        assert_eq!(n.path(other).unwrap(), "/dd");
+        assert!(n.path(victim).is_err());
+        assert_eq!(n.by_path.get("/e/f"), Some(&f));
+        assert!(!n.by_path.contains_key("/d"));
+    }
+
+    #[test]
+    fn exchange_swaps_subtrees() {
+        let mut n = Nodes::new("/");
+        let a = n.remember("/a");
+        let af = n.remember("/a/f");
+        let b = n.remember("/b");
+        n.exchange("/a", "/b");
+        assert_eq!(n.path(a).unwrap(), "/b");
+        assert_eq!(n.path(af).unwrap(), "/b/f");
+        assert_eq!(n.path(b).unwrap(), "/a");
+        assert_eq!(n.by_path.get("/a"), Some(&b));
+        assert_eq!(n.by_path.get("/b/f"), Some(&af));
+    }
+
+    #[test]
+    fn forget_drops_node_at_zero() {
+        let mut n = Nodes::new("/");
+        let x = n.remember("/x");
+        assert_eq!(n.remember("/x"), x);
+        n.forget(x, 1);
+        assert!(n.path(x).is_ok());
+        n.forget(x, 1);
+        assert!(n.path(x).is_err());
+        assert_ne!(n.remember("/x"), x);
+        n.forget(ROOT, 100);
+        assert_eq!(n.path(ROOT).unwrap(), "/");
+    }
+
+    #[test]
+    fn times_round_trip() {
+        for t in [Time { sec: 0, nsec: 0 }, Time { sec: 1_700_000_000, nsec: 5 }, Time { sec: -2, nsec: 300 }] {
+            assert_eq!(from_system_time(to_system_time(t)), t);
+        }
+    }
+}
