@@ -90,7 +90,8 @@ struct State {
 }
 
 pub struct Engine {
-    tx: Mutex<TcpStream>,
+    /// The socket and a frame buffer reused for every request's header.
+    tx: Mutex<(TcpStream, Vec<u8>)>,
     rx: Mutex<BufReader<TcpStream>>,
     st: Mutex<State>,
     cv: Condvar,
@@ -148,7 +149,7 @@ impl Engine {
         }
         let window = opts.window.min(welcome.window_requests).max(1);
         Ok(Engine {
-            tx: Mutex::new(tx),
+            tx: Mutex::new((tx, Vec::with_capacity(4096))),
             rx: Mutex::new(rx),
             st: Mutex::new(State {
                 next_id: 16,
@@ -217,11 +218,12 @@ impl Engine {
             st.bytes_outstanding += cost;
             id
         };
-        let mut head = Vec::with_capacity(128);
-        req.encode(id, &mut head);
         let sent = {
             let mut tx = lock(&self.tx);
-            write_all_vectored(&mut tx, &head, req.bulk())
+            let (sock, head) = &mut *tx;
+            head.clear();
+            req.encode(id, head);
+            write_all_vectored(sock, head, req.bulk())
         };
         if let Err(e) = sent {
             let err = Error::from_io(e);
