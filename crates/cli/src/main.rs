@@ -3,7 +3,9 @@
 
 mod bench;
 mod commands;
+mod compare;
 mod mount;
+mod run;
 mod serve;
 
 use std::path::PathBuf;
@@ -64,8 +66,13 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Unmount a `ferry mount`.
     Umount { mountpoint: PathBuf },
+    /// Run a program with remote directories visible under local paths
+    /// (LD_PRELOAD; no root, no FUSE).
+    Run(run::RunArgs),
     /// Measure throughput and latency against raw loopback limits.
     Bench(bench::BenchArgs),
+    /// The papers' experiments, side by side with NFS, 9P, SMB and sshfs.
+    Compare(compare::CompareArgs),
     /// Internal: the other end of the raw TCP measurements.
     #[command(hide = true)]
     BenchPeer { mode: String, addr: String, bytes: u64, path: Option<PathBuf> },
@@ -85,7 +92,9 @@ fn main() -> ExitCode {
         Cmd::Mv { src, dst } => commands::mv(tf, &src, &dst),
         Cmd::Mount(a) => mount::mount(a, tf),
         Cmd::Umount { mountpoint } => mount::umount(&mountpoint),
+        Cmd::Run(a) => run::run(a, tf),
         Cmd::Bench(a) => bench::run(a, tf),
+        Cmd::Compare(a) => compare::run(a, tf),
         Cmd::BenchPeer { mode, addr, bytes, path } => bench::peer(&mode, &addr, bytes, path.as_deref()),
     };
     match result {
