@@ -1,17 +1,75 @@
 //! `ferry run`: start a program with the preload library and a mount table.
+//!
+//! The library finds its mounts in `FERRY_MOUNTS` and its token as every
+//! client does; this command only sets those, `LD_PRELOAD`, and `exec`s.
 
-use std::path::Path;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferry_client::Url;
+
+/// File name of the preload library, built beside the `ferry` binary.
+const LIBRARY: &str = "libferry_preload.so";
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// PREFIX=URL: make the remote directory URL visible at local path PREFIX.
-    #[arg(long = "mount", value_name = "PREFIX=URL")]
+    /// PREFIX=URL: make the remote directory URL visible at the local path
+    /// PREFIX (repeatable).
+    #[arg(long = "mount", value_name = "PREFIX=URL", required = true)]
     pub mounts: Vec<String>,
+    /// The preload library (default: libferry_preload.so beside `ferry`).
+    #[arg(long)]
+    pub library: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }
 
-pub fn run(_a: RunArgs, _token_file: Option<&Path>) -> Result<(), String> {
-    Err("ferry run: not built yet".into())
+/// Checks one `PREFIX=URL` and returns it normalised.
+fn mount_entry(s: &str) -> Result<String, String> {
+    let (prefix, url) = s.split_once('=').ok_or_else(|| format!("--mount {s}: expected PREFIX=URL"))?;
+    if !prefix.starts_with('/') || prefix.trim_end_matches('/').is_empty() {
+        return Err(format!("--mount {s}: PREFIX must be an absolute path other than /"));
+    }
+    if prefix.contains(';') || url.contains(';') {
+        return Err(format!("--mount {s}: ';' is not allowed"));
+    }
+    let u = Url::parse(url).map_err(|e| format!("--mount {s}: {e}"))?;
+    Ok(format!("{}=ferry://{}{}", prefix.trim_end_matches('/'), u.addr, u.path))
+}
+
+fn library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    let lib = match explicit {
+        Some(p) => p,
+        None => {
+            let exe = std::env::current_exe().map_err(|e| format!("cannot find the ferry binary: {e}"))?;
+            exe.parent().unwrap_or(Path::new(".")).join(LIBRARY)
+        }
+    };
+    if !lib.is_file() {
+        return Err(format!(
+            "{}: preload library not found (build it with `cargo build --release`, or pass --library)",
+            lib.display()
+        ));
+    }
+    // The loader needs an absolute path: the program may chdir.
+    std::fs::canonicalize(&lib).map_err(|e| format!("{}: {e}", lib.display()))
+}
+
+pub fn run(a: RunArgs, token_file: Option<&Path>) -> Result<(), String> {
+    let table: Vec<String> = a.mounts.iter().map(|m| mount_entry(m)).collect::<Result<_, _>>()?;
+    let lib = library(a.library)?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
+        _ => lib.display().to_string(),
+    };
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload).env("FERRY_MOUNTS", table.join(";")).env_remove("FERRY_CWD");
+    if let Some(t) = token_file {
+        cmd.env("FERRY_TOKEN_FILE", t);
+    }
+    // Only returns on failure.
+    let e = cmd.exec();
+    Err(format!("{}: {e}", a.command[0]))
 }

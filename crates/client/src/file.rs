@@ -290,6 +290,12 @@ impl File {
         self.prefetch.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Forgets all read-ahead, for a caller that knows the file changed
+    /// behind this handle (another handle of the same process wrote).
+    pub fn discard_read_ahead(&self) {
+        self.drop_prefetch();
+    }
+
     /// Forgets all read-ahead: after a write its data may be stale.
     fn drop_prefetch(&self) {
         let mut q = self.prefetch.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,0 +1,142 @@
+//! The exported C functions: thin wrappers that decide *remote*, *local*
+//! (straight to libc) or *error*, and call the safe logic in `ops`.
+//!
+//! Every hook first checks the re-entry guard and the fd bitmap or the
+//! mount table, so a local call costs a few loads before libc runs it.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::CStr;
+
+/// Forwards a call to libc's function of the same name.
+macro_rules! pass {
+    ($f:ident($($a:expr),* $(,)?)) => {
+        // SAFETY: the caller's own arguments go unchanged to libc's
+        // function of the same name, whose contract the caller upholds.
+        unsafe { $crate::real::$f($($a),*) }
+    };
+}
+
+/// Looks at a path argument of the hook.
+macro_rules! safe_path {
+    ($($f:ident)::+($($a:expr),* $(,)?)) => {
+        // SAFETY: the hook's caller passes NULL or a NUL-terminated path,
+        // valid for the call, as every libc path function requires.
+        unsafe { $($f)::+($($a),*) }
+    };
+}
+use std::sync::atomic::Ordering::Relaxed;
+
+use libc::{c_char, c_int};
+
+use crate::guard;
+use crate::mounts::Remote;
+use crate::open::Open;
+use crate::state;
+
+pub mod dirs;
+pub mod fd;
+pub mod paths;
+pub mod process;
+pub mod stdio;
+
+/// The remote open file behind `fd`, unless we are inside our own logic.
+pub fn remote_fd(fd: c_int) -> Option<std::sync::Arc<Open>> {
+    if guard::busy() {
+        return None;
+    }
+    state::get(fd)
+}
+
+/// The bytes of a C string argument.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string that outlives the call.
+pub unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: per the function's contract.
+    Some(unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Is this path argument remote (relative paths from the working directory)?
+///
+/// # Safety
+/// As for `bytes`.
+pub unsafe fn remote_path(p: *const c_char) -> Option<Remote> {
+    if guard::busy() || !state::ACTIVE.load(Relaxed) {
+        return None;
+    }
+    // SAFETY: per the function's contract.
+    let b = unsafe { bytes(p) }?;
+    state::resolve(b, None)
+}
+
+/// Path argument of an `*at` call, relative to `dirfd`.
+///
+/// # Safety
+/// As for `bytes`.
+pub unsafe fn remote_at(dirfd: c_int, p: *const c_char) -> Option<Remote> {
+    if guard::busy() || !state::ACTIVE.load(Relaxed) {
+        return None;
+    }
+    // SAFETY: per the function's contract.
+    let b = unsafe { bytes(p) }?;
+    if b.first() == Some(&b'/') || dirfd == libc::AT_FDCWD {
+        return state::resolve(b, None);
+    }
+    let o = state::get(dirfd)?;
+    state::resolve(b, Some(&o.local))
+}
+
+/// A path that names a mount but leaves it with `..` (`/remote/..`): the
+/// kernel must see it normalised, since the mount point itself may not
+/// exist locally.
+///
+/// # Safety
+/// As for `bytes`.
+pub unsafe fn escaped_mount(p: *const c_char) -> Option<std::ffi::CString> {
+    if guard::busy() || !state::ACTIVE.load(Relaxed) {
+        return None;
+    }
+    // SAFETY: per the function's contract.
+    let b = unsafe { bytes(p) }?;
+    let s = std::str::from_utf8(b).ok()?;
+    if !s.starts_with('/') || !s.contains("/..") {
+        return None;
+    }
+    let mounts = state::MOUNTS.read();
+    if !mounts.iter().any(|m| s.starts_with(m.prefix.as_str())) {
+        return None;
+    }
+    std::ffi::CString::new(crate::mounts::normalize(s)).ok()
+}
+
+/// `Some(errno)` when exactly one of two paths is remote: the call would
+/// cross file systems.
+pub fn crossing(a: &Option<Remote>, b: &Option<Remote>) -> bool {
+    a.is_some() != b.is_some()
+}
+
+/// A mutable byte slice from a C buffer.
+///
+/// # Safety
+/// `p` is valid for `n` writable bytes (or `n` is 0).
+pub unsafe fn slice_mut<'a>(p: *mut libc::c_void, n: usize) -> &'a mut [u8] {
+    if n == 0 || p.is_null() {
+        return &mut [];
+    }
+    // SAFETY: per the function's contract.
+    unsafe { std::slice::from_raw_parts_mut(p.cast(), n) }
+}
+
+/// # Safety
+/// `p` is valid for `n` readable bytes (or `n` is 0).
+pub unsafe fn slice<'a>(p: *const libc::c_void, n: usize) -> &'a [u8] {
+    if n == 0 || p.is_null() {
+        return &[];
+    }
+    // SAFETY: per the function's contract.
+    unsafe { std::slice::from_raw_parts(p.cast(), n) }
+}

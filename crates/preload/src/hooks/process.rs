@@ -1,0 +1,422 @@
+//! Process life: start and exit, `fork`/`vfork`/`exec`/`posix_spawn`, and
+//! the working directory.
+
+use std::ffi::{CStr, CString};
+use std::sync::atomic::Ordering::Relaxed;
+
+use libc::{c_char, c_int, pid_t, size_t};
+
+use super::{remote_fd, remote_path};
+use crate::guard::{self, enter, ret};
+use crate::{ops, real, state};
+
+extern "C" {
+    static mut environ: *const *const c_char;
+}
+
+/// Writes gathered data through before the process image changes hands.
+fn sync_before_handoff() {
+    if state::ACTIVE.load(Relaxed) && !guard::busy() && state::owner() {
+        let _ = enter(|| {
+            ops::sync_all();
+            Ok(())
+        });
+    }
+}
+
+// ---- the environment a new program gets ----
+
+/// `envp` with ferry's settings put back where a program dropped them, and
+/// `FERRY_CWD` saying where the remote working directory is. `None` when
+/// nothing needs changing (the common case: no allocation).
+///
+/// # Safety
+/// `envp` is NULL or a NULL-terminated array of C strings.
+unsafe fn fixed_env(envp: *const *const c_char) -> Option<(Vec<CString>, Vec<*const c_char>)> {
+    let cfg = state::config()?;
+    let mut have: Vec<&[u8]> = Vec::new();
+    if !envp.is_null() {
+        let mut i = 0;
+        // SAFETY: per the function's contract.
+        while let Some(p) = unsafe { envp.add(i).as_ref() }.filter(|p| !p.is_null()) {
+            // SAFETY: each entry is a C string.
+            have.push(unsafe { CStr::from_ptr(*p) }.to_bytes());
+            i += 1;
+        }
+    }
+    let find =
+        |name: &str| have.iter().position(|e| e.starts_with(name.as_bytes()) && e.get(name.len()) == Some(&b'='));
+    let mut changes: Vec<(Option<usize>, Option<String>)> = Vec::new();
+    for (k, v) in &cfg.keep_env {
+        match find(k) {
+            None => changes.push((None, Some(format!("{k}={v}")))),
+            Some(i) if k == "LD_PRELOAD" => {
+                let cur = std::str::from_utf8(&have[i][k.len() + 1..]).unwrap_or("");
+                if !cur.split([':', ' ']).any(|x| v.split([':', ' ']).any(|y| y == x && x.contains("ferry"))) {
+                    changes.push((Some(i), Some(format!("{k}={v}:{cur}"))));
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    let cwd = state::CWD.read().clone();
+    let want = cwd.map(|c| format!("FERRY_CWD={c}"));
+    match (find("FERRY_CWD"), want) {
+        (Some(i), Some(w)) if have[i] != w.as_bytes() => changes.push((Some(i), Some(w))),
+        (Some(i), None) => changes.push((Some(i), None)),
+        (None, Some(w)) => changes.push((None, Some(w))),
+        _ => {}
+    }
+    if changes.is_empty() {
+        return None;
+    }
+    let mut owned: Vec<CString> = Vec::new();
+    for (i, e) in have.iter().enumerate() {
+        match changes.iter().find(|(at, _)| *at == Some(i)) {
+            Some((_, Some(new))) => owned.push(CString::new(new.as_str()).ok()?),
+            Some((_, None)) => {}
+            None => owned.push(CString::new(*e).ok()?),
+        }
+    }
+    for (at, new) in &changes {
+        if let (None, Some(new)) = (at, new) {
+            owned.push(CString::new(new.as_str()).ok()?);
+        }
+    }
+    let mut ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    Some((owned, ptrs))
+}
+
+/// Runs `f` with the fixed environment (or the given one unchanged).
+///
+/// # Safety
+/// As for `fixed_env`.
+unsafe fn with_env<T>(envp: *const *const c_char, f: impl FnOnce(*const *const c_char) -> T) -> T {
+    if guard::busy() || !state::ACTIVE.load(Relaxed) {
+        return f(envp);
+    }
+    // SAFETY: per the function's contract.
+    match unsafe { fixed_env(envp) } {
+        Some((_owned, ptrs)) => f(ptrs.as_ptr()),
+        None => f(envp),
+    }
+}
+
+fn exec_remote_path(p: *const c_char) -> bool {
+    // SAFETY: the caller's C string.
+    unsafe { remote_path(p) }.is_some()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(p: *const c_char, a: *const *const c_char, e: *const *const c_char) -> c_int {
+    if exec_remote_path(p) {
+        // Running a program stored on the server is not supported.
+        return ret::<c_int>(Err(libc::EACCES));
+    }
+    sync_before_handoff();
+    // SAFETY: forwarding the caller's arguments, with a fixed environment.
+    unsafe { with_env(e, |env| real::execve(p, a, env)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(p: *const c_char, a: *const *const c_char) -> c_int {
+    // SAFETY: our execve with the process environment.
+    unsafe { execve(p, a, environ) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(p: *const c_char, a: *const *const c_char, e: *const *const c_char) -> c_int {
+    sync_before_handoff();
+    // SAFETY: forwarding the caller's arguments, with a fixed environment.
+    unsafe { with_env(e, |env| real::execvpe(p, a, env)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(p: *const c_char, a: *const *const c_char) -> c_int {
+    // SAFETY: our execvpe with the process environment.
+    unsafe { execvpe(p, a, environ) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, a: *const *const c_char, e: *const *const c_char) -> c_int {
+    if remote_fd(fd).is_some() {
+        return ret::<c_int>(Err(libc::EACCES));
+    }
+    sync_before_handoff();
+    // SAFETY: forwarding the caller's arguments, with a fixed environment.
+    unsafe { with_env(e, |env| real::fexecve(fd, a, env)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut pid_t,
+    p: *const c_char,
+    fa: *const libc::posix_spawn_file_actions_t,
+    at: *const libc::posix_spawnattr_t,
+    a: *const *mut c_char,
+    e: *const *mut c_char,
+) -> c_int {
+    sync_before_handoff();
+    // SAFETY: forwarding the caller's arguments, with a fixed environment.
+    unsafe { with_env(e.cast(), |env| real::posix_spawn(pid, p, fa, at, a, env.cast())) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut pid_t,
+    p: *const c_char,
+    fa: *const libc::posix_spawn_file_actions_t,
+    at: *const libc::posix_spawnattr_t,
+    a: *const *mut c_char,
+    e: *const *mut c_char,
+) -> c_int {
+    sync_before_handoff();
+    // SAFETY: as in posix_spawn.
+    unsafe { with_env(e.cast(), |env| real::posix_spawnp(pid, p, fa, at, a, env.cast())) }
+}
+
+/// `vfork` becomes `fork`: a vfork child shares our memory, and the state
+/// of remote files in it must stay the parent's. POSIX allows vfork to be
+/// fork; only the speed of starting a child differs.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> pid_t {
+    // SAFETY: fork runs our atfork handlers, which keep the state right.
+    pass!(fork())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn system(c: *const c_char) -> c_int {
+    sync_before_handoff();
+    pass!(system(c))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(c: *const c_char, m: *const c_char) -> *mut libc::FILE {
+    sync_before_handoff();
+    pass!(popen(c, m))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _exit(s: c_int) -> ! {
+    sync_before_handoff();
+    // SAFETY: ends the process.
+    pass!(_exit(s));
+    unreachable!("_exit returned")
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(s: c_int) -> ! {
+    sync_before_handoff();
+    // SAFETY: ends the process.
+    pass!(_Exit(s));
+    unreachable!("_Exit returned")
+}
+
+// ---- working directory ----
+
+fn set_cwd(local: Option<String>) {
+    let changed = *state::CWD.read() != local;
+    if !changed {
+        return;
+    }
+    // Kept in the environment too, so a new program (after exec) starts
+    // in the same remote directory.
+    match &local {
+        Some(l) => std::env::set_var("FERRY_CWD", l),
+        None => std::env::remove_var("FERRY_CWD"),
+    }
+    *state::CWD.write() = local;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn chdir(p: *const c_char) -> c_int {
+    let Some(r) = safe_path!(remote_path(p)) else {
+        let rc = pass!(chdir(p));
+        if rc == 0 && state::ACTIVE.load(Relaxed) && !guard::busy() && state::CWD.read().is_some() {
+            let _ = enter(|| {
+                set_cwd(None);
+                Ok(())
+            });
+        }
+        return rc;
+    };
+    ret(enter(|| {
+        let a = ops::stat_path(&r, true)?;
+        if a.mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(libc::ENOTDIR);
+        }
+        set_cwd(Some(r.local.clone()));
+        Ok(0)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
+    let Some(o) = remote_fd(fd) else {
+        let rc = pass!(fchdir(fd));
+        if rc == 0 && state::ACTIVE.load(Relaxed) && !guard::busy() && state::CWD.read().is_some() {
+            let _ = enter(|| {
+                set_cwd(None);
+                Ok(())
+            });
+        }
+        return rc;
+    };
+    ret(enter(|| {
+        if !o.dir {
+            return Err(libc::ENOTDIR);
+        }
+        set_cwd(Some(o.local.clone()));
+        Ok(0)
+    }))
+}
+
+fn remote_cwd() -> Option<String> {
+    if guard::busy() || !state::ACTIVE.load(Relaxed) {
+        return None;
+    }
+    state::CWD.read().clone()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
+    let Some(cwd) = remote_cwd() else { return pass!(getcwd(buf, size)) };
+    let need = cwd.len() + 1;
+    let dst = if buf.is_null() {
+        // SAFETY: glibc's extension: a NULL buffer is allocated for the caller.
+        unsafe { libc::malloc(need.max(size)) }.cast::<c_char>()
+    } else {
+        if size == 0 {
+            guard::set_errno(libc::EINVAL);
+            return std::ptr::null_mut();
+        }
+        if size < need {
+            guard::set_errno(libc::ERANGE);
+            return std::ptr::null_mut();
+        }
+        buf
+    };
+    if dst.is_null() {
+        guard::set_errno(libc::ENOMEM);
+        return dst;
+    }
+    // SAFETY: dst has room for need bytes (checked or allocated).
+    unsafe {
+        std::ptr::copy_nonoverlapping(cwd.as_ptr().cast(), dst, cwd.len());
+        *dst.add(cwd.len()) = 0;
+    }
+    dst
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
+    if remote_cwd().is_none() {
+        return pass!(get_current_dir_name());
+    }
+    // SAFETY: our getcwd with a NULL buffer allocates.
+    unsafe { getcwd(std::ptr::null_mut(), 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn umask(m: libc::mode_t) -> libc::mode_t {
+    state::UMASK.store(m & 0o777, Relaxed);
+    pass!(umask(m))
+}
+
+// ---- start and exit ----
+
+extern "C" fn atfork_prepare() {
+    if state::ACTIVE.load(Relaxed) && !guard::busy() {
+        let _ = enter(|| {
+            state::before_fork();
+            Ok(())
+        });
+    }
+}
+
+extern "C" fn atfork_parent() {
+    if state::ACTIVE.load(Relaxed) && !guard::busy() {
+        state::after_fork_parent();
+    }
+}
+
+extern "C" fn atfork_child() {
+    if state::ACTIVE.load(Relaxed) && !guard::busy() {
+        state::after_fork_child();
+    }
+}
+
+/// Runs when the library is loaded, before `main`.
+pub fn init() {
+    state::OWNER.store(state::getpid(), Relaxed);
+    let _ = enter(|| {
+        let Ok(table) = std::env::var("FERRY_MOUNTS") else { return Ok(()) };
+        let mounts = match crate::mounts::parse_table(&table) {
+            Ok(m) if !m.is_empty() => m,
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                eprintln!("ferry: FERRY_MOUNTS: {e}; remote paths are disabled");
+                return Ok(());
+            }
+        };
+        *state::MOUNTS.write() = mounts;
+        let token = match ferry_client::token::find_client_token(None) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("ferry: {e}");
+                None
+            }
+        };
+        let mut keep_env = Vec::new();
+        for k in ["LD_PRELOAD", "FERRY_MOUNTS", "FERRY_TOKEN_FILE", "FERRY_TOKEN"] {
+            if let Ok(v) = std::env::var(k) {
+                keep_env.push((k.to_string(), v));
+            }
+        }
+        state::set_config(state::Config { options: ferry_client::Options { token, ..Default::default() }, keep_env });
+        // SAFETY: umask has no preconditions; read it by setting it back.
+        let m = pass!(umask(0o022));
+        // SAFETY: as above.
+        pass!(umask(m));
+        state::UMASK.store(m, Relaxed);
+        // Remote fds inherited across exec: their placeholders say what they are.
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            let fds: Vec<c_int> =
+                dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok())).collect();
+            for fd in fds {
+                ops::adopt(fd);
+            }
+        }
+        if let Ok(cwd) = std::env::var("FERRY_CWD") {
+            if state::resolve(cwd.as_bytes(), None).is_some() {
+                *state::CWD.write() = Some(crate::mounts::normalize(&cwd));
+            }
+        }
+        super::stdio::remember_std();
+        // SAFETY: registering plain functions.
+        unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child)) };
+        state::ACTIVE.store(true, Relaxed);
+        Ok(())
+    });
+    if state::ACTIVE.load(Relaxed) {
+        for fd in 0..=2 {
+            super::stdio::fd_changed(fd);
+        }
+    }
+}
+
+/// Runs at exit (from the dynamic linker's destructors).
+pub fn fini() {
+    if !state::ACTIVE.load(Relaxed) || guard::busy() || !state::owner() {
+        return;
+    }
+    // Streams first (their data goes through our hooks), then our buffers.
+    // SAFETY: flushing every stdio stream, as exit does.
+    unsafe { libc::fflush(std::ptr::null_mut()) };
+    state::EXITING.store(true, Relaxed);
+    let _ = enter(|| {
+        ops::sync_all();
+        Ok(())
+    });
+}

@@ -1,0 +1,311 @@
+//! A remote open file as this process sees it: where it is, how it was
+//! opened, and this process's handle on the server with its read buffer
+//! and gathered writes.
+//!
+//! The file offset is not here: it is the kernel offset of the placeholder
+//! fd (see `placeholder.rs`), shared by `dup`, `fork` and `exec` exactly as
+//! POSIX shares an open file description.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed};
+
+use ferry_client::{Attr, File, OpenOptions, Target};
+use parking_lot::Mutex;
+
+use crate::state;
+
+/// Reads smaller than this are served from a buffer filled sequentially;
+/// writes smaller than half of it are gathered into one request.
+pub const CHUNK: usize = 1024 * 1024;
+/// First buffer fill: a short program reading a little pays little.
+const FIRST_FILL: usize = 64 * 1024;
+
+/// Change counters, one per hash bucket of (mount, path): a write through
+/// one handle makes the read buffers of other handles of the same file in
+/// this process stale.
+static GENERATION: [AtomicU32; 256] = [const { AtomicU32::new(0) }; 256];
+
+pub struct Open {
+    pub mount: usize,
+    /// Path inside the export.
+    pub path: String,
+    /// The same path as the program named it (for `fchdir`, `*at` calls).
+    pub local: String,
+    /// `open` flags: access mode, `O_APPEND`, `O_NONBLOCK`, ... (`F_GETFL`).
+    pub flags: AtomicI32,
+    pub dir: bool,
+    io: Mutex<Io>,
+    bucket: usize,
+}
+
+#[derive(Default)]
+struct Io {
+    epoch: u64,
+    file: Option<File>,
+    rbuf: Vec<u8>,
+    rbase: u64,
+    rlen: usize,
+    rgen: u32,
+    next_fill: usize,
+    /// End of the last read: a read starting here continues a sequence.
+    last_end: Option<u64>,
+    wbuf: Vec<u8>,
+    wbase: u64,
+}
+
+fn bucket_of(mount: usize, path: &str) -> usize {
+    let mut h: u32 = 2166136261 ^ mount as u32;
+    for b in path.bytes() {
+        h = (h ^ b as u32).wrapping_mul(16777619);
+    }
+    (h & 255) as usize
+}
+
+impl Open {
+    /// A file this process has just opened on the server.
+    pub fn new(mount: usize, path: String, local: String, flags: i32, dir: bool, file: Option<File>) -> Open {
+        let io = Io { epoch: state::EPOCH.load(Relaxed), file, next_fill: FIRST_FILL, ..Io::default() };
+        let bucket = bucket_of(mount, &path);
+        Open { mount, path, local, flags: AtomicI32::new(flags), dir, io: Mutex::new(io), bucket }
+    }
+
+    pub fn access_mode(&self) -> i32 {
+        self.flags.load(Relaxed) & libc::O_ACCMODE
+    }
+
+    fn errno(&self, e: ferry_client::Error) -> i32 {
+        state::errno_of(self.mount, &e)
+    }
+
+    /// This process's handle, opened again by path after `fork` or `exec`
+    /// (the server's handles belong to the connection that opened them).
+    fn file<'a>(&self, io: &'a mut Io) -> Result<&'a mut File, i32> {
+        let epoch = state::EPOCH.load(Relaxed);
+        if io.epoch != epoch {
+            // The parent's handle, on the parent's connection: forget it.
+            std::mem::forget(io.file.take());
+            io.wbuf.clear();
+            io.rlen = 0;
+            io.epoch = epoch;
+        }
+        if io.file.is_none() {
+            let client = state::client(self.mount)?;
+            let keep = !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
+            let flags = (self.flags.load(Relaxed) & keep) as u32;
+            let f = client.open(&self.path, OpenOptions::new().custom_flags(flags)).map_err(|e| self.errno(e))?;
+            io.file = Some(f);
+        }
+        Ok(io.file.as_mut().expect("just opened"))
+    }
+
+    fn generation(&self) -> u32 {
+        GENERATION[self.bucket].load(Relaxed)
+    }
+
+    fn changed(&self) {
+        GENERATION[self.bucket].fetch_add(1, Relaxed);
+    }
+
+    /// Sends gathered writes (without waiting for the server).
+    fn send_gathered(&self, io: &mut Io) -> Result<(), i32> {
+        if io.wbuf.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::take(&mut io.wbuf);
+        let base = io.wbase;
+        let f = self.file(io)?;
+        let r = f.seek(SeekFrom::Start(base)).and_then(|_| f.write_all(&data));
+        io.wbuf = data;
+        io.wbuf.clear();
+        r.map_err(|e| io_errno(self, e))
+    }
+
+    /// Everything written is acknowledged by the server; reports the first
+    /// failure of a write that was sent earlier.
+    pub fn sync_writes(&self) -> Result<(), i32> {
+        let mut io = self.io.lock();
+        self.sync_locked(&mut io)
+    }
+
+    fn sync_locked(&self, io: &mut Io) -> Result<(), i32> {
+        if io.file.is_none() && io.wbuf.is_empty() {
+            return Ok(());
+        }
+        self.send_gathered(io)?;
+        let f = self.file(io)?;
+        f.flush_writes().map_err(|e| self.errno(e))
+    }
+
+    /// The program moved the offset itself: the read sequence is broken.
+    pub fn seeked(&self) {
+        let mut io = self.io.lock();
+        io.last_end = None;
+        io.rlen = 0;
+    }
+
+    pub fn read(&self, pos: u64, buf: &mut [u8]) -> Result<usize, i32> {
+        let mut guard = self.io.lock();
+        let io = &mut *guard;
+        self.send_gathered(io)?;
+        let sequential = io.last_end == Some(pos) || pos == 0;
+        let gen = self.generation();
+        if io.rgen != gen {
+            io.rlen = 0;
+            io.rgen = gen;
+            if let Ok(f) = self.file(io) {
+                f.discard_read_ahead();
+            }
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            let at = pos + done as u64;
+            // From the buffer, when the reader continues where it was.
+            if sequential && at >= io.rbase && at < io.rbase + io.rlen as u64 {
+                let off = (at - io.rbase) as usize;
+                let n = (io.rlen - off).min(buf.len() - done);
+                buf[done..done + n].copy_from_slice(&io.rbuf[off..off + n]);
+                done += n;
+                continue;
+            }
+            let rest = &mut buf[done..];
+            if rest.len() >= CHUNK / 2 || !sequential {
+                // Large or random: straight into the caller's buffer.
+                let f = self.file(io)?;
+                let n = if sequential {
+                    f.seek(SeekFrom::Start(at)).and_then(|_| f.read(rest)).map_err(|e| io_errno(self, e))?
+                } else {
+                    f.read_at(rest, at).map_err(|e| self.errno(e))?
+                };
+                done += n;
+                if n < rest.len() {
+                    break;
+                }
+                continue;
+            }
+            // Small and sequential: fill the buffer (the client's read-ahead
+            // keeps the next fills in flight once their size settles).
+            let size = io.next_fill.clamp(FIRST_FILL, CHUNK);
+            let mut rbuf = std::mem::take(&mut io.rbuf);
+            rbuf.resize(size, 0);
+            let f = self.file(io)?;
+            let got = f.seek(SeekFrom::Start(at)).and_then(|_| f.read(&mut rbuf[..size]));
+            io.rbuf = rbuf;
+            let got = got.map_err(|e| io_errno(self, e))?;
+            io.rbase = at;
+            io.rlen = got;
+            io.next_fill = (size * 2).min(CHUNK);
+            if got == 0 {
+                break;
+            }
+        }
+        io.last_end = Some(pos + done as u64);
+        Ok(done)
+    }
+
+    /// Writes at `pos`; returns the offset after the write (for `O_APPEND`,
+    /// wherever the server put the end).
+    pub fn write(&self, pos: u64, data: &[u8], append: bool) -> Result<u64, i32> {
+        let mut guard = self.io.lock();
+        let io = &mut *guard;
+        self.changed();
+        io.rlen = 0;
+        io.last_end = None;
+        if append {
+            self.send_gathered(io)?;
+            let f = self.file(io)?;
+            f.write_all(data).map_err(|e| io_errno(self, e))?;
+            let end = f.stream_position().map_err(|e| io_errno(self, e))?;
+            return Ok(end);
+        }
+        let end = pos + data.len() as u64;
+        let gather = data.len() < CHUNK / 2 && !state::EXITING.load(Relaxed);
+        if gather {
+            let follows = io.wbase + io.wbuf.len() as u64 == pos;
+            if !io.wbuf.is_empty() && (!follows || io.wbuf.len() + data.len() > CHUNK) {
+                self.send_gathered(io)?;
+            }
+            if io.wbuf.is_empty() {
+                io.wbase = pos;
+                if io.wbuf.capacity() == 0 {
+                    io.wbuf.reserve(CHUNK);
+                }
+            }
+            io.wbuf.extend_from_slice(data);
+            if io.wbuf.len() >= CHUNK {
+                self.send_gathered(io)?;
+            }
+            return Ok(end);
+        }
+        self.send_gathered(io)?;
+        let f = self.file(io)?;
+        f.seek(SeekFrom::Start(pos)).and_then(|_| f.write_all(data)).map_err(|e| io_errno(self, e))?;
+        if state::EXITING.load(Relaxed) {
+            f.flush_writes().map_err(|e| self.errno(e))?;
+        }
+        Ok(end)
+    }
+
+    pub fn stat(&self) -> Result<Attr, i32> {
+        let mut io = self.io.lock();
+        self.sync_locked(&mut io)?;
+        let f = self.file(&mut io)?;
+        f.metadata().map_err(|e| self.errno(e))
+    }
+
+    pub fn truncate(&self, size: u64) -> Result<(), i32> {
+        let mut io = self.io.lock();
+        self.changed();
+        io.rlen = 0;
+        self.sync_locked(&mut io)?;
+        let f = self.file(&mut io)?;
+        f.set_len(size).map_err(|e| self.errno(e))
+    }
+
+    pub fn fsync(&self, data_only: bool) -> Result<(), i32> {
+        let mut io = self.io.lock();
+        self.sync_locked(&mut io)?;
+        let f = self.file(&mut io)?;
+        if data_only { f.sync_data() } else { f.sync_all() }.map_err(|e| self.errno(e))
+    }
+
+    /// A target naming this open file for attribute calls.
+    pub fn with_handle<T>(
+        &self,
+        f: impl FnOnce(&ferry_client::Client, Target<'_>) -> Result<T, i32>,
+    ) -> Result<T, i32> {
+        let mut io = self.io.lock();
+        self.sync_locked(&mut io)?;
+        let handle = self.file(&mut io)?.handle();
+        let client = state::client(self.mount)?;
+        f(&client, Target::Handle(handle))
+    }
+
+    /// Closes this process's handle, reporting a failed write-behind.
+    pub fn close(&self) -> Result<(), i32> {
+        let mut io = self.io.lock();
+        if io.epoch != state::EPOCH.load(Relaxed) {
+            std::mem::forget(io.file.take());
+            return Ok(());
+        }
+        let sent = self.send_gathered(&mut io);
+        let closed = match io.file.take() {
+            Some(f) => f.close().map_err(|e| self.errno(e)),
+            None => Ok(()),
+        };
+        sent.and(closed)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+fn io_errno(o: &Open, e: std::io::Error) -> i32 {
+    match e.raw_os_error() {
+        Some(n) => n,
+        // The connection broke: forget it so the next call connects again.
+        None => state::errno_of(o.mount, &ferry_client::Error::Protocol(e.to_string())),
+    }
+}

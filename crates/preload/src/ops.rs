@@ -1,0 +1,208 @@
+//! What the hooks do with a remote file or path, in safe Rust: each
+//! function answers a value or an errno.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use ferry_client::{Attr, Client, OpenOptions, Target};
+
+use crate::mounts::Remote;
+use crate::open::Open;
+use crate::placeholder::{self, Described};
+use crate::state;
+
+pub type R<T> = Result<T, i32>;
+
+pub fn client(r: &Remote) -> R<Client> {
+    state::client(r.mount)
+}
+
+pub fn err(r: &Remote, e: ferry_client::Error) -> i32 {
+    state::errno_of(r.mount, &e)
+}
+
+pub fn umask() -> u32 {
+    state::UMASK.load(Relaxed)
+}
+
+/// `open(2)` of a remote path: the server's handle, and a placeholder fd.
+pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let c = client(r)?;
+    let pass = flags & !(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_LARGEFILE | libc::O_NONBLOCK | libc::O_ASYNC);
+    let mode = mode & 0o7777 & !umask();
+    let file = c.open(&r.path, OpenOptions::new().custom_flags(pass as u32).mode(mode)).map_err(|e| err(r, e))?;
+    let dir = file.attr().mode & libc::S_IFMT == libc::S_IFDIR;
+    let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
+    install(r, keep, dir, Some(file), flags & libc::O_CLOEXEC != 0)
+}
+
+fn install(r: &Remote, flags: i32, dir: bool, file: Option<ferry_client::File>, cloexec: bool) -> R<i32> {
+    let (prefix, url) = {
+        let m = state::MOUNTS.read();
+        let m = m.get(r.mount).ok_or(libc::EIO)?;
+        (m.prefix.clone(), format!("ferry://{}{}", m.url.addr, m.url.path))
+    };
+    let d = Described { prefix, url, path: r.path.clone(), local: r.local.clone(), flags, dir };
+    let fd = placeholder::create(&d, cloexec)?;
+    let open = Arc::new(Open::new(r.mount, r.path.clone(), r.local.clone(), flags, dir, file));
+    state::insert(fd, open);
+    Ok(fd)
+}
+
+/// Takes over a placeholder inherited across `exec`.
+pub fn adopt(fd: i32) {
+    let Some(d) = placeholder::describe(fd) else { return };
+    let Some(mount) = state::mount_index(&d.prefix, &d.url) else { return };
+    let open = Arc::new(Open::new(mount, d.path, d.local, d.flags, d.dir, None));
+    state::insert(fd, open);
+}
+
+/// `close(2)`: the fd goes in any case; an error reports a write that
+/// failed on the server.
+pub fn close(fd: i32) -> R<()> {
+    let open = state::remove(fd);
+    // SAFETY: closing the placeholder, which the program owns.
+    let r = unsafe { crate::real::close(fd) };
+    let e = crate::guard::errno();
+    if let Some(o) = open {
+        if let Ok(o) = Arc::try_unwrap(o) {
+            o.close()?;
+        }
+    }
+    if r < 0 {
+        Err(e)
+    } else {
+        Ok(())
+    }
+}
+
+/// After a real `dup*` made `new` from a remote `old`: same open file.
+pub fn duped(old: i32, new: i32) {
+    if let Some(o) = state::get(old) {
+        let replaced = state::insert(new, o);
+        drop(replaced);
+    }
+}
+
+pub fn read(fd: i32, o: &Open, buf: &mut [u8]) -> R<usize> {
+    check_read(o)?;
+    let pos = placeholder::offset(fd)?;
+    let n = o.read(pos, buf)?;
+    placeholder::set_offset(fd, pos + n as u64)?;
+    Ok(n)
+}
+
+pub fn pread(o: &Open, buf: &mut [u8], pos: i64) -> R<usize> {
+    check_read(o)?;
+    let pos = u64::try_from(pos).map_err(|_| libc::EINVAL)?;
+    o.read(pos, buf)
+}
+
+fn check_read(o: &Open) -> R<()> {
+    if o.dir {
+        return Err(libc::EISDIR);
+    }
+    if o.access_mode() == libc::O_WRONLY {
+        return Err(libc::EBADF);
+    }
+    Ok(())
+}
+
+fn check_write(o: &Open) -> R<()> {
+    if o.dir {
+        return Err(libc::EISDIR);
+    }
+    if o.access_mode() == libc::O_RDONLY {
+        return Err(libc::EBADF);
+    }
+    Ok(())
+}
+
+pub fn write(fd: i32, o: &Open, data: &[u8]) -> R<usize> {
+    check_write(o)?;
+    let append = o.flags.load(Relaxed) & libc::O_APPEND != 0;
+    let pos = placeholder::offset(fd)?;
+    let end = o.write(pos, data, append)?;
+    placeholder::set_offset(fd, end)?;
+    Ok(data.len())
+}
+
+pub fn pwrite(o: &Open, data: &[u8], pos: i64) -> R<usize> {
+    check_write(o)?;
+    let pos = u64::try_from(pos).map_err(|_| libc::EINVAL)?;
+    o.write(pos, data, false)?;
+    Ok(data.len())
+}
+
+pub fn lseek(fd: i32, o: &Open, off: i64, whence: i32) -> R<i64> {
+    let cur = placeholder::offset(fd)? as i64;
+    let size = || -> R<i64> { Ok(o.stat()?.size as i64) };
+    let to = match whence {
+        libc::SEEK_SET => off,
+        libc::SEEK_CUR => cur.checked_add(off).ok_or(libc::EOVERFLOW)?,
+        libc::SEEK_END => size()?.checked_add(off).ok_or(libc::EOVERFLOW)?,
+        // No holes are reported: data runs to the end of the file.
+        libc::SEEK_DATA => {
+            if off < 0 || off >= size()? {
+                return Err(libc::ENXIO);
+            }
+            off
+        }
+        libc::SEEK_HOLE => {
+            let s = size()?;
+            if off < 0 || off >= s {
+                return Err(libc::ENXIO);
+            }
+            s
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    if to < 0 {
+        return Err(libc::EINVAL);
+    }
+    if to != cur {
+        o.seeked();
+        placeholder::set_offset(fd, to as u64)?;
+    }
+    Ok(to)
+}
+
+pub fn stat_path(r: &Remote, follow: bool) -> R<Attr> {
+    let c = client(r)?;
+    let t = if follow { Target::Path(&r.path) } else { Target::PathNoFollow(&r.path) };
+    c.stat(t).map_err(|e| err(r, e))
+}
+
+pub fn stat_fd(o: &Open) -> R<Attr> {
+    if o.dir {
+        let r = Remote { mount: o.mount, path: o.path.clone(), local: o.local.clone() };
+        return stat_path(&r, true);
+    }
+    o.stat()
+}
+
+/// Runs a path call with the connection for `r`.
+pub fn with<T>(r: &Remote, f: impl FnOnce(&Client, &str) -> ferry_client::Result<T>) -> R<T> {
+    let c = client(r)?;
+    f(&c, &r.path).map_err(|e| err(r, e))
+}
+
+/// Two paths must be on the same server (and mount) for rename and link.
+pub fn same_mount(a: &Remote, b: &Remote) -> R<()> {
+    if a.mount == b.mount {
+        Ok(())
+    } else {
+        Err(libc::EXDEV)
+    }
+}
+
+/// Writes everything gathered, in every open file, through to the server:
+/// before `exec`, `exit`, `fork`, `posix_spawn`.
+pub fn sync_all() {
+    for (_, o) in state::all_opens() {
+        let _ = o.sync_writes();
+    }
+}
