@@ -42,6 +42,11 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --release --quiet
 
+echo "== build"
+# The whole workspace, so the preload library sits beside the ferry binary
+# for the `ferry run` tests.
+cargo build --workspace --release
+
 echo "== tests"
 # Release build: the end-to-end tests move hundreds of MiB.
 cargo test --workspace --release

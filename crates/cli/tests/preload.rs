@@ -1,0 +1,348 @@
+//! `ferry run`: real programs (coreutils, tar, gzip, bash, python3, small C
+//! programs) against a real `ferry serve`, each result checked against the
+//! export directory on the server's side.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{stderr, stdout, Server, TempDir, FERRY};
+
+/// The preload library, built beside the `ferry` binary.
+fn library() -> PathBuf {
+    let lib = Path::new(FERRY).with_file_name("libferry_preload.so");
+    assert!(lib.is_file(), "{} missing: build the workspace first (test.sh does)", lib.display());
+    lib
+}
+
+/// `ferry run --mount /remote=URL -- bash -c SCRIPT`, bounded in time.
+fn run_in(srv: &Server, cwd: &Path, script: &str) -> Output {
+    library();
+    Command::new("timeout")
+        .args(["120", FERRY, "run", "--mount"])
+        .arg(format!("/remote={}", srv.url("/")))
+        .args(["--", "bash", "-c", script])
+        .current_dir(cwd)
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .output()
+        .expect("run ferry run")
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "failed: {:?}\nstdout:\n{}\nstderr:\n{}", o.status, stdout(o), stderr(o));
+    stdout(o)
+}
+
+fn compile(dir: &Path, name: &str, src: &str) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, src).unwrap();
+    let exe = dir.join(name);
+    let o = Command::new("gcc").args(["-O1", "-pthread", "-o"]).arg(&exe).arg(&c).output().expect("gcc");
+    assert!(o.status.success(), "gcc: {}", stderr(&o));
+    exe
+}
+
+#[test]
+fn coreutils() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let ex = srv.export.path();
+    std::fs::write(ex.join("hello.txt"), "hello\nworld\n").unwrap();
+    let big = common::random_bytes(3 << 20, 7);
+    std::fs::write(local.path().join("big.bin"), &big).unwrap();
+    std::fs::create_dir_all(local.path().join("tree/sub")).unwrap();
+    std::fs::write(local.path().join("tree/sub/f"), "in tree\n").unwrap();
+    let out = ok(&run_in(
+        &srv,
+        local.path(),
+        r#"set -e
+cat /remote/hello.txt
+cp big.bin /remote/big.bin
+sha256sum /remote/big.bin big.bin | awk '{print $1}' | uniq | wc -l
+cp /remote/big.bin back.bin && cmp big.bin back.bin && echo cp-back-ok
+cp -r tree /remote/tree && cp -a tree /remote/tree-a && cp -r /remote/tree tree-back && cat tree-back/sub/f
+mv /remote/tree-a /remote/tree-moved
+ls -l /remote | grep -c tree
+ls -la /remote/tree >/dev/null && echo ls-la-ok
+stat -c '%s %F' /remote/hello.txt
+head -n1 /remote/hello.txt; tail -n1 /remote/hello.txt; wc -l < /remote/hello.txt
+dd if=/remote/big.bin of=/remote/dd.bin bs=64k 2>/dev/null && cmp /remote/dd.bin big.bin && echo dd-ok
+mkdir -p /remote/a/b/c && touch /remote/a/b/c/t && ln -s ../hello.txt /remote/a/link && readlink /remote/a/link
+cat /remote/a/link | head -n1
+find /remote/a | sort | tr '\n' ' '; echo
+du -s /remote/tree | awk '{print ($1 > 0)}'
+chmod 640 /remote/hello.txt && stat -c '%a' /remote/hello.txt
+truncate -s 3 /remote/a/b/c/t && stat -c '%s' /remote/a/b/c/t
+grep -r world /remote --include=hello.txt
+rm -r /remote/a && test ! -e /remote/a && echo rm-ok
+cat /etc/hostname >/dev/null && echo local-ok
+"#,
+    ));
+    let want = [
+        "hello\nworld\n1\ncp-back-ok\nin tree\n",
+        "2\nls-la-ok\n12 regular file\nhello\nworld\n2\ndd-ok\n../hello.txt\nhello\n",
+        "/remote/a /remote/a/b /remote/a/b/c /remote/a/b/c/t /remote/a/link \n1\n640\n3\n",
+        "/remote/hello.txt:world\nrm-ok\nlocal-ok\n",
+    ]
+    .concat();
+    assert_eq!(out, want);
+    // What the programs did is on the server.
+    assert_eq!(std::fs::read(ex.join("big.bin")).unwrap(), big);
+    assert_eq!(std::fs::read_to_string(ex.join("tree-moved/sub/f")).unwrap(), "in tree\n");
+    assert!(!ex.join("tree-a").exists() && !ex.join("a").exists());
+}
+
+#[test]
+fn tar_and_gzip_both_ways() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::create_dir_all(local.path().join("src/d")).unwrap();
+    std::fs::write(local.path().join("src/d/x"), "x\n").unwrap();
+    std::fs::write(local.path().join("src/y"), common::random_bytes(200_000, 3)).unwrap();
+    let out = ok(&run_in(
+        &srv,
+        local.path(),
+        r#"set -e
+tar czf /remote/t.tgz src
+mkdir /remote/ex && tar xzf /remote/t.tgz -C /remote/ex
+diff -r src /remote/ex/src && echo same-up
+tar cf - -C /remote/ex src | tar xf - -C . --transform s/src/down/ 
+diff -r src down && echo same-down
+cp src/y /remote/y && gzip /remote/y && test -f /remote/y.gz && gunzip -c /remote/y.gz | cmp - src/y && echo gz-ok
+gunzip /remote/y.gz && cmp /remote/y src/y && echo gunzip-ok
+"#,
+    ));
+    assert_eq!(out, "same-up\nsame-down\ngz-ok\ngunzip-ok\n");
+    assert_eq!(std::fs::read_to_string(srv.export.path().join("ex/src/d/x")).unwrap(), "x\n");
+}
+
+#[test]
+fn bash_redirections_cwd_and_shared_offsets() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::write(srv.export.path().join("in.txt"), "line1\nline2\n").unwrap();
+    std::fs::create_dir(srv.export.path().join("dir")).unwrap();
+    let out = ok(&run_in(
+        &srv,
+        local.path(),
+        r#"set -e
+echo first > /remote/f
+echo second >> /remote/f
+{ echo a; /bin/echo b; } > /remote/g
+while read l; do echo "got $l"; done < /remote/in.txt
+cd /remote/dir
+pwd
+echo rel > relative.txt
+cat relative.txt
+ls
+cd /
+exec 3</remote/in.txt
+cat <&3
+"#,
+    ));
+    assert_eq!(out, "got line1\ngot line2\n/remote/dir\nrel\nrelative.txt\nline1\nline2\n");
+    let ex = srv.export.path();
+    assert_eq!(std::fs::read_to_string(ex.join("f")).unwrap(), "first\nsecond\n");
+    assert_eq!(std::fs::read_to_string(ex.join("g")).unwrap(), "a\nb\n");
+    assert_eq!(std::fs::read_to_string(ex.join("dir/relative.txt")).unwrap(), "rel\n");
+}
+
+#[test]
+fn python_programs() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::write(
+        local.path().join("t.py"),
+        r#"
+import os, shutil, pathlib, subprocess, sys
+with open('/remote/p.txt', 'w') as f:
+    f.write('py\n' * 1000)
+print(len(open('/remote/p.txt').read()), os.stat('/remote/p.txt').st_size)
+os.makedirs('/remote/w/x/y')
+open('/remote/w/x/y/z', 'wb').write(b'z')
+print(sorted(os.listdir('/remote/w/x')))
+print([(r, sorted(d), sorted(f)) for r, d, f in os.walk('/remote/w')])
+shutil.copytree('/remote/w', '/remote/w2')
+print(open('/remote/w2/x/y/z').read())
+p = pathlib.Path('/remote/pkg'); p.mkdir()
+(p / 'mod_on_remote.py').write_text('VALUE = 42\n')
+sys.path.insert(0, '/remote/pkg')
+import mod_on_remote
+print('import', mod_on_remote.VALUE)
+print(subprocess.run(['cat', '/remote/w/x/y/z'], capture_output=True, check=True).stdout.decode())
+print(subprocess.run('echo sub >> /remote/p2.txt; cat /remote/p2.txt', shell=True, capture_output=True).stdout.decode().strip())
+pid = os.posix_spawn('/bin/sh', ['sh', '-c', 'cat /remote/w/x/y/z > /remote/spawned'], {})
+os.waitpid(pid, 0)
+print(open('/remote/spawned').read())
+os.chdir('/remote/w')
+print(os.getcwd(), os.listdir('.'))
+"#,
+    )
+    .unwrap();
+    let out = ok(&run_in(&srv, local.path(), "python3 t.py"));
+    let want = "3000 3000\n['y']\n[('/remote/w', ['x'], []), ('/remote/w/x', ['y'], []), ('/remote/w/x/y', [], ['z'])]\nz\nimport 42\nz\nsub\nz\n/remote/w ['x']\n";
+    assert_eq!(out, want);
+    assert_eq!(std::fs::read_to_string(srv.export.path().join("spawned")).unwrap(), "z");
+}
+
+#[test]
+fn exec_keeps_remote_fds_and_restores_the_environment() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::write(srv.export.path().join("f"), "content\n").unwrap();
+    let out = ok(&run_in(
+        &srv,
+        local.path(),
+        r#"set -e
+bash -c 'exec 3</remote/f; cat <&3'
+env -i /bin/cat /remote/f
+env -u LD_PRELOAD -u FERRY_MOUNTS /bin/cat /remote/f
+cd /remote && env -i /bin/cat f
+"#,
+    ));
+    assert_eq!(out, "content\n".repeat(4));
+}
+
+const THREADS: &str = r#"
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#define N 8
+#define SZ (256 * 1024)
+static void *work(void *arg) {
+    long id = (long)arg;
+    char path[64], buf[SZ], back[SZ];
+    snprintf(path, sizeof path, "/remote/t%ld", id);
+    for (int i = 0; i < SZ; i++) buf[i] = (char)(i * 7 + id);
+    for (int round = 0; round < 5; round++) {
+        int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0644);
+        if (fd < 0) return (void *)1;
+        for (int off = 0; off < SZ; off += 4096)
+            if (write(fd, buf + off, 4096) != 4096) return (void *)2;
+        if (pread(fd, back, SZ, 0) != SZ || memcmp(buf, back, SZ)) return (void *)3;
+        close(fd);
+        int s = open("/remote/shared", O_RDONLY);
+        char sh[4096];
+        for (int k = 0; k < 16; k++) {
+            if (pread(s, sh, sizeof sh, k * 4096) != 4096) return (void *)4;
+            for (int j = 0; j < 4096; j++) if (sh[j] != (char)(k + j)) return (void *)5;
+        }
+        close(s);
+    }
+    return 0;
+}
+int main(void) {
+    int s = open("/remote/shared", O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    char sh[4096];
+    for (int k = 0; k < 16; k++) { for (int j = 0; j < 4096; j++) sh[j] = (char)(k + j); write(s, sh, 4096); }
+    close(s);
+    pthread_t t[N];
+    for (long i = 0; i < N; i++) pthread_create(&t[i], 0, work, (void *)i);
+    int bad = 0;
+    for (int i = 0; i < N; i++) { void *r; pthread_join(t[i], &r); if (r) { printf("thread %d: %ld\n", i, (long)r); bad = 1; } }
+    printf(bad ? "FAIL\n" : "threads ok\n");
+    return bad;
+}
+"#;
+
+#[test]
+fn many_threads_on_remote_files() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let exe = compile(local.path(), "threads", THREADS);
+    let out = ok(&run_in(&srv, local.path(), exe.to_str().unwrap()));
+    assert_eq!(out, "threads ok\n");
+    assert_eq!(std::fs::metadata(srv.export.path().join("t7")).unwrap().len(), 256 * 1024);
+}
+
+const STDIO: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+int main(void) {
+    FILE *f = fopen("/remote/s.txt", "w+");
+    if (!f) { perror("fopen"); return 1; }
+    fprintf(f, "alpha %d\n", 1);
+    fputs("beta\n", f);
+    fwrite("gamma\n", 1, 6, f);
+    fflush(f);
+    printf("tell %ld fileno-ok %d\n", ftell(f), fileno(f) > 2);
+    fseek(f, 0, SEEK_SET);
+    char line[64];
+    fgets(line, sizeof line, f); printf("1: %s", line);
+    fgets(line, sizeof line, f); printf("2: %s", line);
+    fclose(f);
+    int fd = open("/remote/s.txt", O_RDONLY);
+    FILE *g = fdopen(fd, "r");
+    char buf[64] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, g);
+    printf("fread %zu fileno-same %d\n", n, fileno(g) == fd);
+    fclose(g);
+    if (!freopen("/remote/out.txt", "w", stdout)) { perror("freopen"); return 1; }
+    printf("to the remote stdout\n");
+    fflush(stdout);
+    int m = open("/remote/s.txt", O_RDONLY);
+    char *p = mmap(0, 4096, PROT_READ, MAP_PRIVATE, m, 0);
+    if (p == MAP_FAILED) { fprintf(stderr, "mmap failed\n"); return 1; }
+    fprintf(stderr, "mmap %.5s\n", p);
+    void *q = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0);
+    fprintf(stderr, "shared-writable %s\n", q == MAP_FAILED && errno == ENODEV ? "refused" : "MAPPED");
+    struct stat st; fstat(m, &st);
+    fprintf(stderr, "size %ld\n", (long)st.st_size);
+    return 0;
+}
+"#;
+
+#[test]
+fn stdio_and_mmap() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let exe = compile(local.path(), "stdio", STDIO);
+    let o = run_in(&srv, local.path(), exe.to_str().unwrap());
+    let out = ok(&o);
+    assert_eq!(out, "tell 19 fileno-ok 1\n1: alpha 1\n2: beta\nfread 19 fileno-same 1\n");
+    assert_eq!(stderr(&o), "mmap alpha\nshared-writable refused\nsize 19\n");
+    assert_eq!(std::fs::read_to_string(srv.export.path().join("out.txt")).unwrap(), "to the remote stdout\n");
+}
+
+#[test]
+fn unreachable_server_fails_cleanly() {
+    // A port nothing listens on: take one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let local = TempDir::new("local");
+    let o = Command::new("timeout")
+        .args(["60", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
+        .args(["--", "bash", "-c", "cat /remote/x; echo rc=$?; ls /etc >/dev/null && echo local-still-works"])
+        .current_dir(local.path())
+        .env("FERRY_TOKEN", "t")
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&o), "rc=1\nlocal-still-works\n");
+    let err = stderr(&o);
+    assert!(err.contains(&format!("ferry: cannot use ferry://127.0.0.1:{port}/")), "{err}");
+    assert!(err.contains("Input/output error"), "{err}");
+}
+
+#[test]
+fn run_reports_bad_usage() {
+    let o = Command::new(FERRY).args(["run", "--mount", "relative=ferry://h/", "--", "true"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("PREFIX must be an absolute path"), "{}", stderr(&o));
+    let o = Command::new(FERRY).args(["run", "--mount", "/r=http://h/", "--", "true"]).output().unwrap();
+    assert!(stderr(&o).contains("not a ferry:// URL"), "{}", stderr(&o));
+    let o = Command::new(FERRY)
+        .args(["run", "--mount", "/r=ferry://h/", "--library", "/nonexistent.so", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(stderr(&o).contains("preload library not found"), "{}", stderr(&o));
+}
