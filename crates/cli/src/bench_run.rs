@@ -72,8 +72,8 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
     let mut writes: Vec<(Series, Series)> = Vec::new();
     for (_, name) in sizes {
         let label = |what: &str| -> &'static str { Box::leak(format!("ferry run dd {what} bs={name}").into_boxed_str()) };
-        reads.push((Series::new(label("read"), "MB/s"), Series::new(label("read ctxsw/GiB"), "")));
-        writes.push((Series::new(label("write"), "MB/s"), Series::new(label("write ctxsw/GiB"), "")));
+        reads.push((Series::new(label("read"), "MB/s"), Series::new("  context switches per GiB", "")));
+        writes.push((Series::new(label("write"), "MB/s"), Series::new("  context switches per GiB", "")));
     }
     for _ in 0..runs {
         lib_write.values.push(ferry_write(&client, bytes, 1 << 20)?);
