@@ -28,6 +28,9 @@ use fuser::{
 };
 
 pub use fuser::BackgroundSession;
+pub use null::{spawn_null, NullFs, NULL_FILE};
+
+mod null;
 
 /// Largest read or write the kernel sends in one request.
 const MAX_IO: u32 = 1024 * 1024;

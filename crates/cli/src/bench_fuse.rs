@@ -1,0 +1,331 @@
+//! `ferry bench --fuse`: ferry's FUSE mount beside a null FUSE file system
+//! measured in the same run.
+//!
+//! The null file system (`ferry_fuse::NullFs`) serves a file from memory,
+//! mounted the way `ferry mount` mounts (direct I/O, 1 MiB requests, the
+//! same reader threads): it is the most any FUSE file system reaches on
+//! this machine, so ferry's figures are given as a fraction of it. Both
+//! are mounted in this process (fuser's background session), so nothing is
+//! left mounted when the benchmark ends or fails: each mount is unmounted
+//! when its guard drops.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ferry_client::{Client, Options};
+use ferry_fuse::{BackgroundSession, FerryFs, FsOptions, MountConfig};
+
+use super::{mbps, pin, start_server, BenchArgs, Series};
+
+/// Reader threads for every mount, as `ferry mount` uses by default.
+const THREADS: usize = 4;
+
+/// Why FUSE cannot be used here, if it cannot.
+fn unavailable() -> Option<String> {
+    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        return Some(format!("/dev/fuse: {e}"));
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Some("mounting needs root (mount(2) is used directly)".into());
+    }
+    None
+}
+
+/// A mount made by this process; unmounted (lazily if it must be) on drop.
+struct Mounted {
+    session: Option<BackgroundSession>,
+    mp: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        // Dropping the session unmounts and stops its threads.
+        drop(self.session.take());
+        if is_mount(&self.mp) {
+            let _ = rustix::mount::unmount(&self.mp, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+fn is_mount(mp: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(mp), mp.parent().map(fs::metadata)) {
+        (Ok(m), Some(Ok(p))) => m.dev() != p.dev(),
+        (Err(e), _) => e.raw_os_error() == Some(libc::ENOTCONN),
+        _ => false,
+    }
+}
+
+/// With fusermount3 installed, a benchmark killed mid-run leaves no dead
+/// mount behind.
+fn auto_unmount() -> bool {
+    ["/usr/bin/fusermount3", "/bin/fusermount3"].iter().any(|p| Path::new(p).is_file())
+}
+
+fn mount_ferry(addr: &str, mp: &Path, opts: FsOptions) -> Result<Mounted, String> {
+    let client = Client::connect(addr, &Options::default()).map_err(|e| e.to_string())?;
+    let cfg = MountConfig {
+        fs: opts.clone(),
+        fsname: format!("ferry://{addr}/"),
+        threads: THREADS,
+        auto_unmount: auto_unmount(),
+        ..MountConfig::default()
+    };
+    let fs = FerryFs::new(client, "/", opts);
+    let session = ferry_fuse::spawn(fs, mp, &cfg).map_err(|e| format!("{}: mount failed: {e}", mp.display()))?;
+    Ok(Mounted { session: Some(session), mp: mp.to_path_buf() })
+}
+
+/// Throughput, latency and scan sizes for one invocation.
+struct Sizes {
+    bytes: u64,
+    block: usize,
+    stats: usize,
+    dirs: usize,
+    files_per_dir: usize,
+}
+
+pub fn run(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), String> {
+    if let Some(why) = unavailable() {
+        println!("ferry bench --fuse: skipped: {why}");
+        return Ok(());
+    }
+    let sizes = if a.quick {
+        Sizes { bytes, block, stats: a.rtts, dirs: 10, files_per_dir: 20 }
+    } else {
+        Sizes { bytes, block, stats: a.rtts, dirs: 100, files_per_dir: 100 }
+    };
+    let mnt = std::env::temp_dir().join(format!("ferry-bench-fuse-{}", std::process::id()));
+    let mask = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    let result = measure(a, &sizes, dir, &mnt);
+    // Whatever runs next starts from the placement we found.
+    let _ = rustix::thread::sched_setaffinity(None, &mask);
+    let _ = fs::remove_dir_all(&mnt);
+    let _ = fs::remove_file(dir.join("bench-fuse.dat"));
+    let _ = fs::remove_dir_all(dir.join("tree"));
+    result
+}
+
+fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), String> {
+    let (mp_null, mp_ferry, mp_ferry0) = (mnt.join("null"), mnt.join("ferry"), mnt.join("ferry-nocache"));
+    for d in [&mp_null, &mp_ferry, &mp_ferry0] {
+        fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    let two = cpus.count() >= 2;
+    // The null mount first: if mounting is refused here, say so and stop.
+    let null = match ferry_fuse::spawn_null(&mp_null, s.bytes, Duration::ZERO, THREADS, auto_unmount()) {
+        Ok(session) => Mounted { session: Some(session), mp: mp_null.clone() },
+        Err(e) => {
+            println!("ferry bench --fuse: skipped: mounting a FUSE file system failed: {e}");
+            return Ok(());
+        }
+    };
+    make_tree(&dir.join("tree"), s.dirs, s.files_per_dir)?;
+    let (server, port) = start_server(dir)?;
+    if two {
+        // The server where a remote server's CPU would be; the application
+        // and the FUSE daemons (ferry's and the null one) share CPU 0, as
+        // they share a client machine.
+        pin(Some(server.0.id()), 1)?;
+        pin(None, 0)?;
+    }
+    let addr = format!("127.0.0.1:{port}");
+    // Mount threads inherit this thread's CPU mask as they start.
+    let ferry = mount_ferry(&addr, &mp_ferry, FsOptions::default())?;
+    let nocache = FsOptions { attr_timeout: Duration::ZERO, entry_timeout: Duration::ZERO, cache: false };
+    let ferry0 = mount_ferry(&addr, &mp_ferry0, nocache)?;
+    let client = Client::connect(&addr, &Options::default()).map_err(|e| e.to_string())?;
+
+    let mut nread = Series::new("null FUSE sequential read", "MB/s");
+    let mut fread = Series::new("ferry mount sequential read", "MB/s");
+    let mut lread = Series::new("ferry library read (no FUSE)", "MB/s");
+    let mut nwrite = Series::new("null FUSE sequential write", "MB/s");
+    let mut fwrite = Series::new("ferry mount sequential write", "MB/s");
+    let mut nstat = Series::new("null FUSE stat, TTL 0, median", "µs");
+    let mut fstat = Series::new("ferry mount stat, no cache, median", "µs");
+    let mut fstat99 = Series::new("ferry mount stat, no cache, p99", "µs");
+    let mut native = Series::new("tree scan, export dir (native)", "ms");
+    let mut scan = Series::new("tree scan, ferry mount (1 s TTL)", "ms");
+    let mut scan0 = Series::new("tree scan, ferry mount, no cache", "ms");
+    let data = mp_ferry.join("bench-fuse.dat");
+    let null_file = mp_null.join(ferry_fuse::NULL_FILE);
+    let files = s.dirs * s.files_per_dir;
+    for _ in 0..a.runs {
+        // Alternating ferry and null, so a noisy moment hits both.
+        fwrite.values.push(write_file(&data, s.bytes, s.block, true)?);
+        nwrite.values.push(write_file(&null_file, s.bytes, s.block, false)?);
+        fread.values.push(read_file(&data, s.bytes, s.block)?);
+        nread.values.push(read_file(&null_file, s.bytes, s.block)?);
+        lread.values.push(library_read(&client, "/bench-fuse.dat", s.bytes, s.block)?);
+        let (n, f, f99) = stats(&mp_null.join(ferry_fuse::NULL_FILE), &mp_ferry0.join("bench-fuse.dat"), s.stats)?;
+        nstat.values.push(n);
+        fstat.values.push(f);
+        fstat99.values.push(f99);
+        native.values.push(tree_scan(&dir.join("tree"), files)?);
+        scan.values.push(tree_scan(&mp_ferry.join("tree"), files)?);
+        scan0.values.push(tree_scan(&mp_ferry0.join("tree"), files)?);
+    }
+    drop(client);
+    drop((ferry, ferry0, null));
+    drop(server);
+    println!(
+        "ferry bench --fuse: {} MiB file, {} KiB requests (direct I/O), {} runs, {} stats each, \
+         tree of {} files in {} directories; medians (min..max);\n\
+         {}",
+        s.bytes >> 20,
+        s.block >> 10,
+        a.runs,
+        s.stats,
+        files,
+        s.dirs,
+        if two { "pinned: application and FUSE daemons CPU 0, ferry server CPU 1" } else { "one CPU: not pinned" }
+    );
+    println!("{:<36} {:>10} {:>22} {:>22}", "figure", "median", "min..max", "ratio");
+    let pct = |x: &Series, of: &Series| format!("{:.0} % of null FUSE", 100.0 * x.median() / of.median());
+    for (series, ratio) in [
+        (&nread, String::new()),
+        (&fread, pct(&fread, &nread)),
+        (&lread, format!("mount is {:.0} % of it", 100.0 * fread.median() / lread.median())),
+        (&nwrite, String::new()),
+        (&fwrite, pct(&fwrite, &nwrite)),
+        (&nstat, String::new()),
+        (&fstat, format!("{:.2} x null FUSE", fstat.median() / nstat.median())),
+        (&fstat99, String::new()),
+        (&native, String::new()),
+        (&scan, format!("{:.1} x native", scan.median() / native.median())),
+        (&scan0, format!("{:.1} x native", scan0.median() / native.median())),
+    ] {
+        println!(
+            "{:<36} {:>7.1} {:<4} {:>10.1}..{:<10.1} {ratio}",
+            series.name,
+            series.median(),
+            series.unit,
+            series.min(),
+            series.max()
+        );
+    }
+    let ratio = fread.median() / nread.median();
+    println!(
+        "target: ferry mount read >= 80 % of null FUSE read: {} ({:.0} %)",
+        if ratio >= 0.8 { "met" } else { "NOT met" },
+        100.0 * ratio
+    );
+    Ok(())
+}
+
+/// `dirs` directories of `per_dir` small files, made directly in the
+/// export (the mount is what is measured, not the making).
+fn make_tree(root: &Path, dirs: usize, per_dir: usize) -> Result<(), String> {
+    let e = |p: &Path, e: io::Error| format!("{}: {e}", p.display());
+    for d in 0..dirs {
+        let dp = root.join(format!("d{d:03}"));
+        fs::create_dir_all(&dp).map_err(|x| e(&dp, x))?;
+        for f in 0..per_dir {
+            let fp = dp.join(format!("f{f:04}"));
+            fs::write(&fp, b"ferry\n").map_err(|x| e(&fp, x))?;
+        }
+    }
+    Ok(())
+}
+
+fn write_file(path: &Path, bytes: u64, block: usize, create: bool) -> Result<f64, String> {
+    let e = |x: io::Error| format!("{}: {x}", path.display());
+    let buf = vec![0x5au8; block];
+    let t = Instant::now();
+    let mut f = OpenOptions::new().write(true).create(create).truncate(create).open(path).map_err(e)?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block as u64) as usize;
+        f.write_all(&buf[..n]).map_err(e)?;
+        left -= n as u64;
+    }
+    // close(2) reports a failed flush; with direct I/O every write above
+    // already reached the server.
+    drop(f);
+    Ok(mbps(bytes, t.elapsed()))
+}
+
+fn read_file(path: &Path, bytes: u64, block: usize) -> Result<f64, String> {
+    let e = |x: io::Error| format!("{}: {x}", path.display());
+    let mut buf = vec![0u8; block];
+    let t = Instant::now();
+    let mut f = File::open(path).map_err(e)?;
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(e)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    let elapsed = t.elapsed();
+    if total != bytes {
+        return Err(format!("{}: read {total} bytes, expected {bytes}", path.display()));
+    }
+    Ok(mbps(bytes, elapsed))
+}
+
+/// The same file read with the library, no FUSE: what the mount adds.
+fn library_read(c: &Client, path: &str, bytes: u64, block: usize) -> Result<f64, String> {
+    let mut buf = vec![0u8; block];
+    let t = Instant::now();
+    let mut f = c.open(path, ferry_client::OpenOptions::new().read(true)).map_err(|e| e.to_string())?;
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    f.close().map_err(|e| e.to_string())?;
+    if total != bytes {
+        return Err(format!("{path}: read {total} bytes, expected {bytes}"));
+    }
+    Ok(mbps(bytes, t.elapsed()))
+}
+
+/// `stat(2)` of a file on the null mount and on ferry's uncached mount, in
+/// interleaved batches: median of each, and ferry's p99, in µs.
+fn stats(null: &Path, ferry: &Path, n: usize) -> Result<(f64, f64, f64), String> {
+    const BATCHES: usize = 20;
+    let per = n.div_ceil(BATCHES);
+    let hist = || hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string());
+    let (mut hn, mut hf) = (hist()?, hist()?);
+    for _ in 0..BATCHES {
+        for (p, h) in [(null, &mut hn), (ferry, &mut hf)] {
+            for _ in 0..per {
+                let t = Instant::now();
+                fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                h.record(t.elapsed().as_nanos() as u64).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let us = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    Ok((us(&hn, 0.5), us(&hf, 0.5), us(&hf, 0.99)))
+}
+
+/// Lists every directory under `root` and `lstat`s every entry, as
+/// `ls -lR` or `find -ls` would; milliseconds for the whole tree.
+fn tree_scan(root: &Path, expect: usize) -> Result<f64, String> {
+    let e = |p: &Path, x: io::Error| format!("{}: {x}", p.display());
+    let t = Instant::now();
+    let mut files = 0;
+    for d in fs::read_dir(root).map_err(|x| e(root, x))? {
+        let dp = d.map_err(|x| e(root, x))?.path();
+        fs::symlink_metadata(&dp).map_err(|x| e(&dp, x))?;
+        for f in fs::read_dir(&dp).map_err(|x| e(&dp, x))? {
+            let fp = f.map_err(|x| e(&dp, x))?.path();
+            fs::symlink_metadata(&fp).map_err(|x| e(&fp, x))?;
+            files += 1;
+        }
+    }
+    let elapsed = t.elapsed();
+    if files != expect {
+        return Err(format!("{}: scanned {files} files, expected {expect}", root.display()));
+    }
+    Ok(elapsed.as_secs_f64() * 1e3)
+}
