@@ -346,3 +346,96 @@ fn run_reports_bad_usage() {
         .unwrap();
     assert!(stderr(&o).contains("preload library not found"), "{}", stderr(&o));
 }
+
+#[test]
+fn errors_are_what_libc_would_say() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::create_dir_all(srv.export.path().join("full/x")).unwrap();
+    std::fs::write(srv.export.path().join("file"), "f").unwrap();
+    let o = run_in(
+        &srv,
+        local.path(),
+        r#"cat /remote/missing; mkdir /remote/file; rmdir /remote/full; ls /remote/file/x; rm /remote/full
+python3 -c "
+import errno, os
+for f in (lambda: os.open('/remote/file', os.O_CREAT | os.O_EXCL | os.O_WRONLY),
+          lambda: os.open('/remote/missing', os.O_RDONLY),
+          lambda: os.read(os.open('/remote/file', os.O_WRONLY), 1),
+          lambda: os.write(os.open('/remote/file', os.O_RDONLY), b'x'),
+          lambda: os.rename('/remote/file', '/tmp/elsewhere'),
+          lambda: os.link('/remote/file', '/tmp/elsewhere')):
+    try:
+        f(); print('no error')
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+""#,
+    );
+    assert_eq!(stdout(&o), "EEXIST\nENOENT\nEBADF\nEBADF\nEXDEV\nEXDEV\n");
+    let err = stderr(&o);
+    for want in [
+        "cat: /remote/missing: No such file or directory",
+        "mkdir: cannot create directory ‘/remote/file’: File exists",
+        "rmdir: failed to remove '/remote/full': Directory not empty",
+        "ls: cannot access '/remote/file/x': Not a directory",
+        "rm: cannot remove '/remote/full': Is a directory",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in\n{err}");
+    }
+    assert!(srv.export.path().join("full/x").is_dir(), "nothing lost");
+}
+
+#[test]
+fn fork_shares_offsets_and_sees_parent_writes() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::write(srv.export.path().join("digits"), "0123456789").unwrap();
+    let o = run_in(
+        &srv,
+        local.path(),
+        r#"python3 -c "
+import os
+fd = os.open('/remote/digits', os.O_RDONLY)
+print(os.read(fd, 3).decode())
+w = os.open('/remote/out', os.O_CREAT | os.O_WRONLY, 0o644)
+os.write(w, b'parent ')
+pid = os.fork()
+if pid == 0:
+    print(os.read(fd, 3).decode(), flush=True)
+    os.write(w, b'child ')
+    print(open('/remote/out').read(), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(fd, 3).decode())
+os.write(w, b'parent-again')
+os.close(w)
+print(open('/remote/out').read())
+""#,
+    );
+    assert_eq!(ok(&o), "012\n345\nparent child \n678\nparent child parent-again\n");
+}
+
+#[test]
+fn a_dying_server_gives_errors_not_hangs() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::write(srv.export.path().join("f"), "x".repeat(1 << 20)).unwrap();
+    let child = Command::new("timeout")
+        .args(["60", FERRY, "run", "--mount"])
+        .arg(format!("/remote={}", srv.url("/")))
+        .args(["--", "python3", "-c"])
+        .arg("import sys,time\nf=open('/remote/f','rb')\nf.read(10)\nprint('opened',flush=True)\ntime.sleep(2)\ntry:\n  f.seek(0); f.read(); print('read ok?')\nexcept OSError as e: print('error', e.errno)\ntry:\n  open('/remote/g','w').write('x'); print('write ok?')\nexcept OSError as e: print('error', e.errno)\n")
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .current_dir(local.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    // Kill the server (by PID: Server's Drop) while the file is open.
+    let port = srv.port;
+    drop(srv);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&out), "opened\nerror 5\nerror 5\n", "stderr: {}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("ferry: cannot use ferry://127.0.0.1:{port}/")), "{}", stderr(&out));
+}

@@ -24,6 +24,25 @@ const FIRST_FILL: usize = 64 * 1024;
 /// one handle makes the read buffers of other handles of the same file in
 /// this process stale.
 static GENERATION: [AtomicU32; 256] = [const { AtomicU32::new(0) }; 256];
+/// Handles holding gathered (unsent) writes, per bucket: a read, `stat` or
+/// open of the same file through another handle sends them first, so the
+/// process sees its own writes as POSIX promises.
+static GATHERING: [AtomicU32; 256] = [const { AtomicU32::new(0) }; 256];
+
+/// Sends the gathered writes of every handle of (mount, path) in this
+/// process. Cheap when there are none (one atomic load).
+pub fn send_pending(mount: usize, path: &str) {
+    let b = bucket_of(mount, path);
+    if GATHERING[b].load(Relaxed) == 0 {
+        return;
+    }
+    for (_, o) in state::all_opens() {
+        if o.bucket == b {
+            let mut io = o.io.lock();
+            let _ = o.send_gathered(&mut io);
+        }
+    }
+}
 
 pub struct Open {
     pub mount: usize,
@@ -84,7 +103,10 @@ impl Open {
         if io.epoch != epoch {
             // The parent's handle, on the parent's connection: forget it.
             std::mem::forget(io.file.take());
-            io.wbuf.clear();
+            if !io.wbuf.is_empty() {
+                GATHERING[self.bucket].fetch_sub(1, Relaxed);
+                io.wbuf.clear();
+            }
             io.rlen = 0;
             io.epoch = epoch;
         }
@@ -111,6 +133,7 @@ impl Open {
         if io.wbuf.is_empty() {
             return Ok(());
         }
+        GATHERING[self.bucket].fetch_sub(1, Relaxed);
         let data = std::mem::take(&mut io.wbuf);
         let base = io.wbase;
         let f = self.file(io)?;
@@ -144,6 +167,7 @@ impl Open {
     }
 
     pub fn read(&self, pos: u64, buf: &mut [u8]) -> Result<usize, i32> {
+        send_pending(self.mount, &self.path);
         let mut guard = self.io.lock();
         let io = &mut *guard;
         self.send_gathered(io)?;
@@ -225,6 +249,7 @@ impl Open {
                 self.send_gathered(io)?;
             }
             if io.wbuf.is_empty() {
+                GATHERING[self.bucket].fetch_add(1, Relaxed);
                 io.wbase = pos;
                 if io.wbuf.capacity() == 0 {
                     io.wbuf.reserve(CHUNK);
@@ -246,6 +271,7 @@ impl Open {
     }
 
     pub fn stat(&self) -> Result<Attr, i32> {
+        send_pending(self.mount, &self.path);
         let mut io = self.io.lock();
         self.sync_locked(&mut io)?;
         let f = self.file(&mut io)?;

@@ -30,6 +30,7 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
     if flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return Err(libc::EOPNOTSUPP);
     }
+    crate::open::send_pending(r.mount, &r.path);
     let c = client(r)?;
     let pass = flags & !(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_LARGEFILE | libc::O_NONBLOCK | libc::O_ASYNC);
     let mode = mode & 0o7777 & !umask();
@@ -171,6 +172,7 @@ pub fn lseek(fd: i32, o: &Open, off: i64, whence: i32) -> R<i64> {
 }
 
 pub fn stat_path(r: &Remote, follow: bool) -> R<Attr> {
+    crate::open::send_pending(r.mount, &r.path);
     let c = client(r)?;
     let t = if follow { Target::Path(&r.path) } else { Target::PathNoFollow(&r.path) };
     c.stat(t).map_err(|e| err(r, e))
@@ -186,6 +188,7 @@ pub fn stat_fd(o: &Open) -> R<Attr> {
 
 /// Runs a path call with the connection for `r`.
 pub fn with<T>(r: &Remote, f: impl FnOnce(&Client, &str) -> ferry_client::Result<T>) -> R<T> {
+    crate::open::send_pending(r.mount, &r.path);
     let c = client(r)?;
     f(&c, &r.path).map_err(|e| err(r, e))
 }
