@@ -18,6 +18,8 @@ use ferry_client::{Client, OpenOptions, Options};
 // helpers above without widening their visibility.
 #[path = "bench_fuse.rs"]
 mod bench_fuse;
+#[path = "bench_run.rs"]
+mod bench_run;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -46,6 +48,10 @@ pub struct BenchArgs {
     /// FUSE file system (the machine's FUSE ceiling) in the same run.
     #[arg(long)]
     fuse: bool,
+    /// Measure `ferry run` instead: `dd` reading and writing through the
+    /// preload library at 1M, 64k and 4k blocks, against the library itself.
+    #[arg(long)]
+    run: bool,
 }
 
 struct Series {
@@ -109,12 +115,15 @@ pub fn run(mut a: BenchArgs, _tf: Option<&Path>) -> Result<(), String> {
             (d, true)
         }
     };
-    let result = if a.fuse {
+    let result = if a.run {
+        bench_run::run(a.runs, bytes, a.quick, &dir)
+    } else if a.fuse {
         bench_fuse::run(&a, bytes, block, &dir)
     } else if a.quick {
         // FUSE first: it puts back the CPU mask it found, `measure` does not.
         bench_fuse::run(&a, bytes, block, &dir)
             .and_then(|()| measure(&a, bytes, block, &dir))
+            .and_then(|()| bench_run::run(a.runs, bytes, true, &dir))
     } else {
         measure(&a, bytes, block, &dir)
     };
