@@ -71,7 +71,8 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
     let mut reads: Vec<(Series, Series)> = Vec::new();
     let mut writes: Vec<(Series, Series)> = Vec::new();
     for (_, name) in sizes {
-        let label = |what: &str| -> &'static str { Box::leak(format!("ferry run dd {what} bs={name}").into_boxed_str()) };
+        let label =
+            |what: &str| -> &'static str { Box::leak(format!("ferry run dd {what} bs={name}").into_boxed_str()) };
         reads.push((Series::new(label("read"), "MB/s"), Series::new("  context switches per GiB", "")));
         writes.push((Series::new(label("write"), "MB/s"), Series::new("  context switches per GiB", "")));
     }
@@ -86,7 +87,12 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
             reads[i].1.values.push(c);
             let (w, c) = dd(
                 port,
-                &["if=/dev/zero".into(), "of=/remote/bench-dd.dat".into(), format!("bs={name}"), format!("count={count}")],
+                &[
+                    "if=/dev/zero".into(),
+                    "of=/remote/bench-dd.dat".into(),
+                    format!("bs={name}"),
+                    format!("count={count}"),
+                ],
                 bytes,
             )?;
             writes[i].0.values.push(w);
