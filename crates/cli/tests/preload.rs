@@ -138,12 +138,20 @@ pwd
 echo rel > relative.txt
 cat relative.txt
 ls
-cd /
+head -c 4 ../../etc/passwd; echo
+cd ..
+pwd
+cd ..
+pwd
+ls -d ../remote/dir
 exec 3</remote/in.txt
 cat <&3
 "#,
     ));
-    assert_eq!(out, "got line1\ngot line2\n/remote/dir\nrel\nrelative.txt\nline1\nline2\n");
+    assert_eq!(
+        out,
+        "got line1\ngot line2\n/remote/dir\nrel\nrelative.txt\nroot\n/remote\n/\n../remote/dir\nline1\nline2\n"
+    );
     let ex = srv.export.path();
     assert_eq!(std::fs::read_to_string(ex.join("f")).unwrap(), "first\nsecond\n");
     assert_eq!(std::fs::read_to_string(ex.join("g")).unwrap(), "a\nb\n");

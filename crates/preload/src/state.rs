@@ -193,8 +193,16 @@ pub fn resolve(path: &[u8], dir: Option<&str>) -> Option<Remote> {
         return mounts::resolve(&mounts, &mounts::join(d, path));
     }
     let cwd = CWD.read();
-    let cwd = cwd.as_deref()?;
-    mounts::resolve(&mounts, &mounts::join(cwd, path))
+    match cwd.as_deref() {
+        Some(cwd) => mounts::resolve(&mounts, &mounts::join(cwd, path)),
+        // A local working directory: only `..` can climb into a mount
+        // (`../remote/x` from `/`), and only then is the real one needed.
+        None if path.split('/').any(|c| c == "..") => {
+            let real = std::env::current_dir().ok()?;
+            mounts::resolve(&mounts, &mounts::join(real.to_str()?, path))
+        }
+        None => None,
+    }
 }
 
 /// Finds or adds the mount for `prefix=url` (an fd inherited from a

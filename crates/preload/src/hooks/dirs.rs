@@ -76,6 +76,8 @@ fn null_with(e: i32) -> *mut libc::DIR {
 
 #[no_mangle]
 pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut libc::DIR {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     let Some(r) = safe_path!(remote_path(p)) else { return pass!(opendir(p)) };
     let res = enter(|| {
         let fd = ops::open(&r, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)?;

@@ -113,6 +113,47 @@ pub unsafe fn escaped_mount(p: *const c_char) -> Option<std::ffi::CString> {
     std::ffi::CString::new(crate::mounts::normalize(s)).ok()
 }
 
+/// The path a local call must really use: a relative path seen from a
+/// remote working directory that leads out of the mount (`cd ..`,
+/// `../../etc/x`), or an absolute one through a mount and back out with
+/// `..`, goes to the kernel as the absolute path it means, since the
+/// kernel's own working directory is elsewhere.
+///
+/// # Safety
+/// As for `bytes`.
+pub unsafe fn local_fix(p: *const c_char) -> Option<std::ffi::CString> {
+    if guard::busy() || !state::ACTIVE.load(Relaxed) {
+        return None;
+    }
+    // SAFETY: per the function's contract.
+    let b = unsafe { bytes(p) }?;
+    if b.first() == Some(&b'/') {
+        // SAFETY: per the function's contract.
+        return unsafe { escaped_mount(p) };
+    }
+    let cwd = state::CWD.read().clone()?;
+    let joined = crate::mounts::join(&cwd, std::str::from_utf8(b).ok()?);
+    if state::resolve(joined.as_bytes(), None).is_some() {
+        return None;
+    }
+    std::ffi::CString::new(joined).ok()
+}
+
+/// `local_fix` for an `*at` call: only paths from the working directory.
+///
+/// # Safety
+/// As for `bytes`.
+pub unsafe fn local_fix_at(d: c_int, p: *const c_char) -> Option<std::ffi::CString> {
+    // SAFETY: per the function's contract.
+    let b = unsafe { bytes(p) }?;
+    if d == libc::AT_FDCWD || b.first() == Some(&b'/') {
+        // SAFETY: per the function's contract.
+        unsafe { local_fix(p) }
+    } else {
+        None
+    }
+}
+
 /// `Some(errno)` when exactly one of two paths is remote: the call would
 /// cross file systems.
 pub fn crossing(a: &Option<Remote>, b: &Option<Remote>) -> bool {

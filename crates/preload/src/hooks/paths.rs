@@ -81,6 +81,8 @@ fn mode_of(flags: c_int, mode: c_uint) -> c_uint {
 
 #[no_mangle]
 pub unsafe extern "C" fn open(p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => open_hook(r, flags, mode_of(flags, mode)),
         None => pass!(open(p, flags, mode)),
@@ -89,6 +91,8 @@ pub unsafe extern "C" fn open(p: *const c_char, flags: c_int, mode: c_uint) -> c
 
 #[no_mangle]
 pub unsafe extern "C" fn open64(p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => open_hook(r, flags, mode_of(flags, mode)),
         None => pass!(open64(p, flags, mode)),
@@ -97,6 +101,8 @@ pub unsafe extern "C" fn open64(p: *const c_char, flags: c_int, mode: c_uint) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn __open_2(p: *const c_char, flags: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => open_hook(r, flags, 0),
         None => pass!(__open_2(p, flags)),
@@ -105,6 +111,8 @@ pub unsafe extern "C" fn __open_2(p: *const c_char, flags: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn __open64_2(p: *const c_char, flags: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => open_hook(r, flags, 0),
         None => pass!(__open64_2(p, flags)),
@@ -113,6 +121,8 @@ pub unsafe extern "C" fn __open64_2(p: *const c_char, flags: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn openat(d: c_int, p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => open_hook(r, flags, mode_of(flags, mode)),
         None => pass!(openat(d, p, flags, mode)),
@@ -121,6 +131,8 @@ pub unsafe extern "C" fn openat(d: c_int, p: *const c_char, flags: c_int, mode: 
 
 #[no_mangle]
 pub unsafe extern "C" fn openat64(d: c_int, p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => open_hook(r, flags, mode_of(flags, mode)),
         None => pass!(openat64(d, p, flags, mode)),
@@ -129,6 +141,8 @@ pub unsafe extern "C" fn openat64(d: c_int, p: *const c_char, flags: c_int, mode
 
 #[no_mangle]
 pub unsafe extern "C" fn __openat_2(d: c_int, p: *const c_char, flags: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => open_hook(r, flags, 0),
         None => pass!(__openat_2(d, p, flags)),
@@ -137,6 +151,8 @@ pub unsafe extern "C" fn __openat_2(d: c_int, p: *const c_char, flags: c_int) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn __openat64_2(d: c_int, p: *const c_char, flags: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => open_hook(r, flags, 0),
         None => pass!(__openat64_2(d, p, flags)),
@@ -147,6 +163,8 @@ const CREAT: c_int = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
 
 #[no_mangle]
 pub unsafe extern "C" fn creat(p: *const c_char, mode: mode_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => open_hook(r, CREAT, mode),
         None => pass!(creat(p, mode)),
@@ -155,6 +173,8 @@ pub unsafe extern "C" fn creat(p: *const c_char, mode: mode_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn creat64(p: *const c_char, mode: mode_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => open_hook(r, CREAT, mode),
         None => pass!(creat64(p, mode)),
@@ -227,6 +247,8 @@ fn fstatat_impl(d: c_int, p: *const c_char, st: *mut libc::stat64, flags: c_int)
 
 #[no_mangle]
 pub unsafe extern "C" fn fstatat(d: c_int, p: *const c_char, st: *mut libc::stat64, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     if let Some(n) = safe_path!(super::escaped_mount(p)) {
         return pass!(fstatat(d, n.as_ptr(), st, f));
     }
@@ -235,6 +257,8 @@ pub unsafe extern "C" fn fstatat(d: c_int, p: *const c_char, st: *mut libc::stat
 
 #[no_mangle]
 pub unsafe extern "C" fn fstatat64(d: c_int, p: *const c_char, st: *mut libc::stat64, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     if let Some(n) = safe_path!(super::escaped_mount(p)) {
         return pass!(fstatat64(d, n.as_ptr(), st, f));
     }
@@ -253,6 +277,8 @@ pub unsafe extern "C" fn __fxstatat64(v: c_int, d: c_int, p: *const c_char, st: 
 
 #[no_mangle]
 pub unsafe extern "C" fn statx(d: c_int, p: *const c_char, f: c_int, m: c_uint, sx: *mut libc::statx) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     // SAFETY: p is the caller's C string.
     let empty = unsafe { bytes(p) }.is_some_and(|b| b.is_empty());
     let attr = if empty && f & libc::AT_EMPTY_PATH != 0 {
@@ -285,6 +311,8 @@ fn statfs_of(r: Remote) -> R<ferry_client::StatFs> {
 
 #[no_mangle]
 pub unsafe extern "C" fn statfs(p: *const c_char, out: *mut libc::statfs) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         // SAFETY: statfs and statfs64 have one layout on 64-bit Linux.
         Some(r) => ret(statfs_of(r).map(|s| conv::statfs(&s, unsafe { &mut *out.cast() })).map(|_| 0)),
@@ -294,6 +322,8 @@ pub unsafe extern "C" fn statfs(p: *const c_char, out: *mut libc::statfs) -> c_i
 
 #[no_mangle]
 pub unsafe extern "C" fn statfs64(p: *const c_char, out: *mut libc::statfs64) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         // SAFETY: the caller passes a statfs64 buffer.
         Some(r) => ret(statfs_of(r).map(|s| conv::statfs(&s, unsafe { &mut *out })).map(|_| 0)),
@@ -303,6 +333,8 @@ pub unsafe extern "C" fn statfs64(p: *const c_char, out: *mut libc::statfs64) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn statvfs(p: *const c_char, out: *mut libc::statvfs) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         // SAFETY: statvfs and statvfs64 have one layout on 64-bit Linux.
         Some(r) => ret(statfs_of(r).map(|s| conv::statvfs(&s, unsafe { &mut *out.cast() })).map(|_| 0)),
@@ -312,6 +344,8 @@ pub unsafe extern "C" fn statvfs(p: *const c_char, out: *mut libc::statvfs) -> c
 
 #[no_mangle]
 pub unsafe extern "C" fn statvfs64(p: *const c_char, out: *mut libc::statvfs64) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         // SAFETY: the caller passes a statvfs64 buffer.
         Some(r) => ret(statfs_of(r).map(|s| conv::statvfs(&s, unsafe { &mut *out })).map(|_| 0)),
@@ -327,6 +361,8 @@ fn access_of(r: Remote, mode: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn access(p: *const c_char, m: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => access_of(r, m),
         None => match safe_path!(super::escaped_mount(p)) {
@@ -338,6 +374,8 @@ pub unsafe extern "C" fn access(p: *const c_char, m: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn euidaccess(p: *const c_char, m: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => access_of(r, m),
         None => pass!(euidaccess(p, m)),
@@ -346,6 +384,8 @@ pub unsafe extern "C" fn euidaccess(p: *const c_char, m: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn eaccess(p: *const c_char, m: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => access_of(r, m),
         None => pass!(eaccess(p, m)),
@@ -354,6 +394,8 @@ pub unsafe extern "C" fn eaccess(p: *const c_char, m: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn faccessat(d: c_int, p: *const c_char, m: c_int, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => access_of(r, m),
         None => pass!(faccessat(d, p, m, f)),
@@ -367,6 +409,8 @@ fn mkdir_of(r: Remote, mode: mode_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn mkdir(p: *const c_char, m: mode_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => mkdir_of(r, m),
         None => pass!(mkdir(p, m)),
@@ -375,6 +419,8 @@ pub unsafe extern "C" fn mkdir(p: *const c_char, m: mode_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn mkdirat(d: c_int, p: *const c_char, m: mode_t) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => mkdir_of(r, m),
         None => pass!(mkdirat(d, p, m)),
@@ -389,6 +435,8 @@ fn mknod_of(r: Remote, mode: mode_t, dev: libc::dev_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn mknod(p: *const c_char, m: mode_t, dev: libc::dev_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => mknod_of(r, m, dev),
         None => pass!(mknod(p, m, dev)),
@@ -397,6 +445,8 @@ pub unsafe extern "C" fn mknod(p: *const c_char, m: mode_t, dev: libc::dev_t) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn mknodat(d: c_int, p: *const c_char, m: mode_t, dev: libc::dev_t) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => mknod_of(r, m, dev),
         None => pass!(mknodat(d, p, m, dev)),
@@ -405,6 +455,8 @@ pub unsafe extern "C" fn mknodat(d: c_int, p: *const c_char, m: mode_t, dev: lib
 
 #[no_mangle]
 pub unsafe extern "C" fn mkfifo(p: *const c_char, m: mode_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => mknod_of(r, libc::S_IFIFO | (m & 0o7777), 0),
         None => pass!(mkfifo(p, m)),
@@ -421,6 +473,8 @@ fn rmdir_of(r: Remote) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn unlink(p: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => unlink_of(r),
         None => pass!(unlink(p)),
@@ -429,6 +483,8 @@ pub unsafe extern "C" fn unlink(p: *const c_char) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn unlinkat(d: c_int, p: *const c_char, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) if f & libc::AT_REMOVEDIR != 0 => rmdir_of(r),
         Some(r) => unlink_of(r),
@@ -438,6 +494,8 @@ pub unsafe extern "C" fn unlinkat(d: c_int, p: *const c_char, f: c_int) -> c_int
 
 #[no_mangle]
 pub unsafe extern "C" fn rmdir(p: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => rmdir_of(r),
         None => pass!(rmdir(p)),
@@ -446,6 +504,8 @@ pub unsafe extern "C" fn rmdir(p: *const c_char) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn remove(p: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => ret(enter(|| {
             let is_dir = ops::stat_path(&r, false)?.mode & libc::S_IFMT == libc::S_IFDIR;
@@ -468,6 +528,10 @@ fn rename_of(a: Option<Remote>, b: Option<Remote>, flags: c_uint) -> Option<c_in
 
 #[no_mangle]
 pub unsafe extern "C" fn rename(a: *const c_char, b: *const c_char) -> c_int {
+    let fa = safe_path!(super::local_fix(a));
+    let a = fa.as_ref().map_or(a, |c| c.as_ptr());
+    let fb = safe_path!(super::local_fix(b));
+    let b = fb.as_ref().map_or(b, |c| c.as_ptr());
     // SAFETY: both are the caller's C strings.
     let (ra, rb) = unsafe { (remote_path(a), remote_path(b)) };
     rename_of(ra, rb, 0).unwrap_or_else(|| pass!(rename(a, b)))
@@ -475,6 +539,10 @@ pub unsafe extern "C" fn rename(a: *const c_char, b: *const c_char) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn renameat(d1: c_int, a: *const c_char, d2: c_int, b: *const c_char) -> c_int {
+    let fa = safe_path!(super::local_fix_at(d1, a));
+    let a = fa.as_ref().map_or(a, |c| c.as_ptr());
+    let fb = safe_path!(super::local_fix_at(d2, b));
+    let b = fb.as_ref().map_or(b, |c| c.as_ptr());
     // SAFETY: both are the caller's C strings.
     let (ra, rb) = unsafe { (remote_at(d1, a), remote_at(d2, b)) };
     rename_of(ra, rb, 0).unwrap_or_else(|| pass!(renameat(d1, a, d2, b)))
@@ -482,6 +550,10 @@ pub unsafe extern "C" fn renameat(d1: c_int, a: *const c_char, d2: c_int, b: *co
 
 #[no_mangle]
 pub unsafe extern "C" fn renameat2(d1: c_int, a: *const c_char, d2: c_int, b: *const c_char, f: c_uint) -> c_int {
+    let fa = safe_path!(super::local_fix_at(d1, a));
+    let a = fa.as_ref().map_or(a, |c| c.as_ptr());
+    let fb = safe_path!(super::local_fix_at(d2, b));
+    let b = fb.as_ref().map_or(b, |c| c.as_ptr());
     // SAFETY: both are the caller's C strings.
     let (ra, rb) = unsafe { (remote_at(d1, a), remote_at(d2, b)) };
     rename_of(ra, rb, f).unwrap_or_else(|| pass!(renameat2(d1, a, d2, b, f)))
@@ -500,6 +572,10 @@ fn link_of(a: Option<Remote>, b: Option<Remote>) -> Option<c_int> {
 
 #[no_mangle]
 pub unsafe extern "C" fn link(a: *const c_char, b: *const c_char) -> c_int {
+    let fa = safe_path!(super::local_fix(a));
+    let a = fa.as_ref().map_or(a, |c| c.as_ptr());
+    let fb = safe_path!(super::local_fix(b));
+    let b = fb.as_ref().map_or(b, |c| c.as_ptr());
     // SAFETY: both are the caller's C strings.
     let (ra, rb) = unsafe { (remote_path(a), remote_path(b)) };
     link_of(ra, rb).unwrap_or_else(|| pass!(link(a, b)))
@@ -507,6 +583,10 @@ pub unsafe extern "C" fn link(a: *const c_char, b: *const c_char) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn linkat(d1: c_int, a: *const c_char, d2: c_int, b: *const c_char, f: c_int) -> c_int {
+    let fa = safe_path!(super::local_fix_at(d1, a));
+    let a = fa.as_ref().map_or(a, |c| c.as_ptr());
+    let fb = safe_path!(super::local_fix_at(d2, b));
+    let b = fb.as_ref().map_or(b, |c| c.as_ptr());
     // SAFETY: both are the caller's C strings.
     let (ra, rb) = unsafe { (remote_at(d1, a), remote_at(d2, b)) };
     link_of(ra, rb).unwrap_or_else(|| pass!(linkat(d1, a, d2, b, f)))
@@ -523,6 +603,8 @@ fn symlink_of(target: *const c_char, r: Remote) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn symlink(t: *const c_char, p: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => symlink_of(t, r),
         None => pass!(symlink(t, p)),
@@ -531,6 +613,8 @@ pub unsafe extern "C" fn symlink(t: *const c_char, p: *const c_char) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn symlinkat(t: *const c_char, d: c_int, p: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => symlink_of(t, r),
         None => pass!(symlinkat(t, d, p)),
@@ -551,6 +635,8 @@ fn readlink_of(r: Remote, buf: *mut c_char, n: size_t) -> ssize_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn readlink(p: *const c_char, b: *mut c_char, n: size_t) -> ssize_t {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => readlink_of(r, b, n),
         None => match safe_path!(super::escaped_mount(p)) {
@@ -562,6 +648,8 @@ pub unsafe extern "C" fn readlink(p: *const c_char, b: *mut c_char, n: size_t) -
 
 #[no_mangle]
 pub unsafe extern "C" fn readlinkat(d: c_int, p: *const c_char, b: *mut c_char, n: size_t) -> ssize_t {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => readlink_of(r, b, n),
         None => pass!(readlinkat(d, p, b, n)),
@@ -585,6 +673,8 @@ fn chmod_of(r: Remote, mode: mode_t, follow: bool) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn chmod(p: *const c_char, m: mode_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => chmod_of(r, m, true),
         None => pass!(chmod(p, m)),
@@ -593,6 +683,8 @@ pub unsafe extern "C" fn chmod(p: *const c_char, m: mode_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn fchmodat(d: c_int, p: *const c_char, m: mode_t, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_at(d, p)) {
         Some(r) => chmod_of(r, m, f & libc::AT_SYMLINK_NOFOLLOW == 0),
         None => pass!(fchmodat(d, p, m, f)),
@@ -608,6 +700,8 @@ fn chown_of(r: Remote, uid: libc::uid_t, gid: libc::gid_t, follow: bool) -> c_in
 
 #[no_mangle]
 pub unsafe extern "C" fn chown(p: *const c_char, u: libc::uid_t, g: libc::gid_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => chown_of(r, u, g, true),
         None => pass!(chown(p, u, g)),
@@ -616,6 +710,8 @@ pub unsafe extern "C" fn chown(p: *const c_char, u: libc::uid_t, g: libc::gid_t)
 
 #[no_mangle]
 pub unsafe extern "C" fn lchown(p: *const c_char, u: libc::uid_t, g: libc::gid_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => chown_of(r, u, g, false),
         None => pass!(lchown(p, u, g)),
@@ -624,6 +720,8 @@ pub unsafe extern "C" fn lchown(p: *const c_char, u: libc::uid_t, g: libc::gid_t
 
 #[no_mangle]
 pub unsafe extern "C" fn fchownat(d: c_int, p: *const c_char, u: libc::uid_t, g: libc::gid_t, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     // SAFETY: p is the caller's C string.
     let empty = unsafe { bytes(p) }.is_some_and(|b| b.is_empty());
     if empty && f & libc::AT_EMPTY_PATH != 0 {
@@ -645,6 +743,8 @@ fn utimes_of(r: Remote, (a, m): (Time, Time), follow: bool) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn utimensat(d: c_int, p: *const c_char, t: *const libc::timespec, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     if p.is_null() {
         // utimensat(fd, NULL, ...) is futimens.
         if super::remote_fd(d).is_some() {
@@ -662,6 +762,8 @@ pub unsafe extern "C" fn utimensat(d: c_int, p: *const c_char, t: *const libc::t
 
 #[no_mangle]
 pub unsafe extern "C" fn utimes(p: *const c_char, t: *const libc::timeval) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         // SAFETY: t is NULL or two timevals.
         Some(r) => utimes_of(r, unsafe { times_tv(t) }, true),
@@ -671,6 +773,8 @@ pub unsafe extern "C" fn utimes(p: *const c_char, t: *const libc::timeval) -> c_
 
 #[no_mangle]
 pub unsafe extern "C" fn lutimes(p: *const c_char, t: *const libc::timeval) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         // SAFETY: t is NULL or two timevals.
         Some(r) => utimes_of(r, unsafe { times_tv(t) }, false),
@@ -680,6 +784,8 @@ pub unsafe extern "C" fn lutimes(p: *const c_char, t: *const libc::timeval) -> c
 
 #[no_mangle]
 pub unsafe extern "C" fn utime(p: *const c_char, t: *const libc::utimbuf) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => {
             let tt = if t.is_null() {
@@ -705,6 +811,8 @@ fn truncate_of(r: Remote, len: i64) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn truncate(p: *const c_char, l: libc::off_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => truncate_of(r, l),
         None => pass!(truncate(p, l)),
@@ -713,6 +821,8 @@ pub unsafe extern "C" fn truncate(p: *const c_char, l: libc::off_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn truncate64(p: *const c_char, l: libc::off64_t) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => truncate_of(r, l),
         None => pass!(truncate64(p, l)),
@@ -734,6 +844,8 @@ fn getxattr_of(r: Remote, n: *const c_char, v: *mut c_void, s: size_t, follow: b
 
 #[no_mangle]
 pub unsafe extern "C" fn getxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => getxattr_of(r, n, v, s, true),
         None => match safe_path!(super::escaped_mount(p)) {
@@ -745,6 +857,8 @@ pub unsafe extern "C" fn getxattr(p: *const c_char, n: *const c_char, v: *mut c_
 
 #[no_mangle]
 pub unsafe extern "C" fn lgetxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => getxattr_of(r, n, v, s, false),
         None => match safe_path!(super::escaped_mount(p)) {
@@ -766,6 +880,8 @@ fn setxattr_of(r: Remote, n: *const c_char, v: *const c_void, s: size_t, f: c_in
 
 #[no_mangle]
 pub unsafe extern "C" fn setxattr(p: *const c_char, n: *const c_char, v: *const c_void, s: size_t, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => setxattr_of(r, n, v, s, f, true),
         None => pass!(setxattr(p, n, v, s, f)),
@@ -774,6 +890,8 @@ pub unsafe extern "C" fn setxattr(p: *const c_char, n: *const c_char, v: *const 
 
 #[no_mangle]
 pub unsafe extern "C" fn lsetxattr(p: *const c_char, n: *const c_char, v: *const c_void, s: size_t, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => setxattr_of(r, n, v, s, f, false),
         None => pass!(lsetxattr(p, n, v, s, f)),
@@ -792,6 +910,8 @@ fn listxattr_of(r: Remote, l: *mut c_char, s: size_t, follow: bool) -> ssize_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn listxattr(p: *const c_char, l: *mut c_char, s: size_t) -> ssize_t {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => listxattr_of(r, l, s, true),
         None => match safe_path!(super::escaped_mount(p)) {
@@ -803,6 +923,8 @@ pub unsafe extern "C" fn listxattr(p: *const c_char, l: *mut c_char, s: size_t) 
 
 #[no_mangle]
 pub unsafe extern "C" fn llistxattr(p: *const c_char, l: *mut c_char, s: size_t) -> ssize_t {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => listxattr_of(r, l, s, false),
         None => match safe_path!(super::escaped_mount(p)) {
@@ -824,6 +946,8 @@ fn removexattr_of(r: Remote, n: *const c_char, follow: bool) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn removexattr(p: *const c_char, n: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => removexattr_of(r, n, true),
         None => pass!(removexattr(p, n)),
@@ -832,6 +956,8 @@ pub unsafe extern "C" fn removexattr(p: *const c_char, n: *const c_char) -> c_in
 
 #[no_mangle]
 pub unsafe extern "C" fn lremovexattr(p: *const c_char, n: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => removexattr_of(r, n, false),
         None => pass!(lremovexattr(p, n)),
@@ -877,6 +1003,8 @@ fn realpath_of(r: Remote, out: *mut c_char) -> *mut c_char {
 
 #[no_mangle]
 pub unsafe extern "C" fn realpath(p: *const c_char, out: *mut c_char) -> *mut c_char {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => realpath_of(r, out),
         None => pass!(realpath(p, out)),
@@ -885,6 +1013,8 @@ pub unsafe extern "C" fn realpath(p: *const c_char, out: *mut c_char) -> *mut c_
 
 #[no_mangle]
 pub unsafe extern "C" fn canonicalize_file_name(p: *const c_char) -> *mut c_char {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => realpath_of(r, std::ptr::null_mut()),
         None => pass!(canonicalize_file_name(p)),

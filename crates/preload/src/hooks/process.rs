@@ -110,6 +110,8 @@ fn exec_remote_path(p: *const c_char) -> bool {
 
 #[no_mangle]
 pub unsafe extern "C" fn execve(p: *const c_char, a: *const *const c_char, e: *const *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     if exec_remote_path(p) {
         // Running a program stored on the server is not supported.
         return ret::<c_int>(Err(libc::EACCES));
@@ -121,12 +123,16 @@ pub unsafe extern "C" fn execve(p: *const c_char, a: *const *const c_char, e: *c
 
 #[no_mangle]
 pub unsafe extern "C" fn execv(p: *const c_char, a: *const *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     // SAFETY: our execve with the process environment.
     unsafe { execve(p, a, environ) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(p: *const c_char, a: *const *const c_char, e: *const *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     sync_before_handoff();
     // SAFETY: forwarding the caller's arguments, with a fixed environment.
     unsafe { with_env(e, |env| real::execvpe(p, a, env)) }
@@ -134,6 +140,8 @@ pub unsafe extern "C" fn execvpe(p: *const c_char, a: *const *const c_char, e: *
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(p: *const c_char, a: *const *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     // SAFETY: our execvpe with the process environment.
     unsafe { execvpe(p, a, environ) }
 }
@@ -231,6 +239,8 @@ fn set_cwd(local: Option<String>) {
 
 #[no_mangle]
 pub unsafe extern "C" fn chdir(p: *const c_char) -> c_int {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     let Some(r) = safe_path!(remote_path(p)) else {
         let rc = pass!(chdir(p));
         if rc == 0 && state::ACTIVE.load(Relaxed) && !guard::busy() && state::CWD.read().is_some() {

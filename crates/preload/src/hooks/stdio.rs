@@ -182,11 +182,15 @@ fn fopen_remote(p: *const c_char, m: *const c_char) -> Option<*mut FILE> {
 
 #[no_mangle]
 pub unsafe extern "C" fn fopen(p: *const c_char, m: *const c_char) -> *mut FILE {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     fopen_remote(p, m).unwrap_or_else(|| pass!(fopen(p, m)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fopen64(p: *const c_char, m: *const c_char) -> *mut FILE {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     fopen_remote(p, m).unwrap_or_else(|| pass!(fopen64(p, m)))
 }
 
@@ -237,11 +241,15 @@ unsafe fn real_fclose(f: *mut FILE) {
 
 #[no_mangle]
 pub unsafe extern "C" fn freopen(p: *const c_char, m: *const c_char, s: *mut FILE) -> *mut FILE {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     freopen_remote(p, m, s).unwrap_or_else(|| pass!(freopen(p, m, s)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn freopen64(p: *const c_char, m: *const c_char, s: *mut FILE) -> *mut FILE {
+    let fixed = safe_path!(super::local_fix(p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     freopen_remote(p, m, s).unwrap_or_else(|| pass!(freopen64(p, m, s)))
 }
 
