@@ -82,7 +82,7 @@ impl Series {
 }
 
 /// Kills and reaps a child process we started when the guard goes away.
-struct Reap(Child);
+pub(crate) struct Reap(pub(crate) Child);
 
 impl Drop for Reap {
     fn drop(&mut self) {
@@ -224,7 +224,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     Ok(())
 }
 
-fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
+pub(crate) fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
     let child = Command::new(exe()?)
         .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
         .arg(dir)
@@ -280,7 +280,7 @@ fn ferry_read(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
 }
 
 /// The peer sends `bytes` in 1 MiB writes; we receive them.
-fn raw_stream(bytes: u64) -> Result<f64, String> {
+pub(crate) fn raw_stream(bytes: u64) -> Result<f64, String> {
     receive_from_peer(&["source"], bytes)
 }
 
@@ -341,11 +341,11 @@ fn raw_recv_write(path: &Path, bytes: u64) -> Result<f64, String> {
 }
 
 /// Medians (µs) of the three round trips, and the p99 of `stat`.
-struct Latencies {
-    raw: f64,
-    null: f64,
-    stat: f64,
-    stat99: f64,
+pub(crate) struct Latencies {
+    pub(crate) raw: f64,
+    pub(crate) null: f64,
+    pub(crate) stat: f64,
+    pub(crate) stat99: f64,
 }
 
 /// Raw peers run where the server runs: CPU 1 when there are two.
@@ -374,7 +374,7 @@ fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
 /// this VM costs ~4 µs within a core and ~15 µs across cores, and an
 /// unpinned run flips between the two, so ratios only hold for one
 /// placement at a time. Batches interleave the three for the same reason.
-fn latencies(addr: &str, server: u32, n: usize, peer_cpu: usize, cross: bool) -> Result<Latencies, String> {
+pub(crate) fn latencies(addr: &str, server: u32, n: usize, peer_cpu: usize, cross: bool) -> Result<Latencies, String> {
     pin(None, 0)?;
     pin(Some(server), peer_cpu)?;
     // A fresh connection: its server thread starts with the pinned mask.
