@@ -56,6 +56,11 @@ fn startup(cmd: &mut dyn FnMut() -> Command, n: usize) -> Result<f64, String> {
 }
 
 pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), String> {
+    let lib = Path::new(&super::exe()?).with_file_name("libferry_preload.so");
+    if !lib.is_file() {
+        println!("ferry bench --run: skipped: {} not found (`cargo build --release` builds it)", lib.display());
+        return Ok(());
+    }
     let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
     let cross = cpus.count() >= 2;
     CROSS.store(cross, std::sync::atomic::Ordering::Relaxed);
@@ -100,7 +105,6 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
         }
     }
     let n = if quick { 3 } else { 30 };
-    let lib = Path::new(&super::exe()?).with_file_name("libferry_preload.so");
     let plain = startup(&mut || Command::new("true"), n)?;
     let preloaded = startup(
         &mut || {

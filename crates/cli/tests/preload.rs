@@ -63,7 +63,7 @@ cat /remote/hello.txt
 cp big.bin /remote/big.bin
 sha256sum /remote/big.bin big.bin | awk '{print $1}' | uniq | wc -l
 cp /remote/big.bin back.bin && cmp big.bin back.bin && echo cp-back-ok
-cp -r tree /remote/tree && cp -a tree /remote/tree-a && cp -r /remote/tree tree-back && cat tree-back/sub/f
+cp -r tree /remote/tree && cp -a tree /remote/tree-a && cp -r /remote/tree tree-back && cat tree-back/sub/f && cp -a /remote/tree-a tree-a-back && diff -r tree tree-a-back
 mv /remote/tree-a /remote/tree-moved
 ls -l /remote | grep -c tree
 ls -la /remote/tree >/dev/null && ls -la /remote >/dev/null && echo ls-la-ok
@@ -187,11 +187,15 @@ os.waitpid(pid, 0)
 print(open('/remote/spawned').read())
 os.chdir('/remote/w')
 print(os.getcwd(), os.listdir('.'))
+d = os.open('/remote/w/x', os.O_RDONLY | os.O_DIRECTORY)
+os.chdir('/')
+os.fchdir(d)
+print(os.getcwd(), os.listdir('.'))
 "#,
     )
     .unwrap();
     let out = ok(&run_in(&srv, local.path(), "python3 t.py"));
-    let want = "3000 3000\n['y']\n[('/remote/w', ['x'], []), ('/remote/w/x', ['y'], []), ('/remote/w/x/y', [], ['z'])]\nz\nimport 42\nz\nsub\nz\n/remote/w ['x']\n";
+    let want = "3000 3000\n['y']\n[('/remote/w', ['x'], []), ('/remote/w/x', ['y'], []), ('/remote/w/x/y', [], ['z'])]\nz\nimport 42\nz\nsub\nz\n/remote/w ['x']\n/remote/w/x ['y']\n";
     assert_eq!(out, want);
     assert_eq!(std::fs::read_to_string(srv.export.path().join("spawned")).unwrap(), "z");
 }
@@ -436,7 +440,7 @@ fn a_dying_server_gives_errors_not_hangs() {
     let srv = Server::start(&[]);
     let local = TempDir::new("local");
     std::fs::write(srv.export.path().join("f"), "x".repeat(1 << 20)).unwrap();
-    let child = Command::new("timeout")
+    let mut child = Command::new("timeout")
         .args(["60", FERRY, "run", "--mount"])
         .arg(format!("/remote={}", srv.url("/")))
         .args(["--", "python3", "-c"])
@@ -447,11 +451,17 @@ fn a_dying_server_gives_errors_not_hangs() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    // Wait until the file is open before the server goes.
+    let mut first = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut first).unwrap();
+    assert_eq!(first, "opened\n");
     // Kill the server (by PID: Server's Drop) while the file is open.
     let port = srv.port;
     drop(srv);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(stdout(&out), "opened\nerror 5\nerror 5\n", "stderr: {}", stderr(&out));
-    assert!(stderr(&out).contains(&format!("ferry: cannot use ferry://127.0.0.1:{port}/")), "{}", stderr(&out));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert_eq!(rest, "error 5\nerror 5\n", "stderr: {}", stderr(&done));
+    assert!(stderr(&done).contains(&format!("ferry: cannot use ferry://127.0.0.1:{port}/")), "{}", stderr(&done));
 }
