@@ -7,7 +7,7 @@
 //! POSIX shares an open file description.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use ferry_client::{Attr, File, OpenOptions, Target};
 use parking_lot::Mutex;
@@ -55,6 +55,9 @@ pub struct Open {
     pub dir: bool,
     io: Mutex<Io>,
     bucket: usize,
+    /// The offset while only this process can use it (see `ops::offset`).
+    pos: AtomicU64,
+    shared: AtomicBool,
 }
 
 #[derive(Default)]
@@ -85,7 +88,39 @@ impl Open {
     pub fn new(mount: usize, path: String, local: String, flags: i32, dir: bool, file: Option<File>) -> Open {
         let io = Io { epoch: state::EPOCH.load(Relaxed), file, next_fill: FIRST_FILL, ..Io::default() };
         let bucket = bucket_of(mount, &path);
-        Open { mount, path, local, flags: AtomicI32::new(flags), dir, io: Mutex::new(io), bucket }
+        Open {
+            mount,
+            path,
+            local,
+            flags: AtomicI32::new(flags),
+            dir,
+            io: Mutex::new(io),
+            bucket,
+            pos: AtomicU64::new(0),
+            shared: AtomicBool::new(false),
+        }
+    }
+
+    /// The in-process offset, unless the offset lives in the kernel.
+    pub fn private_pos(&self) -> Option<u64> {
+        if self.shared.load(Relaxed) {
+            None
+        } else {
+            Some(self.pos.load(Relaxed))
+        }
+    }
+
+    /// Sets the in-process offset; false if it lives in the kernel.
+    pub fn set_private_pos(&self, p: u64) -> bool {
+        if self.shared.load(Relaxed) {
+            return false;
+        }
+        self.pos.store(p, Relaxed);
+        true
+    }
+
+    pub fn make_shared(&self) {
+        self.shared.store(true, Relaxed);
     }
 
     pub fn access_mode(&self) -> i32 {

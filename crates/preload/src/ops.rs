@@ -58,6 +58,7 @@ pub fn adopt(fd: i32) {
     let Some(d) = placeholder::describe(fd) else { return };
     let Some(mount) = state::mount_index(&d.prefix, &d.url) else { return };
     let open = Arc::new(Open::new(mount, d.path, d.local, d.flags, d.dir, None));
+    open.make_shared();
     state::insert(fd, open);
 }
 
@@ -88,11 +89,42 @@ pub fn duped(old: i32, new: i32) {
     }
 }
 
+/// The file offset: kept in the `Open` while no other process can share
+/// it (saves two system calls per call), in the placeholder's kernel
+/// offset once one can.
+fn offset(fd: i32, o: &Open) -> R<u64> {
+    match o.private_pos() {
+        Some(p) => Ok(p),
+        None => placeholder::offset(fd),
+    }
+}
+
+fn set_offset(fd: i32, o: &Open, pos: u64) -> R<()> {
+    if o.set_private_pos(pos) {
+        Ok(())
+    } else {
+        placeholder::set_offset(fd, pos)
+    }
+}
+
+/// Before another process can see our fds (`fork`, `exec`, spawn): every
+/// offset kept in-process goes to its placeholder, and stays there.
+pub fn share_offsets() {
+    for (fd, o) in state::all_opens() {
+        if let Some(p) = o.private_pos() {
+            let _ = placeholder::set_offset(fd, p);
+        }
+    }
+    for (_, o) in state::all_opens() {
+        o.make_shared();
+    }
+}
+
 pub fn read(fd: i32, o: &Open, buf: &mut [u8]) -> R<usize> {
     check_read(o)?;
-    let pos = placeholder::offset(fd)?;
+    let pos = offset(fd, o)?;
     let n = o.read(pos, buf)?;
-    placeholder::set_offset(fd, pos + n as u64)?;
+    set_offset(fd, o, pos + n as u64)?;
     Ok(n)
 }
 
@@ -125,9 +157,9 @@ fn check_write(o: &Open) -> R<()> {
 pub fn write(fd: i32, o: &Open, data: &[u8]) -> R<usize> {
     check_write(o)?;
     let append = o.flags.load(Relaxed) & libc::O_APPEND != 0;
-    let pos = placeholder::offset(fd)?;
+    let pos = offset(fd, o)?;
     let end = o.write(pos, data, append)?;
-    placeholder::set_offset(fd, end)?;
+    set_offset(fd, o, end)?;
     Ok(data.len())
 }
 
@@ -139,7 +171,7 @@ pub fn pwrite(o: &Open, data: &[u8], pos: i64) -> R<usize> {
 }
 
 pub fn lseek(fd: i32, o: &Open, off: i64, whence: i32) -> R<i64> {
-    let cur = placeholder::offset(fd)? as i64;
+    let cur = offset(fd, o)? as i64;
     let size = || -> R<i64> { Ok(o.stat()?.size as i64) };
     let to = match whence {
         libc::SEEK_SET => off,
@@ -166,7 +198,7 @@ pub fn lseek(fd: i32, o: &Open, off: i64, whence: i32) -> R<i64> {
     }
     if to != cur {
         o.seeked();
-        placeholder::set_offset(fd, to as u64)?;
+        set_offset(fd, o, to as u64)?;
     }
     Ok(to)
 }
@@ -205,6 +237,7 @@ pub fn same_mount(a: &Remote, b: &Remote) -> R<()> {
 /// Writes everything gathered, in every open file, through to the server:
 /// before `exec`, `exit`, `fork`, `posix_spawn`.
 pub fn sync_all() {
+    share_offsets();
     for (_, o) in state::all_opens() {
         let _ = o.sync_writes();
     }

@@ -222,9 +222,7 @@ pub fn mount_index(prefix: &str, url: &str) -> Option<usize> {
 /// Before `fork`: everything written reaches the server (the child may read
 /// it, through its own connection), and no lock stays held across.
 pub fn before_fork() {
-    for (_, o) in all_opens() {
-        let _ = o.sync_writes();
-    }
+    crate::ops::sync_all();
     std::mem::forget(CONNS.lock());
     std::mem::forget(TABLE.lock());
 }
