@@ -1,0 +1,58 @@
+//! `ferry compare --quick`: every experiment at tiny sizes, so the
+//! benchmarks cannot rot. Ferry and the raw limits only: the baselines
+//! (NFS-Ganesha, diod, Samba, sshfs) are measured too when
+//! FERRY_COMPARE_BASELINES=1, which installs their Debian packages on first
+//! use (slow, and needs root and apt), so CI leaves it off.
+
+use std::process::Command;
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+
+#[test]
+fn compare_quick_runs_every_experiment() {
+    let out = std::env::temp_dir().join(format!("ferry-compare-test-{}", std::process::id()));
+    let o = Command::new(FERRY)
+        .args(["compare", "--quick", "--out"])
+        .arg(&out)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .output()
+        .expect("run ferry compare");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "ferry compare failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    for title in [
+        "Raw limits",
+        "1. Sequential read vs request size",
+        "2. Write + fsync vs file size",
+        "3. Window sweep",
+        "4. stat latency",
+        "5. Tree scan",
+        "6. Concurrent clients",
+        "7. Fetch time with client caching on and off: not available yet (caching issue)",
+        "8. CPU per GiB moved",
+    ] {
+        assert!(stdout.contains(title), "no {title:?} in\n{stdout}");
+    }
+    let csv = std::fs::read_to_string(out.join("results.csv")).expect("results.csv");
+    let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    let _ = std::fs::remove_dir_all(&out);
+    for exp in ["0", "1", "2", "3", "4", "5", "6", "8"] {
+        assert!(
+            csv.lines().any(|l| l.starts_with(&format!("{exp},ferry,"))),
+            "no ferry row for experiment {exp}:\n{csv}"
+        );
+    }
+    assert!(csv.lines().any(|l| l.starts_with("0,raw,\"TCP stream")), "no raw TCP figure:\n{csv}");
+    assert!(csv.lines().any(|l| l.starts_with("1,local,")), "no local page-cache figure:\n{csv}");
+    // No failed request with many clients.
+    for l in csv.lines().filter(|l| l.starts_with("6,ferry,") && l.contains("failed requests")) {
+        let median: f64 = l.split(',').nth(5).and_then(|v| v.parse().ok()).expect("median");
+        assert_eq!(median, 0.0, "failed requests: {l}");
+    }
+    assert!(json.contains("\"records\":["), "{json}");
+    if std::env::var("FERRY_COMPARE_BASELINES").is_ok_and(|v| v == "1") {
+        for sys in ["nfs3", "9p", "smb", "sshfs"] {
+            assert!(csv.lines().any(|l| l.starts_with(&format!("1,{sys},"))), "no {sys} figures:\n{stdout}");
+        }
+    }
+}
