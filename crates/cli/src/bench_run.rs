@@ -41,6 +41,13 @@ fn dd(port: u16, args: &[String], bytes: u64) -> Result<(f64, f64), String> {
     Ok((mbps(bytes, elapsed), switches * (1u64 << 30) as f64 / bytes as f64))
 }
 
+/// Median over runs of `a[i] / b[i]`.
+fn paired(a: &Series, b: &Series) -> f64 {
+    let mut r = Series::new("ratio", "");
+    r.values = a.values.iter().zip(&b.values).map(|(x, y)| x / y).collect();
+    r.median()
+}
+
 /// Median milliseconds of `n` runs of a command.
 fn startup(cmd: &mut dyn FnMut() -> Command, n: usize) -> Result<f64, String> {
     let mut s = Series::new("startup", "ms");
@@ -135,12 +142,13 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
     };
     line(&lib_read, String::new());
     line(&lib_write, String::new());
+    // Ratios are medians of per-run ratios: each dd ran right after its
+    // library run, so the pair saw the same state of this noisy VM.
     for (set, lib) in [(&reads, &lib_read), (&writes, &lib_write)] {
-        let big = set[0].0.median();
         for (i, (tp, cs)) in set.iter().enumerate() {
-            let mut ratio = format!("{:.0} % of library", 100.0 * tp.median() / lib.median());
+            let mut ratio = format!("{:.0} % of library", 100.0 * paired(tp, lib));
             if i > 0 {
-                ratio += &format!(", {:.0} % of bs=1M", 100.0 * tp.median() / big);
+                ratio += &format!(", {:.0} % of bs=1M", 100.0 * paired(tp, &set[0].0));
             }
             line(tp, ratio);
             line(cs, String::new());
