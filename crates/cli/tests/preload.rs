@@ -465,3 +465,26 @@ fn a_dying_server_gives_errors_not_hangs() {
     assert_eq!(rest, "error 5\nerror 5\n", "stderr: {}", stderr(&done));
     assert!(stderr(&done).contains(&format!("ferry: cannot use ferry://127.0.0.1:{port}/")), "{}", stderr(&done));
 }
+
+#[test]
+fn git_and_a_compiler_on_remote_files() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let out = ok(&run_in(
+        &srv,
+        local.path(),
+        r#"set -e
+export GIT_CONFIG_NOSYSTEM=1 HOME=$PWD
+git config --global user.email t@example.com && git config --global user.name t
+mkdir /remote/repo && cd /remote/repo && git init -q
+echo one > a && git add a && git commit -qm first
+echo two >> a && git status --short
+git commit -qam second && git log --format=%s | tr '\n' ' '; echo
+git fsck --strict 2>&1 | grep -c error || true
+echo 'int main(void) { return 3; }' > m.c && gcc -o m m.c && test -s m && echo compiled
+"#,
+    ));
+    assert_eq!(out, " M a\nsecond first \n0\ncompiled\n");
+    assert!(srv.export.path().join("repo/.git/HEAD").is_file());
+    assert!(srv.export.path().join("repo/m").is_file());
+}

@@ -210,3 +210,15 @@ real! {
     _exit(s: c_int) -> ();
     _Exit(s: c_int) -> ();
 }
+
+real! {
+    mkstemp(t: *mut c_char) -> c_int;
+    mkstemp64(t: *mut c_char) -> c_int;
+    mkostemp(t: *mut c_char, f: c_int) -> c_int;
+    mkostemp64(t: *mut c_char, f: c_int) -> c_int;
+    mkstemps(t: *mut c_char, s: c_int) -> c_int;
+    mkstemps64(t: *mut c_char, s: c_int) -> c_int;
+    mkostemps(t: *mut c_char, s: c_int, f: c_int) -> c_int;
+    mkostemps64(t: *mut c_char, s: c_int, f: c_int) -> c_int;
+    mkdtemp(t: *mut c_char) -> *mut c_char;
+}

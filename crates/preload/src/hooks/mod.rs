@@ -39,6 +39,7 @@ pub mod fd;
 pub mod paths;
 pub mod process;
 pub mod stdio;
+pub mod temp;
 
 /// The remote open file behind `fd`, unless we are inside our own logic.
 pub fn remote_fd(fd: c_int) -> Option<std::sync::Arc<Open>> {
