@@ -482,9 +482,12 @@ echo two >> a && git status --short
 git commit -qam second && git log --format=%s | tr '\n' ' '; echo
 git fsck --strict 2>&1 | grep -c error || true
 echo 'int main(void) { return 3; }' > m.c && gcc -o m m.c && test -s m && echo compiled
+./m || echo "ran, exit $?"
+printf '#!/bin/sh\necho script "$@"\n' > s.sh && chmod +x s.sh && ./s.sh arg
+python3 -c "import subprocess; print(subprocess.run(['/remote/repo/s.sh', 'py']).returncode)"
 "#,
     ));
-    assert_eq!(out, " M a\nsecond first \n0\ncompiled\n");
+    assert_eq!(out, " M a\nsecond first \n0\ncompiled\nran, exit 3\nscript arg\nscript py\n0\n");
     assert!(srv.export.path().join("repo/.git/HEAD").is_file());
     assert!(srv.export.path().join("repo/m").is_file());
 }

@@ -103,22 +103,58 @@ unsafe fn with_env<T>(envp: *const *const c_char, f: impl FnOnce(*const *const c
     }
 }
 
-fn exec_remote_path(p: *const c_char) -> bool {
-    // SAFETY: the caller's C string.
-    unsafe { remote_path(p) }.is_some()
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn execve(p: *const c_char, a: *const *const c_char, e: *const *const c_char) -> c_int {
     let fixed = safe_path!(super::local_fix(p));
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    if exec_remote_path(p) {
-        // Running a program stored on the server is not supported.
-        return ret::<c_int>(Err(libc::EACCES));
+    // SAFETY: p is the caller's C string.
+    if let Some(r) = unsafe { remote_path(p) } {
+        // A program stored on the server: its bytes go into a memfd, which
+        // the kernel runs (a script's interpreter opens it as /dev/fd/N).
+        let fd = match enter(|| program_copy(&r)) {
+            Ok(fd) => fd,
+            Err(e) => return ret::<c_int>(Err(e)),
+        };
+        sync_before_handoff();
+        // SAFETY: fd is our memfd; the arguments are the caller's.
+        let rc = unsafe { with_env(e, |env| real::fexecve(fd, a, env)) };
+        let err = guard::errno();
+        // SAFETY: exec failed: the copy is ours to close.
+        unsafe { real::close(fd) };
+        guard::set_errno(err);
+        return rc;
     }
     sync_before_handoff();
     // SAFETY: forwarding the caller's arguments, with a fixed environment.
     unsafe { with_env(e, |env| real::execve(p, a, env)) }
+}
+
+/// The remote program at `r`, copied into a memfd (not close-on-exec, so a
+/// script's interpreter can open it).
+fn program_copy(r: &crate::mounts::Remote) -> Result<c_int, i32> {
+    let a = ops::stat_path(r, true)?;
+    if a.mode & libc::S_IFMT != libc::S_IFREG || a.mode & 0o111 == 0 {
+        return Err(libc::EACCES);
+    }
+    let data = ops::with(r, |c, p| c.read(p))?;
+    // SAFETY: the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"ferry-exec".as_ptr(), 0) };
+    if fd < 0 {
+        return Err(guard::errno());
+    }
+    let mut off = 0;
+    while off < data.len() {
+        // SAFETY: writing our buffer to our memfd.
+        let n = unsafe { real::write(fd, data[off..].as_ptr().cast(), data.len() - off) };
+        if n <= 0 {
+            let e = guard::errno();
+            // SAFETY: closing our memfd.
+            unsafe { real::close(fd) };
+            return Err(if n == 0 { libc::EIO } else { e });
+        }
+        off += n as usize;
+    }
+    Ok(fd)
 }
 
 #[no_mangle]
@@ -131,6 +167,12 @@ pub unsafe extern "C" fn execv(p: *const c_char, a: *const *const c_char) -> c_i
 
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(p: *const c_char, a: *const *const c_char, e: *const *const c_char) -> c_int {
+    // A name with a slash is not searched in PATH: it may be remote.
+    // SAFETY: p is the caller's C string.
+    if unsafe { super::bytes(p) }.is_some_and(|b| b.contains(&b'/')) {
+        // SAFETY: our execve with the caller's arguments.
+        return unsafe { execve(p, a, e) };
+    }
     let fixed = safe_path!(super::local_fix(p));
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     sync_before_handoff();
