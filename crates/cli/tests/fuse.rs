@@ -498,3 +498,82 @@ fn cache_read_only_and_zero_timeouts() {
     assert_eq!(errno_of(&fs::remove_file(m.p("later")).unwrap_err()), libc::EROFS);
     assert_eq!(errno_of(&fs::create_dir(m.p("d")).unwrap_err()), libc::EROFS);
 }
+
+/// Hard links are one node: one `st_ino`, a shared link count and shared
+/// data, whichever name is used; removing one name leaves the other.
+fn check_hard_links(m: &Mount) {
+    fs::create_dir(m.p("hl")).unwrap();
+    fs::write(m.p("hl/a"), b"first").unwrap();
+    fs::write(m.p("hl/other"), b"x").unwrap();
+    fs::hard_link(m.p("hl/a"), m.p("hl/b")).unwrap();
+    fs::create_dir(m.p("hl/sub")).unwrap();
+    fs::hard_link(m.p("hl/b"), m.p("hl/sub/c")).unwrap();
+    let (a, b, c) = (fs::metadata(m.p("hl/a")).unwrap(), fs::metadata(m.p("hl/b")).unwrap(), m.p("hl/sub/c"));
+    let c = fs::metadata(c).unwrap();
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(a.ino(), c.ino());
+    assert_ne!(a.ino(), fs::metadata(m.p("hl/other")).unwrap().ino());
+    assert_eq!((a.nlink(), b.nlink(), c.nlink()), (3, 3, 3));
+    let ino = a.ino();
+
+    // Data written through one name is read through the others, also
+    // through descriptors open on different names at once.
+    fs::write(m.p("hl/b"), b"through b").unwrap();
+    assert_eq!(fs::read(m.p("hl/a")).unwrap(), b"through b");
+    let mut fa = fs::OpenOptions::new().read(true).write(true).open(m.p("hl/a")).unwrap();
+    let mut fc = fs::File::open(m.p("hl/sub/c")).unwrap();
+    fa.write_all(b"THROUGH").unwrap();
+    let mut got = String::new();
+    fc.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "THROUGH b");
+    assert_eq!(fa.metadata().unwrap().ino(), fc.metadata().unwrap().ino());
+    drop((fa, fc));
+    // Metadata is shared too.
+    fs::set_permissions(m.p("hl/a"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(m.p("hl/sub/c")).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // Renaming a link (and the directory holding one) keeps the node.
+    fs::rename(m.p("hl/b"), m.p("hl/b2")).unwrap();
+    fs::rename(m.p("hl/sub"), m.p("hl/sub2")).unwrap();
+    assert_eq!(fs::metadata(m.p("hl/b2")).unwrap().ino(), ino);
+    assert_eq!(fs::metadata(m.p("hl/sub2/c")).unwrap().ino(), ino);
+    assert_eq!(fs::metadata(m.p("hl/a")).unwrap().ino(), ino);
+
+    // Unlinking names one by one leaves the rest, data and inode number.
+    fs::remove_file(m.p("hl/a")).unwrap();
+    assert_eq!(errno_of(&fs::metadata(m.p("hl/a")).unwrap_err()), libc::ENOENT);
+    let b = fs::metadata(m.p("hl/b2")).unwrap();
+    assert_eq!((b.ino(), b.nlink()), (ino, 2));
+    assert_eq!(fs::read(m.p("hl/sub2/c")).unwrap(), b"THROUGH b");
+    let f = fs::File::open(m.p("hl/b2")).unwrap();
+    fs::remove_file(m.p("hl/b2")).unwrap();
+    let c = fs::metadata(m.p("hl/sub2/c")).unwrap();
+    assert_eq!((c.ino(), c.nlink()), (ino, 1));
+    assert_eq!(f.metadata().unwrap().ino(), ino);
+    drop(f);
+    assert_eq!(fs::read(m.p("hl/sub2/c")).unwrap(), b"THROUGH b");
+    // A link made again from the last name joins the same node.
+    fs::hard_link(m.p("hl/sub2/c"), m.p("hl/again")).unwrap();
+    assert_eq!(fs::metadata(m.p("hl/again")).unwrap().ino(), ino);
+    assert_eq!(fs::metadata(m.p("hl/sub2/c")).unwrap().nlink(), 2);
+}
+
+#[test]
+fn hard_links_are_one_inode() {
+    if !fuse_usable() {
+        return;
+    }
+    let s = Server::start(&[]);
+    let mpd = TempDir::new("mnt");
+    let m = Mount::start(&s, mpd.path(), &[]);
+    check_hard_links(&m);
+    // A link made on the server directly is found as the same node too.
+    fs::hard_link(s.export.path().join("hl/again"), s.export.path().join("hl/server")).unwrap();
+    assert_eq!(fs::metadata(m.p("hl/server")).unwrap().ino(), fs::metadata(m.p("hl/again")).unwrap().ino());
+    drop(m);
+
+    // Caching nothing, every call asks the server: the same must hold.
+    fs::remove_dir_all(s.export.path().join("hl")).unwrap();
+    let m = Mount::start(&s, mpd.path(), &["--attr-timeout", "0", "--entry-timeout", "0"]);
+    check_hard_links(&m);
+}

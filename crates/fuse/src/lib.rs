@@ -1,10 +1,11 @@
 //! `ferry mount`: a FUSE file system over a ferry `Client`.
 //!
 //! The protocol names files by path, FUSE by node id. `Nodes` hands out one
-//! node id per path (never reused), counts the kernel's lookups so `forget`
-//! can drop it, and follows renames and removals so a node keeps pointing
-//! at its file. Hard links are two paths and so two node ids: `st_ino` is
-//! the node id, and tools that detect hard links by `st_ino` see two files.
+//! node id (never reused) per directory path and per server `(dev, ino)`
+//! for everything else, so the hard links of a file are one node with
+//! several names and one `st_ino` (the node id). It counts the kernel's
+//! lookups so `forget` can drop a node, and follows renames and removals so
+//! a node keeps pointing at its file.
 //!
 //! Data is not cached by default (ORFA): every open replies `direct_io`, so
 //! each `read`/`write` the application makes is one request of the same
@@ -222,17 +223,41 @@ fn file_attr(ino: u64, a: &Attr) -> FileAttr {
     }
 }
 
+/// A non-directory's identity on the server; its hard links share it.
+type Key = (u64, u64);
+
+/// Directories cannot be hard-linked, so they are known by path alone; any
+/// other node by the server's `(dev, ino)`, so that every link of a file is
+/// one FUSE node and reports one `st_ino`.
+fn key_of(a: &Attr) -> Option<Key> {
+    if a.mode & libc::S_IFMT == libc::S_IFDIR {
+        None
+    } else {
+        Some((a.dev, a.ino))
+    }
+}
+
 struct Node {
-    /// `None` once the file was removed or replaced: the kernel may still
-    /// hold the node (an open file), but it no longer has a name.
-    path: Option<String>,
+    /// The names it is known by: one for a directory, one per hard link the
+    /// kernel has looked up for a file. Empty once removed or replaced: the
+    /// kernel may still hold the node (an open file), but it has no name.
+    paths: Vec<String>,
+    key: Option<Key>,
+    /// `S_IFMT` bits: a name that now holds another kind of file is a new
+    /// node (the kernel refuses a node id whose type changes).
+    fmt: u32,
     lookups: u64,
 }
 
-/// Node id ↔ path.
+/// Node id ↔ paths, and `(dev, ino)` → node id for non-directories.
+///
+/// Invariant: `by_path[p] == id` exactly when `p` is in `by_ino[id].paths`.
+/// A node keeps its key until the kernel forgets it, so that looking up
+/// another link of a file whose known name was removed finds it again.
 struct Nodes {
     by_ino: HashMap<u64, Node>,
     by_path: HashMap<String, u64>,
+    by_key: HashMap<Key, u64>,
     next: u64,
 }
 
@@ -245,28 +270,56 @@ fn in_subtree(p: &str, top: &str) -> bool {
 impl Nodes {
     /// `root` is the exported path the mount shows, e.g. `/` or `/sub`.
     fn new(root: &str) -> Nodes {
-        let mut n = Nodes { by_ino: HashMap::new(), by_path: HashMap::new(), next: ROOT + 1 };
-        n.by_ino.insert(ROOT, Node { path: Some(root.into()), lookups: 1 });
+        let mut n = Nodes { by_ino: HashMap::new(), by_path: HashMap::new(), by_key: HashMap::new(), next: ROOT + 1 };
+        let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1 };
+        n.by_ino.insert(ROOT, node);
         n.by_path.insert(root.into(), ROOT);
         n
     }
 
+    /// A name of the node (any: all links name the same file).
     fn path(&self, ino: u64) -> R<String> {
-        self.by_ino.get(&ino).and_then(|n| n.path.clone()).ok_or(Errno::ENOENT)
+        self.by_ino.get(&ino).and_then(|n| n.paths.first().cloned()).ok_or(Errno::ENOENT)
     }
 
-    /// The node for `path`, created if new, with one more kernel lookup.
-    fn remember(&mut self, path: &str) -> u64 {
+    /// The node for `path`, whose attributes the server just returned:
+    /// the node already known by that name if it is still the same file,
+    /// else the node of the same `(dev, ino)` (another hard link), else a
+    /// new one. Counts one more kernel lookup.
+    fn remember(&mut self, path: &str, attr: &Attr) -> u64 {
+        let key = key_of(attr);
+        let fmt = attr.mode & libc::S_IFMT;
         if let Some(&ino) = self.by_path.get(path) {
             if let Some(n) = self.by_ino.get_mut(&ino) {
-                n.lookups += 1;
+                if n.key == key && n.fmt == fmt {
+                    n.lookups += 1;
+                    return ino;
+                }
             }
-            return ino;
+            // Another file took this name behind our back (another client).
+            self.detach(path);
+        }
+        if let Some(k) = key {
+            if let Some(&ino) = self.by_key.get(&k) {
+                if let Some(n) = self.by_ino.get_mut(&ino) {
+                    if n.fmt == fmt {
+                        n.lookups += 1;
+                        n.paths.push(path.to_string());
+                        self.by_path.insert(path.to_string(), ino);
+                        return ino;
+                    }
+                }
+            }
         }
         let ino = self.next;
         self.next += 1;
-        self.by_ino.insert(ino, Node { path: Some(path.to_string()), lookups: 1 });
+        self.by_ino.insert(ino, Node { paths: vec![path.to_string()], key, fmt, lookups: 1 });
         self.by_path.insert(path.to_string(), ino);
+        if let Some(k) = key {
+            // A reused inode number of another type replaces the old entry;
+            // the old node lives on, nameless, until forgotten.
+            self.by_key.insert(k, ino);
+        }
         ino
     }
 
@@ -277,21 +330,28 @@ impl Nodes {
         let Some(node) = self.by_ino.get_mut(&ino) else { return };
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
-            if let Some(p) = self.by_ino.remove(&ino).and_then(|n| n.path) {
+            let Some(node) = self.by_ino.remove(&ino) else { return };
+            for p in node.paths {
                 if self.by_path.get(&p) == Some(&ino) {
                     self.by_path.remove(&p);
+                }
+            }
+            if let Some(k) = node.key {
+                if self.by_key.get(&k) == Some(&ino) {
+                    self.by_key.remove(&k);
                 }
             }
         }
     }
 
-    /// `path` and everything under it no longer exist under those names.
+    /// `path` and everything under it no longer exist under those names
+    /// (the file itself may, under another link).
     fn detach(&mut self, path: &str) {
         let gone: Vec<String> = self.by_path.keys().filter(|p| in_subtree(p, path)).cloned().collect();
         for p in gone {
             if let Some(ino) = self.by_path.remove(&p) {
                 if let Some(n) = self.by_ino.get_mut(&ino) {
-                    n.path = None;
+                    n.paths.retain(|q| *q != p);
                 }
             }
         }
@@ -304,33 +364,38 @@ impl Nodes {
         self.reinsert(moved);
     }
 
+    /// Renames every known name under `from`; the caller puts them back
+    /// into `by_path`.
     fn move_subtree(&mut self, from: &str, to: &str) -> Vec<(u64, String)> {
         let moved: Vec<String> = self.by_path.keys().filter(|p| in_subtree(p, from)).cloned().collect();
         let mut out = Vec::new();
         for p in moved {
             if let Some(ino) = self.by_path.remove(&p) {
                 let np = format!("{to}{}", &p[from.len()..]);
-                if let Some(n) = self.by_ino.get_mut(&ino) {
-                    n.path = Some(np.clone());
-                }
+                self.rename_path(ino, &p, &np);
                 out.push((ino, np));
             }
         }
         out
     }
 
+    /// One of the node's names changes (its other links stay).
+    fn rename_path(&mut self, ino: u64, old: &str, new: &str) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            if let Some(q) = n.paths.iter_mut().find(|q| *q == old) {
+                *q = new.to_string();
+            }
+        }
+    }
+
     /// `RENAME_EXCHANGE`: the two subtrees trade places.
     fn exchange(&mut self, a: &str, b: &str) {
         let from_a = self.move_subtree(a, "\0a");
         let from_b = self.move_subtree(b, a);
-        for (ino, p) in from_b {
-            self.by_path.insert(p, ino);
-        }
+        self.reinsert(from_b);
         for (ino, p) in from_a {
             let np = format!("{b}{}", &p[2..]);
-            if let Some(n) = self.by_ino.get_mut(&ino) {
-                n.path = Some(np.clone());
-            }
+            self.rename_path(ino, &p, &np);
             self.by_path.insert(np, ino);
         }
     }
@@ -468,7 +533,7 @@ impl FerryFs {
     }
 
     fn entry(&self, path: &str, attr: &Attr, reply: ReplyEntry) {
-        let ino = lock(&self.nodes).remember(path);
+        let ino = lock(&self.nodes).remember(path, attr);
         reply.entry_with_ttls(&self.opts.attr_timeout, &self.opts.entry_timeout, &file_attr(ino, attr), Generation(0));
     }
 
@@ -578,7 +643,7 @@ impl FerryFs {
         // The kernel already applied the caller's umask to `mode` (we do
         // not ask for FUSE_DONT_MASK), and the server applies none.
         let (f, fh, attr) = self.open_file(&path, &o, flags, 0)?;
-        let ino = lock(&self.nodes).remember(&path);
+        let ino = lock(&self.nodes).remember(&path, &attr);
         f.ino.store(ino, Ordering::Relaxed);
         Ok((ino, fh, attr))
     }
@@ -932,7 +997,7 @@ impl Filesystem for FerryFs {
             let off = 3 + i as u64;
             let full = match &it.attr {
                 Some(a) => {
-                    let ino = nodes.remember(&join(&dir_path, &it.name));
+                    let ino = nodes.remember(&join(&dir_path, &it.name), a);
                     let full = reply.add(INodeNo(ino), off, &it.name, &ttl, &file_attr(ino, a), Generation(0));
                     if full {
                         nodes.forget(ino, 1);
@@ -1051,13 +1116,21 @@ impl Filesystem for FerryFs {
 mod tests {
     use super::*;
 
+    fn dir() -> Attr {
+        Attr { mode: libc::S_IFDIR | 0o755, dev: 1, ino: 2, ..Attr::default() }
+    }
+
+    fn file(ino: u64) -> Attr {
+        Attr { mode: libc::S_IFREG | 0o644, dev: 1, ino, ..Attr::default() }
+    }
+
     #[test]
     fn rename_moves_subtree_and_detaches_target() {
         let mut n = Nodes::new("/");
-        let d = n.remember("/d");
-        let f = n.remember("/d/f");
-        let other = n.remember("/dd");
-        let victim = n.remember("/e");
+        let d = n.remember("/d", &dir());
+        let f = n.remember("/d/f", &file(10));
+        let other = n.remember("/dd", &dir());
+        let victim = n.remember("/e", &file(11));
         n.rename("/d", "/e");
         assert_eq!(n.path(d).unwrap(), "/e");
         assert_eq!(n.path(f).unwrap(), "/e/f");
@@ -1070,9 +1143,9 @@ mod tests {
     #[test]
     fn exchange_swaps_subtrees() {
         let mut n = Nodes::new("/");
-        let a = n.remember("/a");
-        let af = n.remember("/a/f");
-        let b = n.remember("/b");
+        let a = n.remember("/a", &dir());
+        let af = n.remember("/a/f", &file(10));
+        let b = n.remember("/b", &dir());
         n.exchange("/a", "/b");
         assert_eq!(n.path(a).unwrap(), "/b");
         assert_eq!(n.path(af).unwrap(), "/b/f");
@@ -1084,15 +1157,60 @@ mod tests {
     #[test]
     fn forget_drops_node_at_zero() {
         let mut n = Nodes::new("/");
-        let x = n.remember("/x");
-        assert_eq!(n.remember("/x"), x);
+        let x = n.remember("/x", &file(10));
+        assert_eq!(n.remember("/x", &file(10)), x);
         n.forget(x, 1);
         assert!(n.path(x).is_ok());
         n.forget(x, 1);
         assert!(n.path(x).is_err());
-        assert_ne!(n.remember("/x"), x);
+        assert_ne!(n.remember("/x", &file(10)), x);
         n.forget(ROOT, 100);
         assert_eq!(n.path(ROOT).unwrap(), "/");
+    }
+
+    #[test]
+    fn hard_links_share_one_node() {
+        let mut n = Nodes::new("/");
+        let d = n.remember("/d", &dir());
+        let a = n.remember("/a", &file(10));
+        assert_eq!(n.remember("/d/b", &file(10)), a);
+        assert_ne!(n.remember("/c", &file(11)), a);
+        // Removing one name leaves the other.
+        n.detach("/a");
+        assert_eq!(n.path(a).unwrap(), "/d/b");
+        assert!(!n.by_path.contains_key("/a"));
+        // Renaming the directory holding a link renames that link only.
+        n.rename("/d", "/e");
+        assert_eq!(n.path(d).unwrap(), "/e");
+        assert_eq!(n.path(a).unwrap(), "/e/b");
+        // With no name left, another link looked up finds the node again.
+        n.detach("/e/b");
+        assert!(n.path(a).is_err());
+        assert_eq!(n.remember("/f", &file(10)), a);
+        assert_eq!(n.path(a).unwrap(), "/f");
+        // Three lookups counted (/a, /d/b, /f); all forgotten, all gone.
+        n.forget(a, 3);
+        assert!(n.path(a).is_err() && !n.by_key.contains_key(&(1, 10)) && !n.by_path.contains_key("/f"));
+        assert_ne!(n.remember("/f", &file(10)), a);
+    }
+
+    #[test]
+    fn a_name_holding_another_file_is_a_new_node() {
+        let mut n = Nodes::new("/");
+        let x = n.remember("/x", &file(10));
+        let y = n.remember("/x", &file(11));
+        assert_ne!(x, y);
+        assert!(n.path(x).is_err());
+        assert_eq!(n.path(y).unwrap(), "/x");
+        // Same inode number, now a directory: a new node too.
+        let z = n.remember("/x", &Attr { mode: libc::S_IFDIR, dev: 1, ino: 11, ..Attr::default() });
+        assert_ne!(z, y);
+        let fifo = Attr { mode: libc::S_IFIFO | 0o644, dev: 1, ino: 10, ..Attr::default() };
+        let w = n.remember("/w", &fifo);
+        assert_ne!(w, x);
+        assert_eq!(n.by_key.get(&(1, 10)), Some(&w));
+        n.forget(x, 1);
+        assert_eq!(n.by_key.get(&(1, 10)), Some(&w));
     }
 
     #[test]
