@@ -491,3 +491,32 @@ python3 -c "import subprocess; print(subprocess.run(['/remote/repo/s.sh', 'py'])
     assert!(srv.export.path().join("repo/.git/HEAD").is_file());
     assert!(srv.export.path().join("repo/m").is_file());
 }
+
+#[test]
+fn a_server_dying_under_a_writer_is_an_error_not_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let child = Command::new("timeout")
+        .args(["60", FERRY, "run", "--mount"])
+        .arg(format!("/remote={}", srv.url("/")))
+        .args(["--", "dd", "if=/dev/zero", "of=/remote/big", "bs=1M", "count=20000"])
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .current_dir(local.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once data arrives on the server, stop it (by PID, in Server's Drop).
+    let target = srv.export.path().join("big");
+    let t0 = std::time::Instant::now();
+    while std::fs::metadata(&target).map_or(0, |m| m.len()) < (8 << 20) {
+        assert!(t0.elapsed().as_secs() < 30, "dd never wrote");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(srv);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.signal(), None, "killed by a signal: {:?}", out.status);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("Input/output error"), "{}", stderr(&out));
+}

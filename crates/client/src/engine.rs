@@ -8,7 +8,7 @@
 //! write data goes from the caller's buffer to the kernel with `writev`.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -429,7 +429,7 @@ fn handshake_call(
 ) -> Result<(Header, Vec<u8>)> {
     let mut buf = Vec::new();
     req.encode(id, &mut buf);
-    tx.write_all(&buf).map_err(Error::from_io)?;
+    write_all_vectored(tx, &buf, &[]).map_err(Error::from_io)?;
     let mut hb = [0u8; HEADER_LEN];
     rx.read_exact(&mut hb).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => Error::Protocol("server closed the connection during the handshake".into()),
@@ -452,11 +452,24 @@ fn handshake_call(
     Ok((h, body))
 }
 
+/// Sends head and bulk with `sendmsg(MSG_NOSIGNAL)`: a server that went
+/// away must give the caller an error, not kill it with SIGPIPE (the
+/// client runs inside other people's programs, via the preload library).
 fn write_all_vectored(w: &mut TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
     let mut bufs = [IoSlice::new(head), IoSlice::new(bulk)];
     let mut slices: &mut [IoSlice<'_>] = if bulk.is_empty() { &mut bufs[..1] } else { &mut bufs[..] };
     while !slices.is_empty() {
-        let n = w.write_vectored(slices)?;
+        let sent = rustix::net::sendmsg(
+            &*w,
+            slices,
+            &mut rustix::net::SendAncillaryBuffer::default(),
+            rustix::net::SendFlags::NOSIGNAL,
+        );
+        let n = match sent {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
