@@ -191,11 +191,13 @@ d = os.open('/remote/w/x', os.O_RDONLY | os.O_DIRECTORY)
 os.chdir('/')
 os.fchdir(d)
 print(os.getcwd(), os.listdir('.'))
+# From a remote directory fd, '..' can lead back out of the mount.
+print(os.stat('../../..', dir_fd=d).st_ino == os.stat('/').st_ino)
 "#,
     )
     .unwrap();
     let out = ok(&run_in(&srv, local.path(), "python3 t.py"));
-    let want = "3000 3000\n['y']\n[('/remote/w', ['x'], []), ('/remote/w/x', ['y'], []), ('/remote/w/x/y', [], ['z'])]\nz\nimport 42\nz\nsub\nz\n/remote/w ['x']\n/remote/w/x ['y']\n";
+    let want = "3000 3000\n['y']\n[('/remote/w', ['x'], []), ('/remote/w/x', ['y'], []), ('/remote/w/x/y', [], ['z'])]\nz\nimport 42\nz\nsub\nz\n/remote/w ['x']\n/remote/w/x ['y']\nTrue\n";
     assert_eq!(out, want);
     assert_eq!(std::fs::read_to_string(srv.export.path().join("spawned")).unwrap(), "z");
 }

@@ -149,10 +149,19 @@ pub unsafe fn local_fix_at(d: c_int, p: *const c_char) -> Option<std::ffi::CStri
     let b = unsafe { bytes(p) }?;
     if d == libc::AT_FDCWD || b.first() == Some(&b'/') {
         // SAFETY: per the function's contract.
-        unsafe { local_fix(p) }
-    } else {
-        None
+        return unsafe { local_fix(p) };
     }
+    // From a remote directory fd, `..` can lead out of the mount; the
+    // kernel cannot walk from the placeholder, so it gets the full path.
+    if guard::busy() || !b.split(|c| *c == b'/').any(|c| c == b"..") {
+        return None;
+    }
+    let o = state::get(d)?;
+    let joined = crate::mounts::join(&o.local, std::str::from_utf8(b).ok()?);
+    if state::resolve(joined.as_bytes(), None).is_some() {
+        return None;
+    }
+    std::ffi::CString::new(joined).ok()
 }
 
 /// `Some(errno)` when exactly one of two paths is remote: the call would
