@@ -522,3 +522,22 @@ fn a_server_dying_under_a_writer_is_an_error_not_sigpipe() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("Input/output error"), "{}", stderr(&out));
 }
+
+#[test]
+fn ld_preload_by_hand_with_ferry_mounts() {
+    let srv = Server::start(&[]);
+    std::fs::create_dir(srv.export.path().join("sub")).unwrap();
+    std::fs::write(srv.export.path().join("sub/f"), "by hand\n").unwrap();
+    let o = Command::new("timeout")
+        .args(["60", "cat", "/data/f"])
+        .env("LD_PRELOAD", library())
+        .env("FERRY_MOUNTS", format!("/data={}", srv.url("/sub")))
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .output()
+        .unwrap();
+    assert_eq!(ok(&o), "by hand\n");
+    // A malformed table disables remote paths with one clear line.
+    let o = Command::new("true").env("LD_PRELOAD", library()).env("FERRY_MOUNTS", "data=nowhere").output().unwrap();
+    assert!(o.status.success());
+    assert!(stderr(&o).contains("ferry: FERRY_MOUNTS: data: mount point must be an absolute path; remote paths are disabled"), "{}", stderr(&o));
+}
