@@ -577,3 +577,41 @@ fn hard_links_are_one_inode() {
     let m = Mount::start(&s, mpd.path(), &["--attr-timeout", "0", "--entry-timeout", "0"]);
     check_hard_links(&m);
 }
+
+/// Writes are answered before the server acknowledges them (write-behind):
+/// every later call through the mount must still see them, and `close`
+/// must leave them on the server.
+#[test]
+fn write_behind_is_seen_by_later_calls() {
+    if !fuse_usable() {
+        return;
+    }
+    let s = Server::start(&[]);
+    let mpd = TempDir::new("mnt");
+    let m = Mount::start(&s, mpd.path(), &["--attr-timeout", "0", "--entry-timeout", "0"]);
+    let block = random_bytes(1 << 20, 5);
+    let mut w = fs::File::create(m.p("wb")).unwrap();
+    let mut r = fs::File::open(m.p("wb")).unwrap();
+    for i in 0..24u64 {
+        w.write_all(&block).unwrap();
+        // Another descriptor, a stat by name and by descriptor: all after.
+        assert_eq!(fs::metadata(m.p("wb")).unwrap().len(), (i + 1) << 20);
+        assert_eq!(w.metadata().unwrap().len(), (i + 1) << 20);
+        let mut back = vec![0u8; 1 << 20];
+        r.seek(SeekFrom::Start(i << 20)).unwrap();
+        r.read_exact(&mut back).unwrap();
+        assert!(back == block, "block {i} read back differs");
+    }
+    // Overwrites in flight land in order.
+    w.seek(SeekFrom::Start(0)).unwrap();
+    w.write_all(b"first").unwrap();
+    w.seek(SeekFrom::Start(0)).unwrap();
+    w.write_all(b"SECOND").unwrap();
+    w.set_len(30 << 20).unwrap();
+    drop(w);
+    let exp = fs::read(s.export.path().join("wb")).unwrap();
+    assert_eq!(exp.len(), 30 << 20);
+    assert_eq!(&exp[..6], b"SECOND");
+    assert!(exp[6..1 << 20] == block[6..]);
+    assert!(exp[24 << 20..].iter().all(|b| *b == 0));
+}

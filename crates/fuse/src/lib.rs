@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -629,8 +629,16 @@ impl FerryFs {
             file.write_all(data).map_err(io_errno)?;
             file.flush_writes().map_err(errno)?;
         } else {
-            let g = f.file.read().unwrap_or_else(|e| e.into_inner());
-            g.as_ref().ok_or(Errno::EBADF)?.write_at(data, offset).map_err(errno)?;
+            // Write-behind: the request is on the wire when this returns,
+            // and the kernel is answered without waiting for the server.
+            // The server runs one connection's requests in order, so any
+            // later read, stat or truncate of ours sees this write; a
+            // failure is reported by the next write, `flush` (close),
+            // `fsync` or `release` of this handle, as NFS does.
+            let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
+            let file = g.as_mut().ok_or(Errno::EBADF)?;
+            file.seek(SeekFrom::Start(offset)).map_err(io_errno)?;
+            file.write_all(data).map_err(io_errno)?;
         }
         Ok(data.len() as u32)
     }
@@ -901,8 +909,8 @@ impl Filesystem for FerryFs {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        // Writes are acknowledged before `write` returns, so there is
-        // nothing left to push; this only reports a late append failure.
+        // close(2) returns once every write of this handle is acknowledged,
+        // and reports the first one that failed.
         let f = tri!(reply, self.file(fh));
         let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
         if let Some(file) = g.as_mut() {
