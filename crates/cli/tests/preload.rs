@@ -539,5 +539,10 @@ fn ld_preload_by_hand_with_ferry_mounts() {
     // A malformed table disables remote paths with one clear line.
     let o = Command::new("true").env("LD_PRELOAD", library()).env("FERRY_MOUNTS", "data=nowhere").output().unwrap();
     assert!(o.status.success());
-    assert!(stderr(&o).contains("ferry: FERRY_MOUNTS: data: mount point must be an absolute path; remote paths are disabled"), "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .contains("ferry: FERRY_MOUNTS: data: mount point must be an absolute path; remote paths are disabled"),
+        "{}",
+        stderr(&o)
+    );
 }
