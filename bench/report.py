@@ -25,6 +25,9 @@ LABELS = {
 }
 
 
+COLOR = {s: f"C{i}" for i, s in enumerate(SYSTEMS)}
+
+
 def load(d):
     rows = {}
     order = defaultdict(list)
@@ -70,8 +73,8 @@ def table(rows, order, exp, metric, title, unit, higher_better=True):
         out.append(f"| {LABELS.get(s, s)} | " + " | ".join(cell(rows.get((exp, s, p, metric))) for p in params) + " |")
     # Ratios: ferry / each other system (>1: ferry better, for higher-is-better metrics).
     ferry = {p: rows.get((exp, "ferry", p, metric)) for p in params}
-    if any(ferry.values()):
-        others = [s for s in systems if s != "ferry"]
+    others = [s for s in systems if s != "ferry"]
+    if any(ferry.values()) and others and metric != "failed requests":
         out.append("")
         word = "ferry ÷ system" if higher_better else "system ÷ ferry"
         out.append(f"Ratio ({word}; > 1 means ferry is better):\n")
@@ -86,6 +89,36 @@ def table(rows, order, exp, metric, title, unit, higher_better=True):
                 else:
                     v = a["median"] / b["median"] if higher_better else b["median"] / a["median"]
                     cells.append(f"**{v:.2f}**" if v < 1 else f"{v:.2f}")
+            out.append(f"| {LABELS.get(s, s)} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def limits_table(rows, order):
+    """Each system's figure as a fraction of the raw limit measured in the same run."""
+    tcp = rows.get(("0", "raw", "TCP stream, 1 MiB writes", "throughput"))
+    rtt = rows.get(("0", "raw", "TCP ping-pong 64 B, unpinned", "latency"))
+    if not tcp or not rtt:
+        return ""
+    cols = [("1", "1M", "throughput", "read 1M ÷ raw TCP", tcp, False),
+            ("1", "16M", "throughput", "read 16M ÷ raw TCP", tcp, False),
+            ("2", "256M", "throughput", "write 256M ÷ raw TCP", tcp, False),
+            ("2", "1G", "throughput", "write 1G ÷ raw TCP", tcp, False),
+            ("4", "getattr on open file, median", "latency", "getattr ÷ raw ping-pong", rtt, True),
+            ("4", "stat by path, median", "latency", "stat by path ÷ raw ping-pong", rtt, True)]
+    out = ["| system | " + " | ".join(c[3] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for s in SYSTEMS:
+        if s == "local":
+            continue
+        cells = []
+        for e, p, m, _, lim, lat in cols:
+            r = rows.get((e, s, p, m))
+            if r is None:
+                cells.append("–")
+            elif lat:
+                cells.append(f"{r['median'] / lim['median']:.2f} ×")
+            else:
+                cells.append(f"{100 * r['median'] / lim['median']:.0f} %")
+        if any(c != "–" for c in cells):
             out.append(f"| {LABELS.get(s, s)} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -125,7 +158,7 @@ def plots(rows, order, d):
         y = [r["median"] for _, r in pts]
         lo = [r["median"] - r["min"] for _, r in pts]
         hi = [r["max"] - r["median"] for _, r in pts]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=LABELS.get(s, s),
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=LABELS.get(s, s), color=COLOR[s],
                     linestyle="--" if s == "local" else "-")
     if raw_tcp:
         ax.axhline(raw_tcp["median"], color="grey", linestyle=":", label="raw TCP stream")
@@ -143,10 +176,11 @@ def plots(rows, order, d):
     # 2. Write vs file size.
     fig, ax = plt.subplots(figsize=(8, 5))
     for s, pts in series("2", "throughput"):
-        ax.plot([bytes_of(p) for p, _ in pts], [r["median"] for _, r in pts], marker="o",
+        ax.plot([bytes_of(p) for p, _ in pts], [r["median"] for _, r in pts], marker="o", color=COLOR[s],
                 label=LABELS.get(s, s), linestyle="--" if s == "local" else "-")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks([2**16, 2**20, 2**24, 2**28, 2**30], ["64K", "1M", "16M", "256M", "1G"])
     ax.set_xlabel("file size (written in 1 MiB calls, then fsync)")
     ax.set_ylabel("MB/s")
     ax.set_title("2. Write + fsync throughput vs file size")
@@ -159,7 +193,8 @@ def plots(rows, order, d):
     fig, ax = plt.subplots(figsize=(8, 5))
     for s, pts in series("6", "aggregate throughput"):
         pts = [(p, r) for p, r in pts if p.isdigit()]
-        ax.plot([int(p) for p, _ in pts], [r["median"] for _, r in pts], marker="o", label=LABELS.get(s, s))
+        ax.plot([int(p) for p, _ in pts], [r["median"] for _, r in pts], marker="o", color=COLOR[s],
+                label=LABELS.get(s, s))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("concurrent client processes (64 KiB reads)")
@@ -199,6 +234,8 @@ def main():
     rows, order = load(d)
     print("### Raw limits (same run)\n")
     print(raw_table(rows))
+    print("### Against the raw limits\n")
+    print(limits_table(rows, order))
     print(table(rows, order, "1", "throughput", "1. Sequential read vs request size", "MB/s"))
     print(table(rows, order, "2", "throughput", "2. Write + fsync vs file size", "MB/s"))
     print(table(rows, order, "3", "throughput", "3. Window sweep (ferry), throughput", "MB/s"))
