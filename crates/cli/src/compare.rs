@@ -317,9 +317,14 @@ struct Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
-        if let Some((daemon, mnt)) = self.fuse.take() {
+        if let Some((mut daemon, mnt)) = self.fuse.take() {
             if let Ok(e) = exe() {
                 let _ = Command::new(e).arg("umount").arg(&mnt).stderr(Stdio::null()).status();
+            }
+            // The daemon exits once the kernel has let go of the mount.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) && matches!(daemon.0.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
             }
             drop(daemon);
             let _ = std::fs::remove_dir(&mnt);
@@ -634,6 +639,9 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
     }
 }
 
+/// Every failed measurement, baselines' included, for results.json.
+static ALL_ERRORS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// Runs one measurement; a baseline's failure is recorded and the run
 /// goes on, ferry's is an error.
 fn try_measure(sys: &System, args: &[&str], errors: &mut Vec<String>) -> Option<Measured> {
@@ -641,6 +649,7 @@ fn try_measure(sys: &System, args: &[&str], errors: &mut Vec<String>) -> Option<
         Ok(m) => Some(m),
         Err(e) => {
             eprintln!("ferry compare: {e}");
+            ALL_ERRORS.lock().unwrap_or_else(|p| p.into_inner()).push(e.clone());
             errors.push(e);
             None
         }
@@ -1130,13 +1139,15 @@ fn write_files(
         .map(|s| format!("{}:{}", json_str(&s.name), json_str(&s.note)))
         .collect();
     let list = |v: &[String]| v.iter().map(|s| json_str(s)).collect::<Vec<_>>().join(",");
+    let all = ALL_ERRORS.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let json = format!(
-        "{{\"runs\":{runs},\"quick\":{quick},\"machine\":{{{}}},\"status\":[{}],\"notes\":{{{}}},\"failures\":[{}],\
+        "{{\"runs\":{runs},\"quick\":{quick},\"machine\":{{{}}},\"status\":[{}],\"notes\":{{{}}},\"failures\":[{}],\"measurement_errors\":[{}],\
          \"experiment7\":\"not available yet (caching issue)\",\"records\":[\n{}\n]}}\n",
         m.join(","),
         list(status),
         notes.join(","),
         list(failures),
+        list(&all),
         recs.join(",\n")
     );
     std::fs::write(out.join("results.csv"), csv).map_err(|e| e.to_string())?;
