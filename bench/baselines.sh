@@ -20,7 +20,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CONF=$HERE/conf
 
 PACKAGES="nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils libnfs-dev openssh-server
-openssh-client sshfs fuse3 socat diod samba smbclient libsmbclient-dev gcc libc6-dev"
+openssh-client sshfs fuse3 socat diod samba smbclient libsmbclient-dev gcc libc6-dev iproute2"
 
 die() { echo "baselines.sh: $*" >&2; exit 1; }
 
