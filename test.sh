@@ -54,4 +54,11 @@ cargo test --workspace --release
 echo "== benchmark (quick mode)"
 ./target/release/ferry bench --quick
 
+echo "== comparison (quick mode; FERRY_COMPARE_BASELINES=1 adds NFS-Ganesha, diod, Samba, sshfs: slow, needs apt)"
+if [ "${FERRY_COMPARE_BASELINES:-0}" = 1 ]; then
+  ./target/release/ferry compare --quick --baselines
+else
+  ./target/release/ferry compare --quick
+fi
+
 echo "test.sh: all green"
