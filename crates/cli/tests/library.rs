@@ -55,6 +55,7 @@ both_backends!(
         exact_errnos,
         large_single_read_and_write,
         small_sequential_reads,
+        small_reads_stay_exact_across_fills_seeks_and_writes,
         reads_at_end_of_file_are_prompt,
         interleaved_seeks_and_reads,
         read_ahead_sees_own_writes,
@@ -1069,4 +1070,44 @@ fn dir_cp_256_mib_round_trip() {
     let o = server.ferry(&["cp", &server.url("/big.bin"), back.to_str().unwrap()]);
     assert!(o.status.success(), "cp down: {}", common::stderr(&o));
     same(&std::fs::read(&back).unwrap(), &data, "downloaded 256 MiB");
+}
+
+/// Small reads of odd sizes across buffer fills, seeks back into data the
+/// buffer held, and a write through the same handle in between: every byte
+/// read is the file's current byte.
+fn small_reads_stay_exact_across_fills_seeks_and_writes(server: &Server) {
+    let c = server.client();
+    let mut data = random_bytes(3 * 1024 * 1024 + 17, 21);
+    c.write("/odd", &data).unwrap();
+    let mut f = c.open("/odd", OpenOptions::new().read(true).write(true)).unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 1000];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        assert!(n == 1000 || out.len() + n == data.len(), "short read before the end");
+        out.extend_from_slice(&buf[..n]);
+    }
+    same(&out, &data, "1000-byte reads");
+    // Back into what the buffer held, after changing it through this handle.
+    f.seek(SeekFrom::Start(70_000)).unwrap();
+    f.write_all(b"fresh bytes").unwrap();
+    data[70_000..70_011].copy_from_slice(b"fresh bytes");
+    f.seek(SeekFrom::Start(69_995)).unwrap();
+    let mut small = [0u8; 20];
+    f.read_exact(&mut small).unwrap();
+    assert_eq!(&small[..], &data[69_995..70_015]);
+    // Continue sequentially from there with small reads.
+    let mut rest = Vec::new();
+    loop {
+        let n = f.read(&mut buf[..333]).unwrap();
+        if n == 0 {
+            break;
+        }
+        rest.extend_from_slice(&buf[..n]);
+    }
+    same(&rest, &data[70_015..], "333-byte reads after a seek");
+    f.close().unwrap();
 }

@@ -126,6 +126,13 @@ const PREFETCH_BYTES: usize = 8 * 1024 * 1024;
 const PREFETCH_MAX: usize = 8;
 /// Below this a transfer is one request; above it, split to fill the window.
 const SPLIT_MIN: usize = 1024 * 1024;
+/// Sequential reads smaller than this are served from a buffer filled with
+/// large requests (one round trip per 4 KiB read would cost more than the
+/// data); larger reads go straight into the caller's buffer.
+const SMALL_READ: usize = 64 * 1024;
+/// Buffer fills grow from the first to the largest as a sequence goes on.
+const FILL_FIRST: usize = 64 * 1024;
+const FILL_MAX: usize = 1024 * 1024;
 
 struct Prefetch {
     id: u64,
@@ -149,6 +156,16 @@ pub struct File {
     prefetch: Mutex<VecDeque<Prefetch>>,
     /// End offset and size of the last read, to see a sequential pattern.
     last_read: Option<(u64, usize)>,
+    /// Small sequential reads are served from here (`rbase`, `rlen` valid
+    /// bytes) while `rgen` matches `gen`, which any write or size change
+    /// through this handle bumps.
+    rbuf: Vec<u8>,
+    rbase: u64,
+    rlen: usize,
+    rgen: u64,
+    gen: std::sync::atomic::AtomicU64,
+    /// End of the last small read, to see a sequence.
+    small_end: Option<u64>,
     closed: bool,
 }
 
@@ -171,6 +188,12 @@ impl File {
             error: None,
             prefetch: Mutex::new(VecDeque::new()),
             last_read: None,
+            rbuf: Vec::new(),
+            rbase: 0,
+            rlen: 0,
+            rgen: 0,
+            gen: std::sync::atomic::AtomicU64::new(0),
+            small_end: None,
             closed: false,
         })
     }
@@ -298,6 +321,7 @@ impl File {
 
     /// Forgets all read-ahead: after a write its data may be stale.
     fn drop_prefetch(&self) {
+        self.gen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut q = self.prefetch.lock().unwrap_or_else(|e| e.into_inner());
         for p in q.drain(..) {
             self.client.engine().forget(p.id);
@@ -353,6 +377,72 @@ impl File {
             self.top_up(n)?;
         }
         Ok(got)
+    }
+
+    /// A small read, filled completely unless the file ends.
+    fn read_small(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read_small_once(&mut buf[done..])?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// From the buffer when the read continues a sequence (or starts the
+    /// file), else one request of its own.
+    fn read_small_once(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.take_error()?;
+        if self.pos_unknown {
+            self.sync_pos()?;
+        }
+        let gen = self.gen.load(std::sync::atomic::Ordering::Relaxed);
+        if self.rgen != gen {
+            self.rlen = 0;
+            self.rgen = gen;
+        }
+        let pos = self.pos;
+        let sequential = self.small_end == Some(pos) || pos == 0;
+        if !sequential {
+            self.rlen = 0;
+            let n = self.read_at(buf, pos)?;
+            self.pos += n as u64;
+            self.small_end = Some(self.pos);
+            return Ok(n);
+        }
+        if !(pos >= self.rbase && pos < self.rbase + self.rlen as u64) {
+            // Refill: requests grow while the sequence lasts, and once their
+            // size settles the read-ahead keeps the next ones in flight.
+            let size = if self.rlen == 0 || self.rbase + self.rlen as u64 != pos {
+                FILL_FIRST
+            } else {
+                (self.rbuf.len() * 2).clamp(FILL_FIRST, FILL_MAX)
+            };
+            let mut rbuf = std::mem::take(&mut self.rbuf);
+            rbuf.resize(size, 0);
+            let got = self.read_seq(&mut rbuf);
+            self.rbuf = rbuf;
+            let got = got?;
+            // read_seq moved the position past the fill; the caller's
+            // position is still `pos`.
+            self.pos = pos;
+            self.rbase = pos;
+            self.rlen = got;
+            self.rgen = self.gen.load(std::sync::atomic::Ordering::Relaxed);
+            if got == 0 {
+                self.small_end = Some(pos);
+                return Ok(0);
+            }
+        }
+        let off = (pos - self.rbase) as usize;
+        let n = (self.rlen - off).min(buf.len());
+        buf[..n].copy_from_slice(&self.rbuf[off..off + n]);
+        self.pos += n as u64;
+        self.small_end = Some(self.pos);
+        Ok(n)
     }
 
     fn write_seq(&mut self, buf: &[u8]) -> Result<usize> {
@@ -442,6 +532,9 @@ impl Drop for File {
 
 impl io::Read for File {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.len() < SMALL_READ {
+            return Ok(self.read_small(buf)?);
+        }
         Ok(self.read_seq(buf)?)
     }
 }
@@ -462,6 +555,10 @@ impl io::Seek for File {
         }
         let base = match pos {
             SeekFrom::Start(o) => {
+                if o != self.pos {
+                    self.small_end = None;
+                    self.rlen = 0;
+                }
                 self.pos = o;
                 return Ok(o);
             }
@@ -471,6 +568,10 @@ impl io::Seek for File {
         let to = base.0 + base.1 as i128;
         if to < 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        if to as u64 != self.pos {
+            self.small_end = None;
+            self.rlen = 0;
         }
         self.pos = to as u64;
         Ok(self.pos)
