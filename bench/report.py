@@ -11,9 +11,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-SYSTEMS = ["ferry", "ferry-fuse", "nfs3", "nfs4", "9p", "smb", "sshfs", "sshfs-direct", "local"]
+SYSTEMS = ["ferry", "ferry-run", "ferry-fuse", "nfs3", "nfs4", "9p", "smb", "sshfs", "sshfs-direct", "local"]
 LABELS = {
     "ferry": "ferry (library)",
+    "ferry-run": "ferry run (LD_PRELOAD)",
     "ferry-fuse": "ferry mount (FUSE)",
     "nfs3": "Ganesha + libnfs NFSv3",
     "nfs4": "Ganesha + libnfs NFSv4.0",

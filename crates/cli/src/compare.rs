@@ -572,6 +572,27 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
         }
         Err(e) => status.push(format!("down ferry-fuse: {e}")),
     }
+    // `ferry run`: the same worker, an unmodified program doing plain file
+    // I/O on a path the preload library makes remote.
+    let lib = Path::new(&exe).with_file_name("libferry_preload.so");
+    if lib.is_file() {
+        let mut cmd = vec![exe.clone(), "run".into(), "--mount".into()];
+        cmd.push(format!("/ferry-compare-remote=ferry://127.0.0.1:{port}/"));
+        cmd.extend(["--".into(), exe.clone(), "compare".into(), "--worker".into(), "/ferry-compare-remote".into()]);
+        systems.push(System {
+            name: "ferry-run".into(),
+            cmd,
+            env: vec![("FERRY_TOKEN".into(), "unused".into())],
+            server: vec![server_pid],
+            client_side: Vec::new(),
+            writes: true,
+            note: "ferry run (LD_PRELOAD): plain file I/O through the preload library".into(),
+            local: false,
+        });
+        status.push("up ferry-run (preload library)".into());
+    } else {
+        status.push(format!("down ferry-run: {} not found (cargo build --release builds it)", lib.display()));
+    }
     if want_baselines {
         eprintln!("ferry compare: starting baselines");
         let (b, st) = start_baselines(&mut run, &find_bench_dir(&a));
