@@ -327,7 +327,12 @@ impl Drop for Run {
                 std::thread::sleep(Duration::from_millis(20));
             }
             drop(daemon);
-            let _ = std::fs::remove_dir(&mnt);
+            // A daemon that had to be killed leaves the unmount to
+            // fusermount3, a moment later: retry the removal briefly.
+            let t = Instant::now();
+            while std::fs::remove_dir(&mnt).is_err() && mnt.exists() && t.elapsed() < Duration::from_secs(3) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         if self.baselines_started {
             if let Some(s) = &self.script {

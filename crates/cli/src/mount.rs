@@ -243,22 +243,22 @@ fn strip(e: &io::Error) -> String {
 }
 
 pub fn umount(mp: &Path) -> Result<(), String> {
-    if let Err(e) = std::fs::metadata(mp) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
-            // Its daemon is gone: nothing can be flushed, and a plain
-            // unmount may be refused while processes still hold it.
-            return rustix::mount::unmount(mp, UnmountFlags::DETACH)
-                .map_err(|e| format!("{}: {}", mp.display(), errno_text(e)));
-        }
-        return Err(format!("{}: {}", mp.display(), strip(&e)));
+    // Unmount first, look later: a `stat` through the mount would go to
+    // the daemon, and with its server gone that fails (EIO) for a mount
+    // that can be unmounted perfectly well.
+    match unmount(mp) {
+        Ok(()) => Ok(()),
+        Err(Errno::BUSY) => match std::fs::metadata(mp) {
+            // Its daemon is gone: nothing can be flushed; detach it.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => rustix::mount::unmount(mp, UnmountFlags::DETACH)
+                .map_err(|e| format!("{}: {}", mp.display(), errno_text(e))),
+            _ => Err(format!(
+                "{}: mount is busy (a process has a file open or its working directory there); \
+                 close those, or detach lazily with umount -l",
+                mp.display()
+            )),
+        },
+        Err(Errno::INVAL) => Err(format!("{}: not a mount point", mp.display())),
+        Err(e) => Err(format!("{}: {}", mp.display(), errno_text(e))),
     }
-    unmount(mp).map_err(|e| match e {
-        Errno::BUSY => format!(
-            "{}: mount is busy (a process has a file open or its working directory there); \
-             close those, or detach lazily with umount -l",
-            mp.display()
-        ),
-        Errno::INVAL => format!("{}: not a mount point", mp.display()),
-        e => format!("{}: {}", mp.display(), errno_text(e)),
-    })
 }

@@ -615,3 +615,33 @@ fn write_behind_is_seen_by_later_calls() {
     assert!(exp[6..1 << 20] == block[6..]);
     assert!(exp[24 << 20..].iter().all(|b| *b == 0));
 }
+
+/// `ferry umount` must not need the server: with it gone, a `stat` through
+/// the mount fails, but the unmount itself works.
+#[test]
+fn umount_works_after_the_server_is_gone() {
+    if !fuse_usable() {
+        return;
+    }
+    let s = Server::start(&[]);
+    let mpd = TempDir::new("mnt");
+    let mp = mpd.path().to_str().unwrap().to_string();
+    // No attribute cache, so a `stat` of the mount point reaches the daemon.
+    let args = ["mount", &s.url("/"), &mp, "--background", "--attr-timeout", "0", "--entry-timeout", "0"];
+    let (st, out, err) = ferry(&s, &args);
+    assert!(st.success(), "background mount failed: {out}{err}");
+    struct Detach(PathBuf);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            if is_mounted(&self.0) {
+                let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
+            }
+        }
+    }
+    let _guard = Detach(mpd.path().to_path_buf());
+    assert!(is_mounted(mpd.path()));
+    drop(s);
+    let o = std::process::Command::new(common::FERRY).args(["umount", &mp]).output().unwrap();
+    assert!(o.status.success(), "umount: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(wait_for(Duration::from_secs(5), || !is_mounted(mpd.path())));
+}
