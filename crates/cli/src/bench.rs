@@ -133,7 +133,9 @@ pub fn run(mut a: BenchArgs, _tf: Option<&Path>) -> Result<(), String> {
     result
 }
 
-fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), String> {
+/// Starts the benchmark server and connects to it, this process on CPU 0
+/// and the server on CPU 1 when there are two. Returns whether there are.
+fn start_pinned(dir: &Path) -> Result<(Reap, u16, Client, bool), String> {
     let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
     let cross = cpus.count() >= 2;
     CROSS.store(cross, std::sync::atomic::Ordering::Relaxed);
@@ -147,6 +149,11 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         pin(Some(server.0.id()), 1)?;
     }
     let client = Client::connect(&format!("127.0.0.1:{port}"), &Options::default()).map_err(|e| e.to_string())?;
+    Ok((server, port, client, cross))
+}
+
+fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), String> {
+    let (server, port, client, cross) = start_pinned(dir)?;
     let mut tcp = Series::new("raw TCP stream, 1 MiB writes", "MB/s");
     let mut read = Series::new("ferry sequential read", "MB/s");
     let mut write = Series::new("ferry sequential write", "MB/s");
@@ -162,7 +169,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     for _ in 0..a.runs {
         tcp.values.push(raw_stream(bytes)?);
         write.values.push(ferry_write(&client, bytes, block)?);
-        read.values.push(ferry_read(&client, bytes, block)?);
+        read.values.push(ferry_read(&client, "/bench.dat", bytes, block)?);
         sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
         recvwrite.values.push(raw_recv_write(&dir.join("raw.dat"), bytes)?);
         let addr = format!("127.0.0.1:{port}");
@@ -260,10 +267,11 @@ fn ferry_write(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
     Ok(mbps(bytes, t.elapsed()))
 }
 
-fn ferry_read(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
+/// Reads `path` through with `block`-sized reads: MB/s.
+fn ferry_read(c: &Client, path: &str, bytes: u64, block: usize) -> Result<f64, String> {
     let mut buf = vec![0u8; block];
     let t = Instant::now();
-    let mut f = c.open("/bench.dat", OpenOptions::new().read(true)).map_err(|e| e.to_string())?;
+    let mut f = c.open(path, OpenOptions::new().read(true)).map_err(|e| e.to_string())?;
     let mut total = 0u64;
     loop {
         let n = f.read(&mut buf).map_err(|e| e.to_string())?;
@@ -274,7 +282,7 @@ fn ferry_read(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
     }
     f.close().map_err(|e| e.to_string())?;
     if total != bytes {
-        return Err(format!("read {total} bytes, expected {bytes}"));
+        return Err(format!("{path}: read {total} bytes, expected {bytes}"));
     }
     Ok(mbps(bytes, t.elapsed()))
 }

@@ -159,7 +159,8 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         nwrite.values.push(write_file(&null_file, s.bytes, s.block, false)?);
         fread.values.push(read_file(&data, s.bytes, s.block)?);
         nread.values.push(read_file(&null_file, s.bytes, s.block)?);
-        lread.values.push(library_read(&client, "/bench-fuse.dat", s.bytes, s.block)?);
+        // The same file read with the library, no FUSE: what the mount adds.
+        lread.values.push(super::ferry_read(&client, "/bench-fuse.dat", s.bytes, s.block)?);
         let (n, f, f99) = stats(&mp_null.join(ferry_fuse::NULL_FILE), &mp_ferry0.join("bench-fuse.dat"), s.stats)?;
         nstat.values.push(n);
         fstat.values.push(f);
@@ -266,26 +267,6 @@ fn read_file(path: &Path, bytes: u64, block: usize) -> Result<f64, String> {
         return Err(format!("{}: read {total} bytes, expected {bytes}", path.display()));
     }
     Ok(mbps(bytes, elapsed))
-}
-
-/// The same file read with the library, no FUSE: what the mount adds.
-fn library_read(c: &Client, path: &str, bytes: u64, block: usize) -> Result<f64, String> {
-    let mut buf = vec![0u8; block];
-    let t = Instant::now();
-    let mut f = c.open(path, ferry_client::OpenOptions::new().read(true)).map_err(|e| e.to_string())?;
-    let mut total = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-    }
-    f.close().map_err(|e| e.to_string())?;
-    if total != bytes {
-        return Err(format!("{path}: read {total} bytes, expected {bytes}"));
-    }
-    Ok(mbps(bytes, t.elapsed()))
 }
 
 /// `stat(2)` of a file on the null mount and on ferry's uncached mount, in

@@ -6,9 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use ferry_client::{Client, Options};
-
-use super::{ferry_read, ferry_write, mbps, pin, start_server, Series, CROSS};
+use super::{ferry_read, ferry_write, mbps, start_pinned, Series};
 
 /// One `dd` under `ferry run`: MB/s and context switches per GiB (from the
 /// child's rusage, voluntary + involuntary).
@@ -68,15 +66,7 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
         println!("ferry bench --run: skipped: {} not found (`cargo build --release` builds it)", lib.display());
         return Ok(());
     }
-    let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
-    let cross = cpus.count() >= 2;
-    CROSS.store(cross, std::sync::atomic::Ordering::Relaxed);
-    let (server, port) = start_server(dir)?;
-    if cross {
-        pin(None, 0)?;
-        pin(Some(server.0.id()), 1)?;
-    }
-    let client = Client::connect(&format!("127.0.0.1:{port}"), &Options::default()).map_err(|e| e.to_string())?;
+    let (server, port, client, _) = start_pinned(dir)?;
     let mut lib_read = Series::new("library read, 1 MiB requests", "MB/s");
     let mut lib_write = Series::new("library write, 1 MiB requests", "MB/s");
     let sizes: [(usize, &str); 3] = [(1 << 20, "1M"), (64 << 10, "64k"), (4 << 10, "4k")];
@@ -90,7 +80,7 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
     }
     for _ in 0..runs {
         lib_write.values.push(ferry_write(&client, bytes, 1 << 20)?);
-        lib_read.values.push(ferry_read(&client, bytes, 1 << 20)?);
+        lib_read.values.push(ferry_read(&client, "/bench.dat", bytes, 1 << 20)?);
         for (i, (bs, name)) in sizes.iter().enumerate() {
             let count = (bytes / *bs as u64).to_string();
             let (r, c) =

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::fuse::{fuse_usable, is_live, is_mounted, wait_for, Detach};
 use common::{random_bytes, Server, TempDir, FERRY};
 use rustix::mount::UnmountFlags;
 use rustix::process::{Pid, Signal};
@@ -23,42 +24,6 @@ use rustix::process::{Pid, Signal};
 const TEST_LIMIT: Duration = Duration::from_secs(180);
 /// Longest any one program run on the mount may take.
 const CMD_LIMIT: Duration = Duration::from_secs(60);
-
-fn fuse_usable() -> bool {
-    if !Path::new("/dev/fuse").exists() || !rustix::process::geteuid().is_root() {
-        eprintln!("skipping: FUSE tests need /dev/fuse and root");
-        return false;
-    }
-    true
-}
-
-/// Mounted and answering.
-fn is_live(mp: &Path) -> bool {
-    match (fs::metadata(mp), mp.parent().map(fs::metadata)) {
-        (Ok(m), Some(Ok(p))) => m.dev() != p.dev(),
-        _ => false,
-    }
-}
-
-fn is_mounted(mp: &Path) -> bool {
-    match (fs::metadata(mp), mp.parent().map(fs::metadata)) {
-        (Ok(m), Some(Ok(p))) => m.dev() != p.dev(),
-        // A dead FUSE mount answers ENOTCONN: still mounted.
-        (Err(e), _) => e.raw_os_error() == Some(libc::ENOTCONN),
-        _ => false,
-    }
-}
-
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
 
 /// A foreground `ferry mount` daemon.
 struct Mount {
@@ -398,14 +363,6 @@ fn umount_command_and_background_mode() {
     let (st, out, err) = ferry(&s, &["mount", &s.url("/"), &mp, "--background"]);
     assert!(st.success(), "background mount failed: {out}{err}");
     // From here the mount must go away even if the test fails.
-    struct Detach(PathBuf);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            if is_mounted(&self.0) {
-                let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
-            }
-        }
-    }
     let _guard = Detach(mpd.path().to_path_buf());
     assert!(is_mounted(mpd.path()));
     fs::write(mpd.path().join("f"), b"bg").unwrap();
@@ -630,14 +587,6 @@ fn umount_works_after_the_server_is_gone() {
     let args = ["mount", &s.url("/"), &mp, "--background", "--attr-timeout", "0", "--entry-timeout", "0"];
     let (st, out, err) = ferry(&s, &args);
     assert!(st.success(), "background mount failed: {out}{err}");
-    struct Detach(PathBuf);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            if is_mounted(&self.0) {
-                let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
-            }
-        }
-    }
     let _guard = Detach(mpd.path().to_path_buf());
     assert!(is_mounted(mpd.path()));
     drop(s);

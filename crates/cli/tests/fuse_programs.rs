@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::fuse::{fuse_usable, is_live, is_mounted, wait_for};
 use common::{random_bytes, Server, TempDir, FERRY};
 use rustix::mount::UnmountFlags;
 use rustix::process::{Pid, Signal};
@@ -25,40 +26,6 @@ use rustix::process::{Pid, Signal};
 const TEST_LIMIT: Duration = Duration::from_secs(300);
 /// Longest one program run may take (a venv with pip writes ~1,000 files).
 const CMD_LIMIT: Duration = Duration::from_secs(120);
-
-fn fuse_usable() -> bool {
-    if !Path::new("/dev/fuse").exists() || !rustix::process::geteuid().is_root() {
-        eprintln!("skipping: FUSE tests need /dev/fuse and root");
-        return false;
-    }
-    true
-}
-
-fn is_live(mp: &Path) -> bool {
-    match (fs::metadata(mp), mp.parent().map(fs::metadata)) {
-        (Ok(m), Some(Ok(p))) => m.dev() != p.dev(),
-        _ => false,
-    }
-}
-
-fn is_mounted(mp: &Path) -> bool {
-    match fs::metadata(mp) {
-        // A dead FUSE mount answers ENOTCONN: still mounted.
-        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
-        Ok(_) => is_live(mp),
-    }
-}
-
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
 
 /// A foreground `ferry mount` daemon on a private mount point, with the
 /// server it talks to. Dropping it unmounts (SIGTERM, then a lazy detach if

@@ -1,6 +1,6 @@
 //! A remote open file as this process sees it: where it is, how it was
-//! opened, and this process's handle on the server with its read buffer
-//! and gathered writes.
+//! opened, and this process's handle on the server with its gathered
+//! writes (reads are buffered by the client's `File`).
 //!
 //! The file offset is not here: it is the kernel offset of the placeholder
 //! fd (see `placeholder.rs`), shared by `dup`, `fork` and `exec` exactly as
@@ -14,14 +14,12 @@ use parking_lot::Mutex;
 
 use crate::state;
 
-/// Reads smaller than this are served from a buffer filled sequentially;
-/// writes smaller than half of it are gathered into one request.
+/// Writes smaller than half of this are gathered into requests of up to
+/// this size.
 pub const CHUNK: usize = 1024 * 1024;
-/// First buffer fill: a short program reading a little pays little.
-const FIRST_FILL: usize = 64 * 1024;
 
 /// Change counters, one per hash bucket of (mount, path): a write through
-/// one handle makes the read buffers of other handles of the same file in
+/// one handle makes the read-ahead of other handles of the same file in
 /// this process stale.
 static GENERATION: [AtomicU32; 256] = [const { AtomicU32::new(0) }; 256];
 /// Handles holding gathered (unsent) writes, per bucket: a read, `stat` or
@@ -64,13 +62,8 @@ pub struct Open {
 struct Io {
     epoch: u64,
     file: Option<File>,
-    rbuf: Vec<u8>,
-    rbase: u64,
-    rlen: usize,
+    /// The file's change counter when this handle last read.
     rgen: u32,
-    next_fill: usize,
-    /// End of the last read: a read starting here continues a sequence.
-    last_end: Option<u64>,
     wbuf: Vec<u8>,
     wbase: u64,
 }
@@ -86,7 +79,7 @@ fn bucket_of(mount: usize, path: &str) -> usize {
 impl Open {
     /// A file this process has just opened on the server.
     pub fn new(mount: usize, path: String, local: String, flags: i32, dir: bool, file: Option<File>) -> Open {
-        let io = Io { epoch: state::EPOCH.load(Relaxed), file, next_fill: FIRST_FILL, ..Io::default() };
+        let io = Io { epoch: state::EPOCH.load(Relaxed), file, ..Io::default() };
         let bucket = bucket_of(mount, &path);
         Open {
             mount,
@@ -123,6 +116,11 @@ impl Open {
         self.shared.store(true, Relaxed);
     }
 
+    /// The path this file was opened by, for path calls on it.
+    pub fn remote(&self) -> crate::mounts::Remote {
+        crate::mounts::Remote { mount: self.mount, path: self.path.clone(), local: self.local.clone() }
+    }
+
     pub fn access_mode(&self) -> i32 {
         self.flags.load(Relaxed) & libc::O_ACCMODE
     }
@@ -142,7 +140,6 @@ impl Open {
                 GATHERING[self.bucket].fetch_sub(1, Relaxed);
                 io.wbuf.clear();
             }
-            io.rlen = 0;
             io.epoch = epoch;
         }
         if io.file.is_none() {
@@ -196,68 +193,35 @@ impl Open {
 
     /// The program moved the offset itself: the read sequence is broken.
     pub fn seeked(&self) {
-        let mut io = self.io.lock();
-        io.last_end = None;
-        io.rlen = 0;
+        if let Some(f) = self.io.lock().file.as_ref() {
+            f.discard_read_ahead();
+        }
     }
 
+    /// Reads at `pos` through the client's `File`, whose small-read buffer
+    /// and read-ahead serve sequential reads of any size.
     pub fn read(&self, pos: u64, buf: &mut [u8]) -> Result<usize, i32> {
         send_pending(self.mount, &self.path);
         let mut guard = self.io.lock();
         let io = &mut *guard;
         self.send_gathered(io)?;
-        let sequential = io.last_end == Some(pos) || pos == 0;
         let gen = self.generation();
-        if io.rgen != gen {
-            io.rlen = 0;
-            io.rgen = gen;
-            if let Ok(f) = self.file(io) {
-                f.discard_read_ahead();
-            }
+        let stale = io.rgen != gen;
+        io.rgen = gen;
+        let f = self.file(io)?;
+        if stale {
+            // Another handle of this process wrote to the file.
+            f.discard_read_ahead();
         }
+        f.seek(SeekFrom::Start(pos)).map_err(|e| io_errno(self, e))?;
         let mut done = 0;
         while done < buf.len() {
-            let at = pos + done as u64;
-            // From the buffer, when the reader continues where it was.
-            if sequential && at >= io.rbase && at < io.rbase + io.rlen as u64 {
-                let off = (at - io.rbase) as usize;
-                let n = (io.rlen - off).min(buf.len() - done);
-                buf[done..done + n].copy_from_slice(&io.rbuf[off..off + n]);
-                done += n;
-                continue;
-            }
-            let rest = &mut buf[done..];
-            if rest.len() >= CHUNK / 2 || !sequential {
-                // Large or random: straight into the caller's buffer.
-                let f = self.file(io)?;
-                let n = if sequential {
-                    f.seek(SeekFrom::Start(at)).and_then(|_| f.read(rest)).map_err(|e| io_errno(self, e))?
-                } else {
-                    f.read_at(rest, at).map_err(|e| self.errno(e))?
-                };
-                done += n;
-                if n < rest.len() {
-                    break;
-                }
-                continue;
-            }
-            // Small and sequential: fill the buffer (the client's read-ahead
-            // keeps the next fills in flight once their size settles).
-            let size = io.next_fill.clamp(FIRST_FILL, CHUNK);
-            let mut rbuf = std::mem::take(&mut io.rbuf);
-            rbuf.resize(size, 0);
-            let f = self.file(io)?;
-            let got = f.seek(SeekFrom::Start(at)).and_then(|_| f.read(&mut rbuf[..size]));
-            io.rbuf = rbuf;
-            let got = got.map_err(|e| io_errno(self, e))?;
-            io.rbase = at;
-            io.rlen = got;
-            io.next_fill = (size * 2).min(CHUNK);
-            if got == 0 {
+            let n = f.read(&mut buf[done..]).map_err(|e| io_errno(self, e))?;
+            if n == 0 {
                 break;
             }
+            done += n;
         }
-        io.last_end = Some(pos + done as u64);
         Ok(done)
     }
 
@@ -267,8 +231,6 @@ impl Open {
         let mut guard = self.io.lock();
         let io = &mut *guard;
         self.changed();
-        io.rlen = 0;
-        io.last_end = None;
         if append {
             self.send_gathered(io)?;
             let f = self.file(io)?;
@@ -316,7 +278,6 @@ impl Open {
     pub fn truncate(&self, size: u64) -> Result<(), i32> {
         let mut io = self.io.lock();
         self.changed();
-        io.rlen = 0;
         self.sync_locked(&mut io)?;
         let f = self.file(&mut io)?;
         f.set_len(size).map_err(|e| self.errno(e))
@@ -332,13 +293,13 @@ impl Open {
     /// A target naming this open file for attribute calls.
     pub fn with_handle<T>(
         &self,
-        f: impl FnOnce(&ferry_client::Client, Target<'_>) -> Result<T, i32>,
+        f: impl FnOnce(&ferry_client::Client, Target<'_>) -> ferry_client::Result<T>,
     ) -> Result<T, i32> {
         let mut io = self.io.lock();
         self.sync_locked(&mut io)?;
         let handle = self.file(&mut io)?.handle();
         let client = state::client(self.mount)?;
-        f(&client, Target::Handle(handle))
+        f(&client, Target::Handle(handle)).map_err(|e| self.errno(e))
     }
 
     /// Closes this process's handle, reporting a failed write-behind.

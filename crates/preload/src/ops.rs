@@ -212,7 +212,7 @@ pub fn stat_path(r: &Remote, follow: bool) -> R<Attr> {
 
 pub fn stat_fd(o: &Open) -> R<Attr> {
     if o.dir {
-        let r = Remote { mount: o.mount, path: o.path.clone(), local: o.local.clone() };
+        let r = o.remote();
         return stat_path(&r, true);
     }
     o.stat()

@@ -2,6 +2,8 @@
 //! (by PID) when the guard drops, with its export in a private temp dir.
 #![allow(dead_code)]
 
+pub mod fuse;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

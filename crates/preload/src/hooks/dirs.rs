@@ -10,7 +10,6 @@ use parking_lot::Mutex;
 
 use super::{remote_fd, remote_path};
 use crate::guard::{enter, set_errno};
-use crate::mounts::Remote;
 use crate::open::Open;
 use crate::{ops, state};
 
@@ -36,7 +35,7 @@ fn ours(d: *mut libc::DIR) -> bool {
 }
 
 fn list(o: &Open) -> Result<Vec<Entry>, i32> {
-    let r = Remote { mount: o.mount, path: o.path.clone(), local: o.local.clone() };
+    let r = o.remote();
     let items = ops::with(&r, |c, p| c.read_dir(p))?;
     let me = ops::stat_path(&r, true).map(|a| a.ino).unwrap_or(1);
     let mut out = vec![

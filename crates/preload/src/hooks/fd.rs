@@ -348,10 +348,7 @@ pub unsafe extern "C" fn __fxstat64(v: c_int, fd: c_int, st: *mut libc::stat64) 
 
 fn fstatfs_any(fd: c_int) -> Option<Result<ferry_client::StatFs, i32>> {
     let o = remote_fd(fd)?;
-    Some(enter(|| {
-        let r = crate::mounts::Remote { mount: o.mount, path: o.path.clone(), local: o.local.clone() };
-        ops::with(&r, |c, p| c.statfs(p))
-    }))
+    Some(enter(|| ops::with(&o.remote(), |c, p| c.statfs(p))))
 }
 
 #[no_mangle]
@@ -425,15 +422,13 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn fchmod(fd: c_int, mode: libc::mode_t) -> c_int {
     let Some(o) = remote_fd(fd) else { return pass!(fchmod(fd, mode)) };
-    ret(enter(|| {
-        o.with_handle(|c, t| c.set_permissions(t, mode & 0o7777).map_err(|e| state::errno_of(o.mount, &e))).map(|_| 0)
-    }))
+    ret(enter(|| o.with_handle(|c, t| c.set_permissions(t, mode & 0o7777)).map(|_| 0)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
     let Some(o) = remote_fd(fd) else { return pass!(fchown(fd, uid, gid)) };
-    ret(enter(|| o.with_handle(|c, t| c.chown(t, uid, gid).map_err(|e| state::errno_of(o.mount, &e))).map(|_| 0)))
+    ret(enter(|| o.with_handle(|c, t| c.chown(t, uid, gid)).map(|_| 0)))
 }
 
 #[no_mangle]
@@ -441,7 +436,7 @@ pub unsafe extern "C" fn futimens(fd: c_int, ts: *const libc::timespec) -> c_int
     let Some(o) = remote_fd(fd) else { return pass!(futimens(fd, ts)) };
     // SAFETY: NULL or two timespecs, per futimens(3).
     let (a, m) = unsafe { super::paths::times(ts) };
-    ret(enter(|| o.with_handle(|c, t| c.set_times(t, a, m).map_err(|e| state::errno_of(o.mount, &e))).map(|_| 0)))
+    ret(enter(|| o.with_handle(|c, t| c.set_times(t, a, m)).map(|_| 0)))
 }
 
 #[no_mangle]
@@ -449,7 +444,7 @@ pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
     let Some(o) = remote_fd(fd) else { return pass!(futimes(fd, tv)) };
     // SAFETY: NULL or two timevals, per futimes(3).
     let (a, m) = unsafe { super::paths::times_tv(tv) };
-    ret(enter(|| o.with_handle(|c, t| c.set_times(t, a, m).map_err(|e| state::errno_of(o.mount, &e))).map(|_| 0)))
+    ret(enter(|| o.with_handle(|c, t| c.set_times(t, a, m)).map(|_| 0)))
 }
 
 // ---- extended attributes by fd ----
@@ -461,7 +456,7 @@ pub unsafe extern "C" fn fgetxattr(fd: c_int, n: *const libc::c_char, v: *mut c_
     let (name, out) = unsafe { (super::bytes(n), slice_mut(v, s)) };
     ret(enter(|| {
         let name = std::str::from_utf8(name.ok_or(libc::EFAULT)?).map_err(|_| libc::ENODATA)?;
-        let val = o.with_handle(|c, t| c.get_xattr(t, name).map_err(|e| state::errno_of(o.mount, &e)))?;
+        let val = o.with_handle(|c, t| c.get_xattr(t, name))?;
         super::paths::copy_out(&val, out)
     }))
 }
@@ -472,7 +467,7 @@ pub unsafe extern "C" fn flistxattr(fd: c_int, l: *mut libc::c_char, s: size_t) 
     // SAFETY: the list buffer has s bytes.
     let out = unsafe { slice_mut(l.cast(), s) };
     ret(enter(|| {
-        let names = o.with_handle(|c, t| c.list_xattr(t).map_err(|e| state::errno_of(o.mount, &e)))?;
+        let names = o.with_handle(|c, t| c.list_xattr(t))?;
         super::paths::copy_out(&super::paths::name_list(&names), out)
     }))
 }
@@ -484,7 +479,7 @@ pub unsafe extern "C" fn fsetxattr(fd: c_int, n: *const libc::c_char, v: *const 
     let (name, val) = unsafe { (super::bytes(n), slice(v, s)) };
     ret(enter(|| {
         let name = std::str::from_utf8(name.ok_or(libc::EFAULT)?).map_err(|_| libc::EINVAL)?;
-        o.with_handle(|c, t| c.set_xattr(t, name, val, f as u32).map_err(|e| state::errno_of(o.mount, &e))).map(|_| 0)
+        o.with_handle(|c, t| c.set_xattr(t, name, val, f as u32)).map(|_| 0)
     }))
 }
 
@@ -495,7 +490,7 @@ pub unsafe extern "C" fn fremovexattr(fd: c_int, n: *const libc::c_char) -> c_in
     let name = unsafe { super::bytes(n) };
     ret(enter(|| {
         let name = std::str::from_utf8(name.ok_or(libc::EFAULT)?).map_err(|_| libc::ENODATA)?;
-        o.with_handle(|c, t| c.remove_xattr(t, name).map_err(|e| state::errno_of(o.mount, &e))).map(|_| 0)
+        o.with_handle(|c, t| c.remove_xattr(t, name)).map(|_| 0)
     }))
 }
 

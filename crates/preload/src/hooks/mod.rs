@@ -91,24 +91,14 @@ pub unsafe fn remote_at(dirfd: c_int, p: *const c_char) -> Option<Remote> {
     state::resolve(b, Some(&o.local))
 }
 
-/// A path that names a mount but leaves it with `..` (`/remote/..`): the
-/// kernel must see it normalised, since the mount point itself may not
-/// exist locally.
-///
-/// # Safety
-/// As for `bytes`.
-pub unsafe fn escaped_mount(p: *const c_char) -> Option<std::ffi::CString> {
-    if guard::busy() || !state::ACTIVE.load(Relaxed) {
+/// An absolute path that names a mount but leaves it with `..`
+/// (`/remote/..`): the kernel must see it normalised, since the mount point
+/// itself may not exist locally.
+fn escaped_mount(s: &str) -> Option<std::ffi::CString> {
+    if !s.contains("/..") {
         return None;
     }
-    // SAFETY: per the function's contract.
-    let b = unsafe { bytes(p) }?;
-    let s = std::str::from_utf8(b).ok()?;
-    if !s.starts_with('/') || !s.contains("/..") {
-        return None;
-    }
-    let mounts = state::MOUNTS.read();
-    if !mounts.iter().any(|m| s.starts_with(m.prefix.as_str())) {
+    if !state::MOUNTS.read().iter().any(|m| s.starts_with(m.prefix.as_str())) {
         return None;
     }
     std::ffi::CString::new(crate::mounts::normalize(s)).ok()
@@ -127,13 +117,12 @@ pub unsafe fn local_fix(p: *const c_char) -> Option<std::ffi::CString> {
         return None;
     }
     // SAFETY: per the function's contract.
-    let b = unsafe { bytes(p) }?;
-    if b.first() == Some(&b'/') {
-        // SAFETY: per the function's contract.
-        return unsafe { escaped_mount(p) };
+    let s = std::str::from_utf8(unsafe { bytes(p) }?).ok()?;
+    if s.starts_with('/') {
+        return escaped_mount(s);
     }
     let cwd = state::CWD.read().clone()?;
-    let joined = crate::mounts::join(&cwd, std::str::from_utf8(b).ok()?);
+    let joined = crate::mounts::join(&cwd, s);
     if state::resolve(joined.as_bytes(), None).is_some() {
         return None;
     }

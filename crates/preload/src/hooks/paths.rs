@@ -196,12 +196,11 @@ macro_rules! stat_hook {
     ($name:ident, $follow:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(p: *const c_char, st: *mut libc::stat64) -> c_int {
+            let fixed = safe_path!(super::local_fix(p));
+            let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
             match safe_path!(remote_path(p)) {
                 Some(r) => stat_into(r, $follow, st),
-                None => match safe_path!(super::escaped_mount(p)) {
-                    Some(n) => pass!($name(n.as_ptr(), st)),
-                    None => pass!($name(p, st)),
-                },
+                None => pass!($name(p, st)),
             }
         }
     };
@@ -215,6 +214,8 @@ macro_rules! xstat_hook {
     ($name:ident, $follow:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(v: c_int, p: *const c_char, st: *mut libc::stat64) -> c_int {
+            let fixed = safe_path!(super::local_fix(p));
+            let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
             match safe_path!(remote_path(p)) {
                 Some(r) => stat_into(r, $follow, st),
                 None => pass!($name(v, p, st)),
@@ -249,9 +250,6 @@ fn fstatat_impl(d: c_int, p: *const c_char, st: *mut libc::stat64, flags: c_int)
 pub unsafe extern "C" fn fstatat(d: c_int, p: *const c_char, st: *mut libc::stat64, f: c_int) -> c_int {
     let fixed = safe_path!(super::local_fix_at(d, p));
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    if let Some(n) = safe_path!(super::escaped_mount(p)) {
-        return pass!(fstatat(d, n.as_ptr(), st, f));
-    }
     fstatat_impl(d, p, st, f).unwrap_or_else(|| pass!(fstatat(d, p, st, f)))
 }
 
@@ -259,19 +257,20 @@ pub unsafe extern "C" fn fstatat(d: c_int, p: *const c_char, st: *mut libc::stat
 pub unsafe extern "C" fn fstatat64(d: c_int, p: *const c_char, st: *mut libc::stat64, f: c_int) -> c_int {
     let fixed = safe_path!(super::local_fix_at(d, p));
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    if let Some(n) = safe_path!(super::escaped_mount(p)) {
-        return pass!(fstatat64(d, n.as_ptr(), st, f));
-    }
     fstatat_impl(d, p, st, f).unwrap_or_else(|| pass!(fstatat64(d, p, st, f)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __fxstatat(v: c_int, d: c_int, p: *const c_char, st: *mut libc::stat64, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     fstatat_impl(d, p, st, f).unwrap_or_else(|| pass!(__fxstatat(v, d, p, st, f)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __fxstatat64(v: c_int, d: c_int, p: *const c_char, st: *mut libc::stat64, f: c_int) -> c_int {
+    let fixed = safe_path!(super::local_fix_at(d, p));
+    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     fstatat_impl(d, p, st, f).unwrap_or_else(|| pass!(__fxstatat64(v, d, p, st, f)))
 }
 
@@ -290,12 +289,7 @@ pub unsafe extern "C" fn statx(d: c_int, p: *const c_char, f: c_int, m: c_uint, 
         // SAFETY: as above.
         match safe_path!(remote_at(d, p)) {
             Some(r) => enter(|| ops::stat_path(&r, f & libc::AT_SYMLINK_NOFOLLOW == 0)),
-            None => {
-                return match safe_path!(super::escaped_mount(p)) {
-                    Some(n) => pass!(statx(d, n.as_ptr(), f, m, sx)),
-                    None => pass!(statx(d, p, f, m, sx)),
-                }
-            }
+            None => return pass!(statx(d, p, f, m, sx)),
         }
     };
     ret(attr.map(|a| {
@@ -365,10 +359,7 @@ pub unsafe extern "C" fn access(p: *const c_char, m: c_int) -> c_int {
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => access_of(r, m),
-        None => match safe_path!(super::escaped_mount(p)) {
-            Some(x) => pass!(access(x.as_ptr(), m)),
-            None => pass!(access(p, m)),
-        },
+        None => pass!(access(p, m)),
     }
 }
 
@@ -639,10 +630,7 @@ pub unsafe extern "C" fn readlink(p: *const c_char, b: *mut c_char, n: size_t) -
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => readlink_of(r, b, n),
-        None => match safe_path!(super::escaped_mount(p)) {
-            Some(x) => pass!(readlink(x.as_ptr(), b, n)),
-            None => pass!(readlink(p, b, n)),
-        },
+        None => pass!(readlink(p, b, n)),
     }
 }
 
@@ -848,10 +836,7 @@ pub unsafe extern "C" fn getxattr(p: *const c_char, n: *const c_char, v: *mut c_
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => getxattr_of(r, n, v, s, true),
-        None => match safe_path!(super::escaped_mount(p)) {
-            Some(x) => pass!(getxattr(x.as_ptr(), n, v, s)),
-            None => pass!(getxattr(p, n, v, s)),
-        },
+        None => pass!(getxattr(p, n, v, s)),
     }
 }
 
@@ -861,10 +846,7 @@ pub unsafe extern "C" fn lgetxattr(p: *const c_char, n: *const c_char, v: *mut c
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => getxattr_of(r, n, v, s, false),
-        None => match safe_path!(super::escaped_mount(p)) {
-            Some(x) => pass!(lgetxattr(x.as_ptr(), n, v, s)),
-            None => pass!(lgetxattr(p, n, v, s)),
-        },
+        None => pass!(lgetxattr(p, n, v, s)),
     }
 }
 
@@ -914,10 +896,7 @@ pub unsafe extern "C" fn listxattr(p: *const c_char, l: *mut c_char, s: size_t) 
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => listxattr_of(r, l, s, true),
-        None => match safe_path!(super::escaped_mount(p)) {
-            Some(x) => pass!(listxattr(x.as_ptr(), l, s)),
-            None => pass!(listxattr(p, l, s)),
-        },
+        None => pass!(listxattr(p, l, s)),
     }
 }
 
@@ -927,10 +906,7 @@ pub unsafe extern "C" fn llistxattr(p: *const c_char, l: *mut c_char, s: size_t)
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     match safe_path!(remote_path(p)) {
         Some(r) => listxattr_of(r, l, s, false),
-        None => match safe_path!(super::escaped_mount(p)) {
-            Some(x) => pass!(llistxattr(x.as_ptr(), l, s)),
-            None => pass!(llistxattr(p, l, s)),
-        },
+        None => pass!(llistxattr(p, l, s)),
     }
 }
 

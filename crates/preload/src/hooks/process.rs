@@ -279,17 +279,24 @@ fn set_cwd(local: Option<String>) {
     *state::CWD.write() = local;
 }
 
+/// A successful local `chdir`/`fchdir`: the working directory is local again.
+fn left_remote_cwd() {
+    if state::ACTIVE.load(Relaxed) && !guard::busy() && state::CWD.read().is_some() {
+        let _ = enter(|| {
+            set_cwd(None);
+            Ok(())
+        });
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn chdir(p: *const c_char) -> c_int {
     let fixed = safe_path!(super::local_fix(p));
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     let Some(r) = safe_path!(remote_path(p)) else {
         let rc = pass!(chdir(p));
-        if rc == 0 && state::ACTIVE.load(Relaxed) && !guard::busy() && state::CWD.read().is_some() {
-            let _ = enter(|| {
-                set_cwd(None);
-                Ok(())
-            });
+        if rc == 0 {
+            left_remote_cwd();
         }
         return rc;
     };
@@ -307,11 +314,8 @@ pub unsafe extern "C" fn chdir(p: *const c_char) -> c_int {
 pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     let Some(o) = remote_fd(fd) else {
         let rc = pass!(fchdir(fd));
-        if rc == 0 && state::ACTIVE.load(Relaxed) && !guard::busy() && state::CWD.read().is_some() {
-            let _ = enter(|| {
-                set_cwd(None);
-                Ok(())
-            });
+        if rc == 0 {
+            left_remote_cwd();
         }
         return rc;
     };

@@ -1,0 +1,56 @@
+//! Helpers for the tests that mount: whether FUSE can be used here, whether
+//! a mount is up, and a guard that detaches a mount when a test ends.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::mount::UnmountFlags;
+
+pub fn fuse_usable() -> bool {
+    if !Path::new("/dev/fuse").exists() || !rustix::process::geteuid().is_root() {
+        eprintln!("skipping: FUSE tests need /dev/fuse and root");
+        return false;
+    }
+    true
+}
+
+/// Mounted and answering.
+pub fn is_live(mp: &Path) -> bool {
+    match (fs::metadata(mp), mp.parent().map(fs::metadata)) {
+        (Ok(m), Some(Ok(p))) => m.dev() != p.dev(),
+        _ => false,
+    }
+}
+
+pub fn is_mounted(mp: &Path) -> bool {
+    match fs::metadata(mp) {
+        // A dead FUSE mount answers ENOTCONN: still mounted.
+        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+        Ok(_) => is_live(mp),
+    }
+}
+
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+/// Detaches the mount at its path on drop, so a mount goes away even when
+/// the test fails.
+pub struct Detach(pub PathBuf);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
+        }
+    }
+}
