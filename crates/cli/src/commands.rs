@@ -174,7 +174,6 @@ fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<String>, String> {
 }
 
 type Reader = Box<dyn Read>;
-type Writer = Box<dyn FnMut(Option<&[u8]>) -> Result<(), String>>;
 
 fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
     Ok(match src {
@@ -183,39 +182,121 @@ fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
     })
 }
 
-/// A sink taking chunks, then `None` to finish (so close errors surface).
-fn open_dst(c: &mut Clients, dst: &Loc, mode: u32) -> Result<Writer, String> {
-    match dst {
-        Loc::Local(p) => {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(mode)
-                .open(p)
-                .map_err(|e| local_fail(p, e))?;
-            let p = p.clone();
-            Ok(Box::new(move |chunk| match chunk {
-                Some(b) => f.write_all(b).map_err(|e| local_fail(&p, e)),
-                None => f.flush().map_err(|e| local_fail(&p, e)),
-            }))
-        }
+/// The temporary name a copy is written under, beside its destination, so
+/// that an interrupted copy never leaves a partial file under the real name
+/// (and never truncates a file that was there).
+fn temp_name(dst: &Loc) -> Result<Loc, String> {
+    let base = base_name(dst);
+    if base.is_empty() || base == "." || base == ".." {
+        return Err(format!("{}: not a file name", display(dst)));
+    }
+    let tmp = format!(".{base}.ferry-{}.part", std::process::id());
+    Ok(match dst {
+        Loc::Local(p) => Loc::Local(p.with_file_name(tmp)),
         Loc::Remote(u) => {
-            let opts = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).clone();
-            let mut f = Some(c.get(u)?.open(&u.path, &opts).map_err(|e| fail(u, e))?);
-            let u = u.clone();
-            Ok(Box::new(move |chunk| match (chunk, f.as_mut()) {
-                (Some(b), Some(file)) => file.write_all(b).map_err(|e| format!("{u}: {e}")),
-                (None, Some(_)) => f.take().map_or(Ok(()), |file| file.close().map_err(|e| fail(&u, e))),
-                (_, None) => Ok(()),
-            }))
+            let parent = u.path.trim_end_matches('/').rsplit_once('/').map_or("/", |(d, _)| d);
+            Loc::Remote(
+                Url { addr: u.addr.clone(), path: if parent.is_empty() { "/".into() } else { parent.into() } }
+                    .join(&tmp),
+            )
         }
+    })
+}
+
+/// Where a copy's bytes go: a file under a temporary name, renamed over the
+/// destination by `finish`. Dropped unfinished (an error anywhere), it
+/// removes the temporary file.
+struct Sink {
+    tmp: Loc,
+    dst: Loc,
+    file: Option<SinkFile>,
+    client: Option<Client>,
+}
+
+enum SinkFile {
+    Local(fs::File),
+    Remote(ferry_client::File),
+}
+
+impl Sink {
+    fn open(c: &mut Clients, dst: &Loc, mode: u32) -> Result<Sink, String> {
+        let tmp = temp_name(dst)?;
+        let (file, client) = match &tmp {
+            Loc::Local(p) => {
+                let f = fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(mode)
+                    .open(p)
+                    .map_err(|e| local_fail(p, e))?;
+                (SinkFile::Local(f), None)
+            }
+            Loc::Remote(u) => {
+                let client = c.get(u)?;
+                let opts = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).clone();
+                let f = client.open(&u.path, &opts).map_err(|e| fail(u, e))?;
+                (SinkFile::Remote(f), Some(client))
+            }
+        };
+        Ok(Sink { tmp, dst: clone_loc(dst), file: Some(file), client })
+    }
+
+    fn write(&mut self, b: &[u8]) -> Result<(), String> {
+        match self.file.as_mut() {
+            Some(SinkFile::Local(f)) => f.write_all(b).map_err(|e| format!("{}: {}", display(&self.dst), strip(&e))),
+            Some(SinkFile::Remote(f)) => f.write_all(b).map_err(|e| format!("{}: {}", display(&self.dst), strip(&e))),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes (so write-behind errors surface) and renames into place.
+    fn finish(mut self) -> Result<(), String> {
+        let at = display(&self.dst);
+        match self.file.take() {
+            // No fsync, as cp(1): the rename is about never showing a
+            // partial file, not about surviving a power cut.
+            Some(SinkFile::Local(f)) => drop(f),
+            Some(SinkFile::Remote(f)) => f.close().map_err(|e| format!("{at}: {e}"))?,
+            None => {}
+        }
+        match (&self.tmp, &self.dst, &self.client) {
+            (Loc::Local(t), Loc::Local(d), _) => fs::rename(t, d).map_err(|e| local_fail(d, e))?,
+            (Loc::Remote(t), Loc::Remote(d), Some(c)) => c.rename(&t.path, &d.path).map_err(|e| fail(d, e))?,
+            _ => unreachable!("a temporary name is on the destination's side"),
+        }
+        self.client = None;
+        self.tmp = Loc::Local(PathBuf::new());
+        Ok(())
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        drop(self.file.take());
+        // Best effort: the server may be the reason we are failing.
+        match (&self.tmp, &self.client) {
+            (Loc::Local(t), _) if !t.as_os_str().is_empty() => {
+                let _ = fs::remove_file(t);
+            }
+            (Loc::Remote(t), Some(c)) => {
+                let _ = c.remove_file(&t.path);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn clone_loc(l: &Loc) -> Loc {
+    match l {
+        Loc::Local(p) => Loc::Local(p.clone()),
+        Loc::Remote(u) => Loc::Remote(u.clone()),
     }
 }
 
 fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, bar: &ProgressBar) -> Result<(), String> {
     let mut r = open_src(c, src)?;
-    let mut w = open_dst(c, dst, mode)?;
+    let mut w = Sink::open(c, dst, mode)?;
     let mut buf = vec![0u8; COPY_BUF];
     loop {
         let n = match r.read(&mut buf) {
@@ -224,10 +305,10 @@ fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, bar: &ProgressBar
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("{}: {}", display(src), strip(&e))),
         };
-        w(Some(&buf[..n]))?;
+        w.write(&buf[..n])?;
         bar.inc(n as u64);
     }
-    w(None)
+    w.finish()
 }
 
 fn strip(e: &io::Error) -> String {

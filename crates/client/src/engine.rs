@@ -36,6 +36,10 @@ pub struct Options {
     /// Requests kept in flight at most (the server's grant caps it).
     pub window: u32,
     pub connect_timeout: Duration,
+    /// How long the whole handshake (hello, welcome, authentication) may
+    /// take: a listener that accepts and never answers is reported, not
+    /// waited on for ever.
+    pub handshake_timeout: Duration,
     /// Versions to offer (tests use it to play an incompatible peer).
     pub versions: (u16, u16),
 }
@@ -47,6 +51,7 @@ impl Default for Options {
             caps: ferry_proto::caps::ALL,
             window: 16,
             connect_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
             versions: (VERSION_MIN, VERSION_MAX),
         }
     }
@@ -113,6 +118,12 @@ impl Engine {
     pub fn connect(addr: &str, opts: &Options) -> Result<Engine> {
         let stream = connect_tcp(addr, opts.connect_timeout)?;
         stream.set_nodelay(true).map_err(Error::from_io)?;
+        // Bounded while we wait for the server's first words; cleared once
+        // the handshake is done (requests then wait as long as they need).
+        let limit = Some(opts.handshake_timeout.max(Duration::from_millis(1)));
+        stream.set_read_timeout(limit).map_err(Error::from_io)?;
+        stream.set_write_timeout(limit).map_err(Error::from_io)?;
+        let secs = opts.handshake_timeout.as_secs_f64();
         let mut rx = BufReader::with_capacity(RX_BUF, stream.try_clone().map_err(Error::from_io)?);
         let mut tx = stream;
         let mut nonce: Nonce = [0; 32];
@@ -124,7 +135,7 @@ impl Engine {
             max_frame: CLIENT_MAX_FRAME,
             nonce,
         };
-        let (h, body) = handshake_call(&mut tx, &mut rx, &hello, 1)?;
+        let (h, body) = handshake_call(&mut tx, &mut rx, &hello, 1, secs)?;
         let welcome = match Reply::decode(h.op, &body) {
             Ok(Reply::Welcome(w)) => w,
             _ => return Err(Error::Protocol("bad welcome".into())),
@@ -141,12 +152,14 @@ impl Engine {
                 ));
             };
             let proof = client_proof(token, &welcome.nonce, &nonce);
-            let (h, body) = handshake_call(&mut tx, &mut rx, &Request::Auth { proof }, 2)?;
+            let (h, body) = handshake_call(&mut tx, &mut rx, &Request::Auth { proof }, 2, secs)?;
             match Reply::decode(h.op, &body) {
                 Ok(Reply::AuthOk { proof }) if proofs_equal(&proof, &server_proof(token, &welcome.nonce, &nonce)) => {}
                 _ => return Err(Error::Auth("authentication failed: the server did not prove the token".into())),
             }
         }
+        tx.set_read_timeout(None).map_err(Error::from_io)?;
+        tx.set_write_timeout(None).map_err(Error::from_io)?;
         let window = opts.window.min(welcome.window_requests).max(1);
         Ok(Engine {
             tx: Mutex::new((tx, Vec::with_capacity(4096))),
@@ -348,14 +361,7 @@ impl Engine {
     fn read_one(&self, want: Option<u64>, dest: Option<&mut [u8]>) -> Result<(u64, u64, Got)> {
         let mut rx = lock(&self.rx);
         let mut hb = [0u8; HEADER_LEN];
-        rx.read_exact(&mut hb).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => Error::Io {
-                kind: e.kind(),
-                errno: Some(libc::ECONNRESET),
-                message: "server closed the connection".into(),
-            },
-            _ => Error::from_io(e),
-        })?;
+        rx.read_exact(&mut hb).map_err(|e| lost(e, "server closed the connection"))?;
         let h = Header::decode(&hb);
         h.check_len(self.max_frame).map_err(|e| Error::Protocol(e.to_string()))?;
         let cost = lock(&self.st)
@@ -370,17 +376,30 @@ impl Engine {
                 if len > d.len() {
                     return Err(Error::Protocol(format!("read reply of {len} bytes for a {}-byte buffer", d.len())));
                 }
-                rx.read_exact(&mut d[..len]).map_err(Error::from_io)?;
+                rx.read_exact(&mut d[..len]).map_err(|e| lost(e, MID_REPLY))?;
                 return Ok((h.id, cost, Got::Mine(Ok(Frame { op: h.op, body: Vec::new(), data_len: len }))));
             }
         }
         let mut body = vec![0u8; len];
-        rx.read_exact(&mut body).map_err(Error::from_io)?;
+        rx.read_exact(&mut body).map_err(|e| lost(e, MID_REPLY))?;
         let s = Stored { header: h, body };
         if want == Some(h.id) {
             return Ok((h.id, cost, Got::Mine(deliver(s, None))));
         }
         Ok((h.id, cost, Got::Other(s)))
+    }
+}
+
+const MID_REPLY: &str = "server closed the connection in the middle of a reply";
+
+/// A connection that ends where a frame must go on is a lost server, said
+/// in words (`read_exact`'s own text is "failed to fill whole buffer").
+fn lost(e: io::Error, what: &str) -> Error {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            Error::Io { kind: e.kind(), errno: Some(libc::ECONNRESET), message: what.into() }
+        }
+        _ => Error::from_io(e),
     }
 }
 
@@ -420,25 +439,36 @@ fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream> {
     Err(Error::from_io(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))))
 }
 
-/// One synchronous exchange before the engine exists.
+/// One synchronous exchange before the engine exists. The first reply
+/// also tells whether the peer speaks ferry at all: a web or ssh server
+/// answers with text, whose first bytes make no sane ferry header.
 fn handshake_call(
     tx: &mut TcpStream,
     rx: &mut BufReader<TcpStream>,
     req: &Request<'_>,
     id: u64,
+    timeout_secs: f64,
 ) -> Result<(Header, Vec<u8>)> {
     let mut buf = Vec::new();
     req.encode(id, &mut buf);
-    write_all_vectored(tx, &buf, &[]).map_err(Error::from_io)?;
-    let mut hb = [0u8; HEADER_LEN];
-    rx.read_exact(&mut hb).map_err(|e| match e.kind() {
+    let timed_out = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Io {
+            kind: io::ErrorKind::TimedOut,
+            errno: Some(libc::ETIMEDOUT),
+            message: format!("the server did not answer the handshake within {timeout_secs} s"),
+        },
         io::ErrorKind::UnexpectedEof => Error::Protocol("server closed the connection during the handshake".into()),
         _ => Error::from_io(e),
-    })?;
+    };
+    write_all_vectored(tx, &buf, &[]).map_err(timed_out)?;
+    let mut hb = [0u8; HEADER_LEN];
+    let got = read_full(rx, &mut hb).map_err(timed_out)?;
     let h = Header::decode(&hb);
-    h.check_len(4096).map_err(|e| Error::Protocol(e.to_string()))?;
+    if got < HEADER_LEN || !plausible_handshake_reply(&h, req.op(), id) {
+        return Err(not_ferry(&hb[..got]));
+    }
     let mut body = vec![0u8; h.len as usize];
-    rx.read_exact(&mut body).map_err(Error::from_io)?;
+    rx.read_exact(&mut body).map_err(timed_out)?;
     if h.is_error() {
         let e = ErrorReply::decode(&body).map_err(|e| Error::Protocol(e.to_string()))?;
         if e.errno as i32 == libc::EACCES {
@@ -446,10 +476,47 @@ fn handshake_call(
         }
         return Err(Error::Remote { errno: e.errno as i32, message: e.message.to_string() });
     }
-    if h.id != id || h.op != req.op() {
-        return Err(Error::Protocol("unexpected handshake reply".into()));
-    }
     Ok((h, body))
+}
+
+/// Largest handshake reply body a ferry server sends.
+const HANDSHAKE_REPLY_MAX: u32 = 4096;
+
+/// A ferry server answers a handshake request with a frame echoing its op
+/// and id, flags 0 or error, and a small body.
+fn plausible_handshake_reply(h: &Header, op: u16, id: u64) -> bool {
+    h.op == op && h.id == id && h.flags & !ferry_proto::FLAG_ERROR == 0 && h.len <= HANDSHAKE_REPLY_MAX
+}
+
+/// Reads until `buf` is full or the peer closes; returns how much arrived.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) if n == 0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The error for a peer that answered something other than ferry, quoting
+/// the start of what it said when that is text (`HTTP/1.1 400`, `SSH-2.0`).
+fn not_ferry(first: &[u8]) -> Error {
+    let text: String = first
+        .iter()
+        .take_while(|b| **b != b'\r' && **b != b'\n')
+        .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
+        .collect();
+    let printable = first.iter().take(8).all(|b| b.is_ascii_graphic() || *b == b' ');
+    if printable && !text.is_empty() {
+        Error::Protocol(format!("not a ferry server (it answered \"{text}…\")"))
+    } else {
+        Error::Protocol("not a ferry server (its answer is not a ferry handshake)".into())
+    }
 }
 
 /// Sends head and bulk with `sendmsg(MSG_NOSIGNAL)`: a server that went

@@ -1,0 +1,185 @@
+//! What a user sees when the other end is not what it should be: a listener
+//! that never answers, a peer that is not a ferry server, a connection cut
+//! in the middle of a copy. Every case ends quickly with a sentence.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{random_bytes, stderr, Server, TempDir};
+use ferry_client::{Client, Options};
+
+/// A listener on 127.0.0.1:0 whose accepted connections get `on_accept`,
+/// in a thread that ends when the test process does.
+fn listener(on_accept: fn(TcpStream)) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            thread::spawn(move || on_accept(s));
+        }
+    });
+    port
+}
+
+fn ferry_ls(port: u16) -> (std::process::Output, Duration) {
+    let t = Instant::now();
+    let out = std::process::Command::new(common::FERRY)
+        .args(["ls", &format!("ferry://127.0.0.1:{port}/")])
+        .env("FERRY_TOKEN", "x")
+        .output()
+        .unwrap();
+    (out, t.elapsed())
+}
+
+#[test]
+fn a_listener_that_never_answers_times_out_with_a_message() {
+    let port = listener(|s| {
+        thread::sleep(Duration::from_secs(30));
+        drop(s);
+    });
+    let opts = Options { handshake_timeout: Duration::from_millis(500), ..Options::default() };
+    let t = Instant::now();
+    let e = Client::connect(&format!("127.0.0.1:{port}"), &opts).err().expect("connect must fail");
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
+    assert!(e.to_string().contains("did not answer the handshake"), "{e}");
+}
+
+#[test]
+fn a_web_server_is_not_a_ferry_server() {
+    let port = listener(|mut s| {
+        let mut b = [0u8; 64];
+        let _ = s.read(&mut b);
+        let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        thread::sleep(Duration::from_secs(2));
+    });
+    let (out, took) = ferry_ls(port);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("not a ferry server") && err.contains("HTTP/1.1 400"), "{err}");
+    assert!(!err.contains("frame body"), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn an_ssh_server_is_not_a_ferry_server() {
+    // An ssh server speaks first, then waits for the client's banner.
+    let port = listener(|mut s| {
+        let _ = s.write_all(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n");
+        thread::sleep(Duration::from_secs(2));
+    });
+    let (out, took) = ferry_ls(port);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("not a ferry server") && err.contains("SSH-2.0"), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn a_peer_sending_binary_garbage_is_not_a_ferry_server() {
+    let port = listener(|mut s| {
+        let _ = s.write_all(&[0xff; 16]);
+        thread::sleep(Duration::from_secs(2));
+    });
+    let (out, _) = ferry_ls(port);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a ferry server"), "{}", stderr(&out));
+}
+
+/// A TCP proxy to `to` that cuts every connection once `limit` bytes have
+/// gone from the server to the client (`down`) or the other way (`!down`).
+fn cutting_proxy(to: String, limit: usize, down: bool) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let s = TcpStream::connect(&to).unwrap();
+            let (c2, s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
+            let (up_limit, down_limit) = if down { (usize::MAX, limit) } else { (limit, usize::MAX) };
+            thread::spawn(move || pump(c, s, up_limit));
+            thread::spawn(move || pump(s2, c2, down_limit));
+        }
+    });
+    port
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, mut limit: usize) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let n = n.min(limit);
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        limit -= n;
+        if limit == 0 {
+            break;
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn an_interrupted_download_leaves_no_partial_file_and_says_why() {
+    let server = Server::start(&[]);
+    let data = random_bytes(64 << 20, 7);
+    std::fs::write(server.export.path().join("big"), &data).unwrap();
+    let port = cutting_proxy(server.addr(), 8 << 20, true);
+    let local = TempDir::new("dl");
+    // An older copy is there: an interrupted download must leave it alone.
+    std::fs::write(local.path().join("big"), b"old contents").unwrap();
+    let out = server.ferry(&["cp", &format!("ferry://127.0.0.1:{port}/big"), local.path().to_str().unwrap()]);
+    assert!(!out.status.success(), "the copy cannot have succeeded through the cut");
+    let err = stderr(&out);
+    assert!(err.contains("closed the connection"), "{err}");
+    assert!(!err.contains("fill whole buffer"), "{err}");
+    assert_eq!(names_in(local.path()), ["big"], "no temporary file left behind");
+    assert_eq!(std::fs::read(local.path().join("big")).unwrap(), b"old contents");
+}
+
+#[test]
+fn an_interrupted_upload_leaves_no_partial_file_at_the_destination() {
+    let server = Server::start(&[]);
+    let local = TempDir::new("ul");
+    let src = local.path().join("big");
+    std::fs::write(&src, random_bytes(64 << 20, 8)).unwrap();
+    std::fs::write(server.export.path().join("big"), b"old contents").unwrap();
+    let port = cutting_proxy(server.addr(), 8 << 20, false);
+    let out = server.ferry(&["cp", src.to_str().unwrap(), &format!("ferry://127.0.0.1:{port}/big")]);
+    assert!(!out.status.success(), "the copy cannot have succeeded through the cut");
+    assert!(!stderr(&out).contains("fill whole buffer"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(server.export.path().join("big")).unwrap(), b"old contents");
+}
+
+#[test]
+fn a_completed_copy_replaces_the_destination_and_leaves_nothing_else() {
+    let server = Server::start(&[]);
+    let local = TempDir::new("cp");
+    let data = random_bytes(3 << 20, 9);
+    std::fs::write(server.export.path().join("f"), &data).unwrap();
+    std::fs::write(local.path().join("f"), b"old").unwrap();
+    let out = server.ferry(&["cp", &server.url("/f"), local.path().join("f").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(local.path().join("f")).unwrap(), data);
+    assert_eq!(names_in(local.path()), ["f"]);
+    std::fs::write(local.path().join("g"), &data[..1000]).unwrap();
+    let out = server.ferry(&["cp", local.path().join("g").to_str().unwrap(), &server.url("/f")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(server.export.path().join("f")).unwrap(), &data[..1000]);
+    assert_eq!(names_in(server.export.path()), ["f"]);
+}
