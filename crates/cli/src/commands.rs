@@ -215,7 +215,7 @@ struct Sink {
 
 enum SinkFile {
     Local(fs::File),
-    Remote(ferry_client::File),
+    Remote(Box<ferry_client::File>),
 }
 
 impl Sink {
@@ -236,7 +236,7 @@ impl Sink {
                 let client = c.get(u)?;
                 let opts = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).clone();
                 let f = client.open(&u.path, &opts).map_err(|e| fail(u, e))?;
-                (SinkFile::Remote(f), Some(client))
+                (SinkFile::Remote(Box::new(f)), Some(client))
             }
         };
         Ok(Sink { tmp, dst: clone_loc(dst), file: Some(file), client })
