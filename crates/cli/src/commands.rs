@@ -229,13 +229,13 @@ impl Sink {
                     .truncate(true)
                     .mode(mode)
                     .open(p)
-                    .map_err(|e| local_fail(p, e))?;
+                    .map_err(|e| named(dst, strip(&e)))?;
                 (SinkFile::Local(f), None)
             }
             Loc::Remote(u) => {
                 let client = c.get(u)?;
                 let opts = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).clone();
-                let f = client.open(&u.path, &opts).map_err(|e| fail(u, e))?;
+                let f = client.open(&u.path, &opts).map_err(|e| named(dst, e.to_string()))?;
                 (SinkFile::Remote(Box::new(f)), Some(client))
             }
         };
@@ -285,6 +285,11 @@ impl Drop for Sink {
             _ => {}
         }
     }
+}
+
+/// Errors on the temporary file are reported under the name the user gave.
+fn named(l: &Loc, e: String) -> String {
+    format!("{}: {e}", display(l))
 }
 
 fn clone_loc(l: &Loc) -> Loc {
