@@ -183,3 +183,60 @@ fn a_completed_copy_replaces_the_destination_and_leaves_nothing_else() {
     assert_eq!(std::fs::read(server.export.path().join("f")).unwrap(), &data[..1000]);
     assert_eq!(names_in(server.export.path()), ["f"]);
 }
+
+#[test]
+fn a_server_at_its_connection_limit_says_so() {
+    let server = Server::start(&["--max-connections", "2"]);
+    let a = server.client();
+    let b = server.client();
+    let t = Instant::now();
+    let e = Client::connect(&server.addr(), &server.options()).err().expect("a third connection must be refused");
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(e.to_string().contains("server busy"), "{e}");
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    let out = server.ferry(&["ls", &server.url("/")]);
+    assert!(stderr(&out).contains("server busy"), "{}", stderr(&out));
+    // The two served connections go on, and a slot freed is a slot usable.
+    a.ping().unwrap();
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Client::connect(&server.addr(), &server.options()) {
+            Ok(c) => {
+                c.ping().unwrap();
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "the freed slot never came back: {e}"),
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Many clients writing frames far above 1 MiB at once: the server lends
+/// them its bounded frame pool in turns, and every byte arrives.
+#[test]
+fn many_large_writes_at_once_all_arrive() {
+    let server = Server::start(&[]);
+    let data = std::sync::Arc::new(random_bytes(48 << 20, 11));
+    let threads: Vec<_> = (0..12)
+        .map(|i| {
+            let (addr, opts, data) = (server.addr(), server.options(), std::sync::Arc::clone(&data));
+            thread::spawn(move || {
+                let c = Client::connect(&addr, &opts).unwrap();
+                let f = c.open(&format!("/w{i}"), ferry_client::OpenOptions::new().write(true).create(true)).unwrap();
+                for k in 0..2u64 {
+                    f.write_at(&data, k * data.len() as u64).unwrap();
+                }
+                f.close().unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for i in 0..12 {
+        let got = std::fs::read(server.export.path().join(format!("w{i}"))).unwrap();
+        assert_eq!(got.len(), 2 * data.len());
+        assert!(got[..data.len()] == data[..] && got[data.len()..] == data[..], "file w{i} differs");
+    }
+}

@@ -474,7 +474,13 @@ fn handshake_call(
         if e.errno as i32 == libc::EACCES {
             return Err(Error::Auth(e.message.to_string()));
         }
-        return Err(Error::Remote { errno: e.errno as i32, message: e.message.to_string() });
+        // The server's own words: why it will not serve us (busy, no common
+        // version...) is not an errno a user could read anything into.
+        return Err(Error::Io {
+            kind: io::ErrorKind::ConnectionRefused,
+            errno: Some(e.errno as i32),
+            message: format!("the server refused the connection: {}", e.message),
+        });
     }
     Ok((h, body))
 }

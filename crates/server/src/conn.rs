@@ -8,6 +8,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::bufpool::{BufPool, Lent};
 use crate::session::HandleBudget;
 
 use ferry_proto::{
@@ -21,6 +22,9 @@ use crate::Config;
 
 /// Handshake frames are small; anything bigger before authentication is hostile.
 const HANDSHAKE_MAX: u32 = 1024;
+/// Frames up to this size (a 1 MiB write and its fields) are read into the
+/// connection's own buffer; larger ones borrow from the shared pool.
+const OWN_MAX: usize = 1024 * 1024 + 4096;
 /// Small replies are gathered up to this size while more requests wait.
 const OUT_FLUSH: usize = 64 * 1024;
 
@@ -40,7 +44,11 @@ pub struct Conn<B: Backend> {
     cfg: Arc<Config>,
     backend: Arc<B>,
     budget: Arc<HandleBudget>,
+    pool: Arc<BufPool>,
     body: Vec<u8>,
+    /// The body of the current frame when it is larger than `OWN_MAX`;
+    /// returned to the pool as soon as its request is answered.
+    big: Option<Lent>,
     out: Vec<u8>,
 }
 
@@ -51,6 +59,7 @@ impl<B: Backend> Conn<B> {
         cfg: Arc<Config>,
         backend: Arc<B>,
         budget: Arc<HandleBudget>,
+        pool: Arc<BufPool>,
     ) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(cfg.idle_timeout))?;
@@ -62,7 +71,9 @@ impl<B: Backend> Conn<B> {
             cfg,
             backend,
             budget,
+            pool,
             body: Vec::new(),
+            big: None,
             out: Vec::with_capacity(OUT_FLUSH),
         })
     }
@@ -79,9 +90,10 @@ impl<B: Backend> Conn<B> {
         };
         let mut session = Session::new(Arc::clone(&self.backend), policy);
         loop {
-            match self.serve_one(&mut session) {
-                Ok(()) => {}
-                Err(e) => return e,
+            let r = self.serve_one(&mut session);
+            self.big = None;
+            if let Err(e) = r {
+                return e;
             }
         }
     }
@@ -100,12 +112,17 @@ impl<B: Backend> Conn<B> {
         let h = Header::decode(&hb);
         h.check_len(max).map_err(|e| End::Protocol(e.to_string()))?;
         let len = h.len as usize;
-        // Grow only: zero-filling a 16 MiB buffer per write would cost more
-        // than the copy it prepares.
-        if self.body.len() < len {
-            self.body.resize(len, 0);
-        }
-        self.rx.read_exact(&mut self.body[..len]).map_err(|e| match e.kind() {
+        let dest = if len > OWN_MAX {
+            &mut self.big.insert(self.pool.take(len)).as_mut_slice()[..len]
+        } else {
+            // Grow only (up to OWN_MAX): zero-filling per frame would cost
+            // more than the copy it prepares.
+            if self.body.len() < len {
+                self.body.resize(len, 0);
+            }
+            &mut self.body[..len]
+        };
+        self.rx.read_exact(dest).map_err(|e| match e.kind() {
             io::ErrorKind::UnexpectedEof => End::Protocol("truncated frame".into()),
             _ => End::Io(e),
         })?;
@@ -199,7 +216,10 @@ impl<B: Backend> Conn<B> {
 
     fn serve_one(&mut self, session: &mut Session<B>) -> Result<(), End> {
         let h = self.read_frame(self.cfg.max_frame)?;
-        let body = &self.body[..h.len as usize];
+        let body = match &self.big {
+            Some(b) => b.as_slice(),
+            None => &self.body[..h.len as usize],
+        };
         let req = match Request::decode(h.op, body) {
             Ok(r) => r,
             Err(DecodeError::UnknownOp(op)) => {
@@ -282,6 +302,39 @@ impl<B: Backend> Conn<B> {
             }
         }
     }
+}
+
+/// Answers a connection the server will not serve (over the connection
+/// limit): reads its `Hello` (briefly), replies with an error saying why,
+/// and closes after the client had time to read it. Runs on a thread of its
+/// own so a flood of such connections never delays `accept`.
+pub fn refuse(mut stream: TcpStream, errno: i32, msg: &str) {
+    let wait = Some(std::time::Duration::from_secs(2));
+    if stream.set_read_timeout(wait).is_err() || stream.set_write_timeout(wait).is_err() {
+        return;
+    }
+    let mut hb = [0u8; HEADER_LEN];
+    if stream.read_exact(&mut hb).is_err() {
+        return;
+    }
+    let h = Header::decode(&hb);
+    let mut sink = [0u8; 1024];
+    let mut left = (h.len as usize).min(HANDSHAKE_MAX as usize);
+    while left > 0 {
+        match stream.read(&mut sink[..left.min(1024)]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left -= n,
+        }
+    }
+    let mut out = Vec::new();
+    ErrorReply { errno: errno as u32, message: msg }.encode(op::HELLO, h.id, &mut out);
+    if stream.write_all(&out).is_err() {
+        return;
+    }
+    // Closing with unread input would reset the connection and could
+    // discard the reply before the client reads it: half-close, drain.
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
 }
 
 /// The socket, with an optional deadline that bounds every read (used for

@@ -7,6 +7,7 @@
 //! without a scheduler of our own.
 
 pub mod backend;
+mod bufpool;
 mod conn;
 pub mod memory;
 pub mod posix;
@@ -36,6 +37,9 @@ pub struct Config {
     pub window_bytes: u64,
     pub max_handles: usize,
     pub max_connections: usize,
+    /// Memory all connections together may hold for request frames larger
+    /// than 1 MiB (big writes wait their turn beyond it).
+    pub frame_pool_bytes: usize,
     pub idle_timeout: Duration,
     /// Time allowed for the whole handshake, authentication included.
     pub handshake_timeout: Duration,
@@ -58,6 +62,7 @@ impl Default for Config {
             window_bytes: 256 * 1024 * 1024,
             max_handles: 4096,
             max_connections: 1024,
+            frame_pool_bytes: 512 * 1024 * 1024,
             idle_timeout: Duration::from_secs(3600),
             handshake_timeout: Duration::from_secs(10),
             caps: ferry_proto::caps::ALL,
@@ -77,6 +82,7 @@ fn handle_budget(max_connections: usize) -> usize {
 /// Accepts connections forever, one thread each.
 pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
     let budget = Arc::new(HandleBudget::new(handle_budget(cfg.max_connections)));
+    let pool = Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes));
     let cfg = Arc::new(cfg);
     let live = Arc::new(AtomicUsize::new(0));
     loop {
@@ -91,9 +97,23 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
         };
         if live.load(Ordering::Relaxed) >= cfg.max_connections {
             eprintln!("ferry serve: {peer}: refused, {} connections already", cfg.max_connections);
+            let msg =
+                format!("server busy: it serves {} connections already (its --max-connections)", cfg.max_connections);
+            // Best effort: without a thread the peer gets a plain close.
+            let _ = std::thread::Builder::new()
+                .name("ferry-refuse".into())
+                .stack_size(64 * 1024)
+                .spawn(move || conn::refuse(stream, libc::EBUSY, &msg));
             continue;
         }
-        let conn = match conn::Conn::new(stream, peer, Arc::clone(&cfg), Arc::clone(&backend), Arc::clone(&budget)) {
+        let conn = match conn::Conn::new(
+            stream,
+            peer,
+            Arc::clone(&cfg),
+            Arc::clone(&backend),
+            Arc::clone(&budget),
+            Arc::clone(&pool),
+        ) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("ferry serve: {peer}: {e}");
