@@ -13,10 +13,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ferry_proto::{
-    client_proof, op, proofs_equal, server_proof, ErrorReply, Header, Nonce, Reply, Request, Welcome, HEADER_LEN,
-    VERSION_MAX, VERSION_MIN,
-};
+use ferry_proto::handshake::{ClientError, ClientHandshake, ClientOffer};
+use ferry_proto::{op, ErrorReply, Header, Nonce, Reply, Request, Welcome, HEADER_LEN, VERSION_MAX, VERSION_MIN};
 
 use crate::error::{Error, Result};
 
@@ -128,36 +126,27 @@ impl Engine {
         let mut tx = stream;
         let mut nonce: Nonce = [0; 32];
         getrandom::getrandom(&mut nonce).map_err(|e| Error::Auth(format!("no randomness: {e}")))?;
-        let hello = Request::Hello {
+        let offer = ClientOffer {
             min_version: opts.versions.0,
             max_version: opts.versions.1,
             caps: opts.caps,
             max_frame: CLIENT_MAX_FRAME,
-            nonce,
+            token: opts.token.clone(),
         };
-        let (h, body) = handshake_call(&mut tx, &mut rx, &hello, 1, secs)?;
-        let welcome = match Reply::decode(h.op, &body) {
-            Ok(Reply::Welcome(w)) => w,
-            _ => return Err(Error::Protocol("bad welcome".into())),
-        };
-        if welcome.max_frame < ferry_proto::MIN_MAX_FRAME {
-            return Err(Error::Protocol(format!("server frame limit {} is below the minimum", welcome.max_frame)));
-        }
-        if welcome.auth_required {
-            let Some(token) = &opts.token else {
-                return Err(Error::Auth(
-                    "authentication failed: the server wants a token and none was found \
-                     (use --token-file, FERRY_TOKEN_FILE or FERRY_TOKEN)"
-                        .into(),
-                ));
-            };
-            let proof = client_proof(token, &welcome.nonce, &nonce);
-            let (h, body) = handshake_call(&mut tx, &mut rx, &Request::Auth { proof }, 2, secs)?;
-            match Reply::decode(h.op, &body) {
-                Ok(Reply::AuthOk { proof }) if proofs_equal(&proof, &server_proof(token, &welcome.nonce, &nonce)) => {}
-                _ => return Err(Error::Auth("authentication failed: the server did not prove the token".into())),
+        let mut out = Vec::new();
+        let mut hs = ClientHandshake::start(offer, nonce, &mut out);
+        let welcome = loop {
+            write_all_vectored(&mut tx, &out, &[]).map_err(|e| handshake_io(e, secs))?;
+            out.clear();
+            let mut hb = [0u8; HEADER_LEN];
+            let got = read_full(&mut rx, &mut hb).map_err(|e| handshake_io(e, secs))?;
+            let h = hs.header(&hb[..got]).map_err(handshake_error)?;
+            let mut body = vec![0u8; h.len as usize];
+            rx.read_exact(&mut body).map_err(|e| handshake_io(e, secs))?;
+            if let Some(w) = hs.receive(&h, &body, &mut out).map_err(handshake_error)? {
+                break w;
             }
-        }
+        };
         tx.set_read_timeout(None).map_err(Error::from_io)?;
         tx.set_write_timeout(None).map_err(Error::from_io)?;
         let window = opts.window.min(welcome.window_requests).max(1);
@@ -439,19 +428,10 @@ fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream> {
     Err(Error::from_io(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))))
 }
 
-/// One synchronous exchange before the engine exists. The first reply
-/// also tells whether the peer speaks ferry at all: a web or ssh server
-/// answers with text, whose first bytes make no sane ferry header.
-fn handshake_call(
-    tx: &mut TcpStream,
-    rx: &mut BufReader<TcpStream>,
-    req: &Request<'_>,
-    id: u64,
-    timeout_secs: f64,
-) -> Result<(Header, Vec<u8>)> {
-    let mut buf = Vec::new();
-    req.encode(id, &mut buf);
-    let timed_out = |e: io::Error| match e.kind() {
+/// The connection failed during the handshake: a timeout is the server not
+/// answering, an early close is the server hanging up on us.
+fn handshake_io(e: io::Error, timeout_secs: f64) -> Error {
+    match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Io {
             kind: io::ErrorKind::TimedOut,
             errno: Some(libc::ETIMEDOUT),
@@ -459,39 +439,31 @@ fn handshake_call(
         },
         io::ErrorKind::UnexpectedEof => Error::Protocol("server closed the connection during the handshake".into()),
         _ => Error::from_io(e),
-    };
-    write_all_vectored(tx, &buf, &[]).map_err(timed_out)?;
-    let mut hb = [0u8; HEADER_LEN];
-    let got = read_full(rx, &mut hb).map_err(timed_out)?;
-    let h = Header::decode(&hb);
-    if got < HEADER_LEN || !plausible_handshake_reply(&h, req.op(), id) {
-        return Err(not_ferry(&hb[..got]));
     }
-    let mut body = vec![0u8; h.len as usize];
-    rx.read_exact(&mut body).map_err(timed_out)?;
-    if h.is_error() {
-        let e = ErrorReply::decode(&body).map_err(|e| Error::Protocol(e.to_string()))?;
-        if e.errno as i32 == libc::EACCES {
-            return Err(Error::Auth(e.message.to_string()));
-        }
-        // The server's own words: why it will not serve us (busy, no common
-        // version...) is not an errno a user could read anything into.
-        return Err(Error::Io {
-            kind: io::ErrorKind::ConnectionRefused,
-            errno: Some(e.errno as i32),
-            message: format!("the server refused the connection: {}", e.message),
-        });
-    }
-    Ok((h, body))
 }
 
-/// Largest handshake reply body a ferry server sends.
-const HANDSHAKE_REPLY_MAX: u32 = 4096;
-
-/// A ferry server answers a handshake request with a frame echoing its op
-/// and id, flags 0 or error, and a small body.
-fn plausible_handshake_reply(h: &Header, op: u16, id: u64) -> bool {
-    h.op == op && h.id == id && h.flags & !ferry_proto::FLAG_ERROR == 0 && h.len <= HANDSHAKE_REPLY_MAX
+fn handshake_error(e: ClientError) -> Error {
+    match e {
+        ClientError::NotFerry { said } if said.is_empty() => {
+            Error::Protocol("not a ferry server (its answer is not a ferry handshake)".into())
+        }
+        ClientError::NotFerry { said } => Error::Protocol(format!("not a ferry server (it answered \"{said}…\")")),
+        ClientError::Refused { errno, message } if errno as i32 == libc::EACCES => Error::Auth(message),
+        // The server's own words: why it will not serve us (busy, no common
+        // version...) is not an errno a user could read anything into.
+        ClientError::Refused { errno, message } => Error::Io {
+            kind: io::ErrorKind::ConnectionRefused,
+            errno: Some(errno as i32),
+            message: format!("the server refused the connection: {message}"),
+        },
+        ClientError::NoToken => Error::Auth(
+            "authentication failed: the server wants a token and none was found \
+             (use --token-file, FERRY_TOKEN_FILE or FERRY_TOKEN)"
+                .into(),
+        ),
+        ClientError::BadServerProof => Error::Auth("authentication failed: the server did not prove the token".into()),
+        ClientError::Protocol(m) => Error::Protocol(m),
+    }
 }
 
 /// Reads until `buf` is full or the peer closes; returns how much arrived.
@@ -507,22 +479,6 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
         }
     }
     Ok(n)
-}
-
-/// The error for a peer that answered something other than ferry, quoting
-/// the start of what it said when that is text (`HTTP/1.1 400`, `SSH-2.0`).
-fn not_ferry(first: &[u8]) -> Error {
-    let text: String = first
-        .iter()
-        .take_while(|b| **b != b'\r' && **b != b'\n')
-        .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
-        .collect();
-    let printable = first.iter().take(8).all(|b| b.is_ascii_graphic() || *b == b' ');
-    if printable && !text.is_empty() {
-        Error::Protocol(format!("not a ferry server (it answered \"{text}…\")"))
-    } else {
-        Error::Protocol("not a ferry server (its answer is not a ferry handshake)".into())
-    }
 }
 
 /// Sends head and bulk with `sendmsg(MSG_NOSIGNAL)`: a server that went

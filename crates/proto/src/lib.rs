@@ -9,6 +9,7 @@
 
 mod auth;
 mod frame;
+pub mod handshake;
 mod msg;
 mod types;
 mod wire;

@@ -11,17 +11,13 @@ use std::time::Instant;
 use crate::bufpool::{BufPool, Lent};
 use crate::session::HandleBudget;
 
-use ferry_proto::{
-    client_proof, op, proofs_equal, server_proof, DecodeError, ErrorReply, Header, Nonce, Reply, Request, Welcome,
-    HEADER_LEN, VERSION_MAX, VERSION_MIN,
-};
+use ferry_proto::handshake::{Refusal, ServerHandshake, ServerOffer, HANDSHAKE_MAX_FRAME};
+use ferry_proto::{op, DecodeError, ErrorReply, Header, Nonce, Reply, Request, HEADER_LEN};
 
 use crate::backend::{Backend, Errno, ReadData};
 use crate::session::{Answer, Policy, Session};
 use crate::Config;
 
-/// Handshake frames are small; anything bigger before authentication is hostile.
-const HANDSHAKE_MAX: u32 = 1024;
 /// Frames up to this size (a 1 MiB write and its fields) are read into the
 /// connection's own buffer; larger ones borrow from the shared pool.
 const OWN_MAX: usize = 1024 * 1024 + 4096;
@@ -129,13 +125,6 @@ impl<B: Backend> Conn<B> {
         Ok(h)
     }
 
-    /// Refuses the handshake: error reply, then the connection closes.
-    fn refuse(&mut self, h: &Header, e: Errno, msg: String) -> End {
-        // Best effort: the peer may already be gone.
-        let _ = self.send_error(h.op, h.id, e, &msg);
-        End::Protocol(msg)
-    }
-
     /// The handshake has one deadline for all of it, so a peer that never
     /// authenticates (or sends a byte now and then) cannot hold a
     /// connection slot for the whole idle timeout.
@@ -148,70 +137,48 @@ impl<B: Backend> Conn<B> {
         policy
     }
 
+    /// Feeds frames to the protocol's handshake machine until it is done.
     fn handshake_steps(&mut self) -> Result<Policy, End> {
-        let h = self.read_frame(HANDSHAKE_MAX)?;
-        let proto = Errno(libc::EPROTO);
-        if h.op != op::HELLO {
-            return Err(self.refuse(&h, proto, format!("expected HELLO, got op {}", h.op)));
-        }
-        let hello = match Request::decode(op::HELLO, &self.body[..h.len as usize]) {
-            Ok(Request::Hello { min_version, max_version, caps, max_frame, nonce }) => {
-                (min_version, max_version, caps, max_frame, nonce)
-            }
-            Ok(_) => unreachable!("decode of HELLO yields Hello"),
-            Err(e) => return Err(self.refuse(&h, proto, format!("bad HELLO: {e}"))),
-        };
-        let (min_version, max_version, caps, max_frame, client_nonce) = hello;
-        let version = max_version.min(VERSION_MAX);
-        if version < min_version.max(VERSION_MIN) {
-            let msg = format!("no common protocol version (server speaks {VERSION_MIN}..{VERSION_MAX})");
-            return Err(self.refuse(&h, Errno(libc::EPROTONOSUPPORT), msg));
-        }
-        if max_frame < ferry_proto::MIN_MAX_FRAME {
-            return Err(self.refuse(&h, proto, format!("client frame limit {max_frame} below the minimum")));
-        }
-        let mut server_nonce: Nonce = [0; 32];
-        getrandom::getrandom(&mut server_nonce).map_err(|e| End::Io(io::Error::other(e.to_string())))?;
-        let caps = caps & self.cfg.caps;
-        let welcome = Welcome {
-            version,
-            caps,
+        let mut nonce: Nonce = [0; 32];
+        getrandom::getrandom(&mut nonce).map_err(|e| End::Io(io::Error::other(e.to_string())))?;
+        let offer = ServerOffer {
+            caps: self.cfg.caps,
             max_frame: self.cfg.max_frame,
             window_requests: self.cfg.window_requests,
             window_bytes: self.cfg.window_bytes,
             boot_id: self.cfg.boot_id,
-            nonce: server_nonce,
-            auth_required: self.cfg.token.is_some(),
+            token: self.cfg.token.clone(),
         };
-        Reply::Welcome(welcome).encode(op::HELLO, h.id, &mut self.out);
-        self.flush()?;
-        if let Some(token) = self.cfg.token.clone() {
-            self.authenticate(&token, &server_nonce, &client_nonce)?;
-        }
+        let mut hs = ServerHandshake::new(offer, nonce);
+        let accepted = loop {
+            let h = self.read_frame(HANDSHAKE_MAX_FRAME)?;
+            let mut out = std::mem::take(&mut self.out);
+            let step = hs.receive(&h, &self.body[..h.len as usize], &mut out);
+            self.out = out;
+            match step {
+                Ok(None) => self.flush()?,
+                Ok(Some(a)) => {
+                    self.flush()?;
+                    break a;
+                }
+                Err(refusal) => {
+                    // Best effort: the client learns why before the close.
+                    let _ = self.flush();
+                    return Err(match refusal {
+                        Refusal::AuthFailed => End::AuthFailed,
+                        Refusal::Protocol(m) => End::Protocol(m),
+                    });
+                }
+            }
+        };
         Ok(Policy {
             budget: Arc::clone(&self.budget),
             read_only: self.cfg.read_only,
             allow_devices: self.cfg.allow_devices,
             max_handles: self.cfg.max_handles,
-            caps,
-            max_read: max_frame.min(self.cfg.max_frame).saturating_sub(4096),
+            caps: accepted.caps,
+            max_read: accepted.client_max_frame.min(self.cfg.max_frame).saturating_sub(4096),
         })
-    }
-
-    /// Anything but a correct `Auth` fails authentication and closes.
-    fn authenticate(&mut self, token: &[u8], server_nonce: &Nonce, client_nonce: &Nonce) -> Result<(), End> {
-        let h = self.read_frame(HANDSHAKE_MAX)?;
-        let ok = match Request::decode(h.op, &self.body[..h.len as usize]) {
-            Ok(Request::Auth { proof }) => proofs_equal(&proof, &client_proof(token, server_nonce, client_nonce)),
-            _ => false,
-        };
-        if !ok {
-            // Best effort: the client learns why before the connection closes.
-            let _ = self.send_error(h.op, h.id, Errno::ACCES, "authentication failed");
-            return Err(End::AuthFailed);
-        }
-        Reply::AuthOk { proof: server_proof(token, server_nonce, client_nonce) }.encode(op::AUTH, h.id, &mut self.out);
-        self.flush()
     }
 
     fn serve_one(&mut self, session: &mut Session<B>) -> Result<(), End> {
@@ -261,11 +228,6 @@ impl<B: Backend> Conn<B> {
         eprintln!("ferry serve: {}: bad request (op {}): {msg}", self.peer, h.op);
         ErrorReply { errno: e.0 as u32, message: msg }.encode(h.op, h.id, &mut self.out);
         self.maybe_flush()
-    }
-
-    fn send_error(&mut self, op: u16, id: u64, e: Errno, msg: &str) -> Result<(), End> {
-        ErrorReply { errno: e.0 as u32, message: msg }.encode(op, id, &mut self.out);
-        self.flush()
     }
 
     /// Replies wait while more requests are already buffered, so a burst of
@@ -319,7 +281,7 @@ pub fn refuse(mut stream: TcpStream, errno: i32, msg: &str) {
     }
     let h = Header::decode(&hb);
     let mut sink = [0u8; 1024];
-    let mut left = (h.len as usize).min(HANDSHAKE_MAX as usize);
+    let mut left = (h.len as usize).min(HANDSHAKE_MAX_FRAME as usize);
     while left > 0 {
         match stream.read(&mut sink[..left.min(1024)]) {
             Ok(0) | Err(_) => return,
