@@ -1,8 +1,10 @@
 //! The file commands: cp, cat, ls, stat, mkdir, rm, mv.
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, IsTerminal, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -49,40 +51,49 @@ fn local_fail(p: &Path, e: io::Error) -> String {
     format!("{}: {s}", p.display())
 }
 
-/// Either side of a copy.
+/// Either side of a copy. A remote side is its server's URL and the exact
+/// path, whose names below the URL's own path are bytes (not always UTF-8),
+/// as local names are.
 enum Loc {
     Local(PathBuf),
-    Remote(Url),
+    Remote(Url, PathBuf),
 }
 
-fn loc(s: &str) -> Result<Loc, String> {
-    if s.starts_with("ferry://") {
-        Ok(Loc::Remote(parse(s)?))
+fn loc(s: &OsStr) -> Result<Loc, String> {
+    if s.as_bytes().starts_with(b"ferry://") {
+        let u = parse(s.to_str().ok_or_else(|| format!("{}: a ferry:// URL must be UTF-8", s.to_string_lossy()))?)?;
+        let p = PathBuf::from(&u.path);
+        Ok(Loc::Remote(u, p))
     } else {
         Ok(Loc::Local(PathBuf::from(s)))
     }
 }
 
-fn base_name(l: &Loc) -> String {
+fn base_name(l: &Loc) -> OsString {
     let p = match l {
-        Loc::Local(p) => p.to_string_lossy().into_owned(),
-        Loc::Remote(u) => u.path.clone(),
+        Loc::Local(p) | Loc::Remote(_, p) => p.as_os_str().as_bytes(),
     };
-    p.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string()
+    let p = &p[..p.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
+    OsStr::from_bytes(p.rsplit(|&b| b == b'/').next().unwrap_or(b"")).to_owned()
 }
 
-fn child(l: &Loc, name: &str) -> Loc {
+fn child(l: &Loc, name: &OsStr) -> Loc {
     match l {
         Loc::Local(p) => Loc::Local(p.join(name)),
-        Loc::Remote(u) => Loc::Remote(u.join(name)),
+        Loc::Remote(u, p) => Loc::Remote(u.clone(), ferry_client::join(p, name)),
     }
 }
 
+/// For messages only: a name that is not UTF-8 shows lossily.
 fn display(l: &Loc) -> String {
     match l {
         Loc::Local(p) => p.display().to_string(),
-        Loc::Remote(u) => u.to_string(),
+        Loc::Remote(u, p) => format!("ferry://{}{}", u.addr, p.display()),
     }
+}
+
+fn remote_fail(l: &Loc, e: Error) -> String {
+    format!("{}: {e}", display(l))
 }
 
 /// (is_dir, mode, size) of a source, or None if it does not exist.
@@ -93,15 +104,15 @@ fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(local_fail(p, e)),
         },
-        Loc::Remote(u) => match c.get(u)?.metadata(&u.path) {
+        Loc::Remote(u, p) => match c.get(u)?.metadata(p) {
             Ok(a) => Ok(Some((a.is_dir(), a.mode, a.size))),
             Err(e) if e.errno() == libc::ENOENT => Ok(None),
-            Err(e) => Err(fail(u, e)),
+            Err(e) => Err(remote_fail(l, e)),
         },
     }
 }
 
-pub fn cp(tf: Option<&Path>, src: &str, dst: &str, recursive: bool) -> Result<(), String> {
+pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, recursive: bool) -> Result<(), String> {
     let mut c = Clients::new(tf);
     let src = loc(src)?;
     let mut dst = loc(dst)?;
@@ -153,21 +164,27 @@ fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && p.is_dir() => Ok(()),
             Err(e) => Err(local_fail(p, e)),
         },
-        Loc::Remote(u) => match c.get(u)?.create_dir(&u.path, mode | 0o700) {
+        Loc::Remote(u, p) => match c.get(u)?.create_dir(p, mode | 0o700) {
             Ok(_) => Ok(()),
             Err(e) if e.errno() == libc::EEXIST => Ok(()),
-            Err(e) => Err(fail(u, e)),
+            Err(e) => Err(remote_fail(d, e)),
         },
     }
 }
 
-fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<String>, String> {
-    let mut names: Vec<String> = match d {
+fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
+    let mut names: Vec<OsString> = match d {
         Loc::Local(p) => fs::read_dir(p)
             .map_err(|e| local_fail(p, e))?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()).map_err(|e| local_fail(p, e)))
+            .map(|e| e.map(|e| e.file_name()).map_err(|e| local_fail(p, e)))
             .collect::<Result<_, _>>()?,
-        Loc::Remote(u) => c.get(u)?.read_dir(&u.path).map_err(|e| fail(u, e))?.into_iter().map(|e| e.name).collect(),
+        Loc::Remote(u, p) => c
+            .get(u)?
+            .read_dir(p)
+            .map_err(|e| remote_fail(d, e))?
+            .into_iter()
+            .map(|e| e.file_name().to_owned())
+            .collect(),
     };
     names.sort();
     Ok(names)
@@ -179,7 +196,9 @@ type Writer = Box<dyn FnMut(Option<&[u8]>) -> Result<(), String>>;
 fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
     Ok(match src {
         Loc::Local(p) => Box::new(fs::File::open(p).map_err(|e| local_fail(p, e))?),
-        Loc::Remote(u) => Box::new(c.get(u)?.open(&u.path, OpenOptions::new().read(true)).map_err(|e| fail(u, e))?),
+        Loc::Remote(u, p) => {
+            Box::new(c.get(u)?.open(p, OpenOptions::new().read(true)).map_err(|e| remote_fail(src, e))?)
+        }
     })
 }
 
@@ -200,13 +219,13 @@ fn open_dst(c: &mut Clients, dst: &Loc, mode: u32) -> Result<Writer, String> {
                 None => f.flush().map_err(|e| local_fail(&p, e)),
             }))
         }
-        Loc::Remote(u) => {
+        Loc::Remote(u, p) => {
             let opts = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).clone();
-            let mut f = Some(c.get(u)?.open(&u.path, &opts).map_err(|e| fail(u, e))?);
-            let u = u.clone();
+            let mut f = Some(c.get(u)?.open(p, &opts).map_err(|e| remote_fail(dst, e))?);
+            let shown = display(dst);
             Ok(Box::new(move |chunk| match (chunk, f.as_mut()) {
-                (Some(b), Some(file)) => file.write_all(b).map_err(|e| format!("{u}: {e}")),
-                (None, Some(_)) => f.take().map_or(Ok(()), |file| file.close().map_err(|e| fail(&u, e))),
+                (Some(b), Some(file)) => file.write_all(b).map_err(|e| format!("{shown}: {e}")),
+                (None, Some(_)) => f.take().map_or(Ok(()), |file| file.close().map_err(|e| format!("{shown}: {e}"))),
                 (_, None) => Ok(()),
             }))
         }
@@ -272,21 +291,23 @@ pub fn ls(tf: Option<&Path>, url: &str, long: bool) -> Result<(), String> {
     let is_dir = top.is_dir() || follow.is_some_and(|a| a.is_dir());
     if !is_dir {
         let name = u.path.rsplit('/').next().unwrap_or("").to_string();
-        return print_entry(&mut out, &client, &u.path, &name, &top, long);
+        return print_entry(&mut out, &client, Path::new(&u.path), &name, &top, long);
     }
     let mut entries = client.read_dir(&u.path).map_err(|e| fail(&u, e))?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     for e in entries {
-        let path = ferry_client::join(&u.path, &e.name);
+        let path = ferry_client::join(&u.path, e.file_name());
+        let name = e.file_name().to_string_lossy();
         match e.attr {
-            Some(a) => print_entry(&mut out, &client, &path, &e.name, &a, long)?,
-            None => writeln!(out, "{}", e.name).map_err(|e| e.to_string())?,
+            Some(a) => print_entry(&mut out, &client, &path, &name, &a, long)?,
+            None => writeln!(out, "{name}").map_err(|e| e.to_string())?,
         }
     }
     Ok(())
 }
 
-fn print_entry(out: &mut impl Write, c: &Client, path: &str, name: &str, a: &Attr, long: bool) -> Result<(), String> {
+/// Names that are not UTF-8 show lossily: the output edge is text.
+fn print_entry(out: &mut impl Write, c: &Client, path: &Path, name: &str, a: &Attr, long: bool) -> Result<(), String> {
     let line = if long {
         let mut s = format!(
             "{} {:>3} {:>5} {:>5} {:>12} {} {name}",
@@ -299,7 +320,7 @@ fn print_entry(out: &mut impl Write, c: &Client, path: &str, name: &str, a: &Att
         );
         if a.is_symlink() {
             if let Ok(t) = c.read_link(path) {
-                s.push_str(&format!(" -> {t}"));
+                s.push_str(&format!(" -> {}", t.display()));
             }
         }
         s

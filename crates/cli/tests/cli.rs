@@ -698,7 +698,7 @@ fn read_only_server_library_erofs() {
         Ok(()) => panic!("{what}: succeeded on a read-only server"),
         Err(e) => assert_eq!(e.errno(), libc::EROFS, "{what}: {e}"),
     };
-    let f = Target::Path("/f");
+    let f = Target::Path(b"/f");
     erofs("open write", c.open("/f", OpenOptions::new().write(true)).map(drop));
     erofs("open rdwr", c.open("/f", OpenOptions::new().read(true).write(true)).map(drop));
     erofs("open append", c.open("/f", OpenOptions::new().append(true)).map(drop));

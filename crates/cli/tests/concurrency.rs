@@ -177,7 +177,7 @@ fn client_work(
             .read_dir(&dir)
             .map_err(e("read_dir"))?
             .into_iter()
-            .map(|d| (d.name.clone(), d.attr.map_or(u64::MAX, |a| a.size)))
+            .map(|d| (String::from_utf8_lossy(&d.name).into_owned(), d.attr.map_or(u64::MAX, |a| a.size)))
             .collect();
         listed.sort();
         let want: Vec<(String, u64)> = files.iter().map(|(n, d)| (n.clone(), d.len() as u64)).collect();
@@ -259,7 +259,8 @@ fn two_hundred_concurrent_clients(backend: &[&str]) {
     let seen = sizes_seen.lock().unwrap();
     assert!(seen.contains_key(&1) && seen.contains_key(&(2 << 20)), "sizes used: {seen:?}");
     let c = server.client();
-    let names: Vec<String> = c.read_dir("/").unwrap().into_iter().map(|d| d.name).collect();
+    let names: Vec<String> =
+        c.read_dir("/").unwrap().into_iter().map(|d| String::from_utf8_lossy(&d.name).into_owned()).collect();
     assert_eq!(names, ["shared"]);
     assert_eq!(c.read("/shared").unwrap(), *shared);
 }
