@@ -185,7 +185,7 @@ fn client_work(
 
         // Rename, and check both names.
         let renamed = format!("g{it}");
-        c.rename(&path, &format!("{dir}/{renamed}")).map_err(e("rename"))?;
+        c.rename(&path, format!("{dir}/{renamed}")).map_err(e("rename"))?;
         let data = files.remove(&format!("f{it}")).expect("just inserted");
         match c.metadata(&path) {
             Err(x) if x.errno() == libc::ENOENT => {}
@@ -215,7 +215,7 @@ fn client_work(
 
     // Everything this client wrote is still exactly there.
     for (name, data) in &files {
-        check(&c.read(&format!("{dir}/{name}")).map_err(e("final read"))?, data, &format!("final {dir}/{name}"))?;
+        check(&c.read(format!("{dir}/{name}")).map_err(e("final read"))?, data, &format!("final {dir}/{name}"))?;
     }
     c.remove_dir_all(&dir).map_err(e("remove_dir_all"))?;
     match c.metadata(&dir) {
@@ -288,7 +288,7 @@ fn shared_connection(server: &Server) {
     client.ping().unwrap();
     assert_eq!(client.read("/shared").unwrap(), *shared);
     for t in 0..THREADS {
-        let a = client.metadata(&format!("/t{t}")).unwrap();
+        let a = client.metadata(format!("/t{t}")).unwrap();
         assert_eq!(a.size, (3 << 20) as u64, "t{t}");
     }
 }

@@ -369,7 +369,7 @@ fn read_dir_many_entries(server: &Server) {
     c.create_dir("/many", 0o755).unwrap();
     const N: usize = 2500;
     for i in 0..N {
-        let f = c.open(&format!("/many/entry-{i:05}"), OpenOptions::new().write(true).create_new(true)).unwrap();
+        let f = c.open(format!("/many/entry-{i:05}"), OpenOptions::new().write(true).create_new(true)).unwrap();
         if i % 100 == 0 {
             f.write_at(&vec![1u8; i], 0).unwrap();
         }
