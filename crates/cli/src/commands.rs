@@ -1,8 +1,10 @@
 //! The file commands: cp, cat, ls, stat, mkdir, rm, mv.
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, IsTerminal, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -49,40 +51,49 @@ fn local_fail(p: &Path, e: io::Error) -> String {
     format!("{}: {s}", p.display())
 }
 
-/// Either side of a copy.
+/// Either side of a copy. A remote side is its server's URL and the exact
+/// path, whose names below the URL's own path are bytes (not always UTF-8),
+/// as local names are.
 enum Loc {
     Local(PathBuf),
-    Remote(Url),
+    Remote(Url, PathBuf),
 }
 
-fn loc(s: &str) -> Result<Loc, String> {
-    if s.starts_with("ferry://") {
-        Ok(Loc::Remote(parse(s)?))
+fn loc(s: &OsStr) -> Result<Loc, String> {
+    if s.as_bytes().starts_with(b"ferry://") {
+        let u = parse(s.to_str().ok_or_else(|| format!("{}: a ferry:// URL must be UTF-8", s.to_string_lossy()))?)?;
+        let p = PathBuf::from(&u.path);
+        Ok(Loc::Remote(u, p))
     } else {
         Ok(Loc::Local(PathBuf::from(s)))
     }
 }
 
-fn base_name(l: &Loc) -> String {
+fn base_name(l: &Loc) -> OsString {
     let p = match l {
-        Loc::Local(p) => p.to_string_lossy().into_owned(),
-        Loc::Remote(u) => u.path.clone(),
+        Loc::Local(p) | Loc::Remote(_, p) => p.as_os_str().as_bytes(),
     };
-    p.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string()
+    let p = &p[..p.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
+    OsStr::from_bytes(p.rsplit(|&b| b == b'/').next().unwrap_or(b"")).to_owned()
 }
 
-fn child(l: &Loc, name: &str) -> Loc {
+fn child(l: &Loc, name: &OsStr) -> Loc {
     match l {
         Loc::Local(p) => Loc::Local(p.join(name)),
-        Loc::Remote(u) => Loc::Remote(u.join(name)),
+        Loc::Remote(u, p) => Loc::Remote(u.clone(), ferry_client::join(p, name)),
     }
 }
 
+/// For messages only: a name that is not UTF-8 shows lossily.
 fn display(l: &Loc) -> String {
     match l {
         Loc::Local(p) => p.display().to_string(),
-        Loc::Remote(u) => u.to_string(),
+        Loc::Remote(u, p) => format!("ferry://{}{}", u.addr, p.display()),
     }
+}
+
+fn remote_fail(l: &Loc, e: Error) -> String {
+    format!("{}: {e}", display(l))
 }
 
 /// (is_dir, mode, size) of a source, or None if it does not exist.
@@ -93,15 +104,15 @@ fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(local_fail(p, e)),
         },
-        Loc::Remote(u) => match c.get(u)?.metadata(&u.path) {
+        Loc::Remote(u, p) => match c.get(u)?.metadata(p) {
             Ok(a) => Ok(Some((a.is_dir(), a.mode, a.size))),
             Err(e) if e.errno() == libc::ENOENT => Ok(None),
-            Err(e) => Err(fail(u, e)),
+            Err(e) => Err(remote_fail(l, e)),
         },
     }
 }
 
-pub fn cp(tf: Option<&Path>, src: &str, dst: &str, recursive: bool) -> Result<(), String> {
+pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, recursive: bool) -> Result<(), String> {
     let mut c = Clients::new(tf);
     let src = loc(src)?;
     let mut dst = loc(dst)?;
@@ -153,21 +164,27 @@ fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && p.is_dir() => Ok(()),
             Err(e) => Err(local_fail(p, e)),
         },
-        Loc::Remote(u) => match c.get(u)?.create_dir(&u.path, mode | 0o700) {
+        Loc::Remote(u, p) => match c.get(u)?.create_dir(p, mode | 0o700) {
             Ok(_) => Ok(()),
             Err(e) if e.errno() == libc::EEXIST => Ok(()),
-            Err(e) => Err(fail(u, e)),
+            Err(e) => Err(remote_fail(d, e)),
         },
     }
 }
 
-fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<String>, String> {
-    let mut names: Vec<String> = match d {
+fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
+    let mut names: Vec<OsString> = match d {
         Loc::Local(p) => fs::read_dir(p)
             .map_err(|e| local_fail(p, e))?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()).map_err(|e| local_fail(p, e)))
+            .map(|e| e.map(|e| e.file_name()).map_err(|e| local_fail(p, e)))
             .collect::<Result<_, _>>()?,
-        Loc::Remote(u) => c.get(u)?.read_dir(&u.path).map_err(|e| fail(u, e))?.into_iter().map(|e| e.name).collect(),
+        Loc::Remote(u, p) => c
+            .get(u)?
+            .read_dir(p)
+            .map_err(|e| remote_fail(d, e))?
+            .into_iter()
+            .map(|e| e.file_name().to_owned())
+            .collect(),
     };
     names.sort();
     Ok(names)
@@ -178,7 +195,9 @@ type Reader = Box<dyn Read>;
 fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
     Ok(match src {
         Loc::Local(p) => Box::new(fs::File::open(p).map_err(|e| local_fail(p, e))?),
-        Loc::Remote(u) => Box::new(c.get(u)?.open(&u.path, OpenOptions::new().read(true)).map_err(|e| fail(u, e))?),
+        Loc::Remote(u, p) => {
+            Box::new(c.get(u)?.open(p, OpenOptions::new().read(true)).map_err(|e| remote_fail(src, e))?)
+        }
     })
 }
 
@@ -190,15 +209,14 @@ fn temp_name(dst: &Loc) -> Result<Loc, String> {
     if base.is_empty() || base == "." || base == ".." {
         return Err(format!("{}: not a file name", display(dst)));
     }
-    let tmp = format!(".{base}.ferry-{}.part", std::process::id());
+    let mut tmp = OsString::from(".");
+    tmp.push(&base);
+    tmp.push(format!(".ferry-{}.part", std::process::id()));
     Ok(match dst {
         Loc::Local(p) => Loc::Local(p.with_file_name(tmp)),
-        Loc::Remote(u) => {
-            let parent = u.path.trim_end_matches('/').rsplit_once('/').map_or("/", |(d, _)| d);
-            Loc::Remote(
-                Url { addr: u.addr.clone(), path: if parent.is_empty() { "/".into() } else { parent.into() } }
-                    .join(&tmp),
-            )
+        Loc::Remote(u, p) => {
+            let parent = p.parent().unwrap_or(Path::new("/"));
+            Loc::Remote(u.clone(), ferry_client::join(parent, &tmp))
         }
     })
 }
@@ -232,10 +250,10 @@ impl Sink {
                     .map_err(|e| named(dst, strip(&e)))?;
                 (SinkFile::Local(f), None)
             }
-            Loc::Remote(u) => {
+            Loc::Remote(u, p) => {
                 let client = c.get(u)?;
                 let opts = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).clone();
-                let f = client.open(&u.path, &opts).map_err(|e| named(dst, e.to_string()))?;
+                let f = client.open(p, &opts).map_err(|e| named(dst, e.to_string()))?;
                 (SinkFile::Remote(Box::new(f)), Some(client))
             }
         };
@@ -262,7 +280,7 @@ impl Sink {
         }
         match (&self.tmp, &self.dst, &self.client) {
             (Loc::Local(t), Loc::Local(d), _) => fs::rename(t, d).map_err(|e| local_fail(d, e))?,
-            (Loc::Remote(t), Loc::Remote(d), Some(c)) => c.rename(&t.path, &d.path).map_err(|e| fail(d, e))?,
+            (Loc::Remote(_, t), Loc::Remote(_, d), Some(c)) => c.rename(t, d).map_err(|e| remote_fail(&self.dst, e))?,
             _ => unreachable!("a temporary name is on the destination's side"),
         }
         self.client = None;
@@ -279,8 +297,8 @@ impl Drop for Sink {
             (Loc::Local(t), _) if !t.as_os_str().is_empty() => {
                 let _ = fs::remove_file(t);
             }
-            (Loc::Remote(t), Some(c)) => {
-                let _ = c.remove_file(&t.path);
+            (Loc::Remote(_, t), Some(c)) => {
+                let _ = c.remove_file(t);
             }
             _ => {}
         }
@@ -295,7 +313,7 @@ fn named(l: &Loc, e: String) -> String {
 fn clone_loc(l: &Loc) -> Loc {
     match l {
         Loc::Local(p) => Loc::Local(p.clone()),
-        Loc::Remote(u) => Loc::Remote(u.clone()),
+        Loc::Remote(u, p) => Loc::Remote(u.clone(), p.clone()),
     }
 }
 
@@ -358,21 +376,23 @@ pub fn ls(tf: Option<&Path>, url: &str, long: bool) -> Result<(), String> {
     let is_dir = top.is_dir() || follow.is_some_and(|a| a.is_dir());
     if !is_dir {
         let name = u.path.rsplit('/').next().unwrap_or("").to_string();
-        return print_entry(&mut out, &client, &u.path, &name, &top, long);
+        return print_entry(&mut out, &client, Path::new(&u.path), &name, &top, long);
     }
     let mut entries = client.read_dir(&u.path).map_err(|e| fail(&u, e))?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     for e in entries {
-        let path = ferry_client::join(&u.path, &e.name);
+        let path = ferry_client::join(&u.path, e.file_name());
+        let name = e.file_name().to_string_lossy();
         match e.attr {
-            Some(a) => print_entry(&mut out, &client, &path, &e.name, &a, long)?,
-            None => writeln!(out, "{}", e.name).map_err(|e| e.to_string())?,
+            Some(a) => print_entry(&mut out, &client, &path, &name, &a, long)?,
+            None => writeln!(out, "{name}").map_err(|e| e.to_string())?,
         }
     }
     Ok(())
 }
 
-fn print_entry(out: &mut impl Write, c: &Client, path: &str, name: &str, a: &Attr, long: bool) -> Result<(), String> {
+/// Names that are not UTF-8 show lossily: the output edge is text.
+fn print_entry(out: &mut impl Write, c: &Client, path: &Path, name: &str, a: &Attr, long: bool) -> Result<(), String> {
     let line = if long {
         let mut s = format!(
             "{} {:>3} {:>5} {:>5} {:>12} {} {name}",
@@ -385,7 +405,7 @@ fn print_entry(out: &mut impl Write, c: &Client, path: &str, name: &str, a: &Att
         );
         if a.is_symlink() {
             if let Ok(t) = c.read_link(path) {
-                s.push_str(&format!(" -> {t}"));
+                s.push_str(&format!(" -> {}", t.display()));
             }
         }
         s

@@ -33,8 +33,9 @@ enum Cmd {
         /// Copy directories recursively.
         #[arg(short = 'r', short_alias = 'R', long)]
         recursive: bool,
-        src: String,
-        dst: String,
+        /// A local path (any bytes, as Linux names are) or a ferry:// URL.
+        src: std::ffi::OsString,
+        dst: std::ffi::OsString,
     },
     /// Print a remote file.
     Cat { url: String },

@@ -57,9 +57,10 @@ fn assert_same_tree(a: &Path, b: &Path) {
     let mb = std::fs::metadata(b).unwrap_or_else(|e| panic!("{}: {e}", b.display()));
     assert_eq!(ma.is_dir(), mb.is_dir(), "{} vs {}", a.display(), b.display());
     if ma.is_dir() {
+        // Names compared as the bytes they are, not always UTF-8.
         let names = |p: &Path| {
-            let mut v: Vec<String> =
-                std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+            let mut v: Vec<std::ffi::OsString> =
+                std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name()).collect();
             v.sort();
             v
         };
@@ -305,6 +306,53 @@ fn cp_recursive_tree_round_trip() {
     std::fs::create_dir(exported(&server, "/into")).unwrap();
     ok(&server.ferry(&["cp", "-R", tree.to_str().unwrap(), &server.url("/into")]));
     assert_same_tree(&tree, &exported(&server, "/into/tree"));
+}
+
+/// `ferry` with arguments that need not be UTF-8 (local paths are bytes).
+fn ferry_os(server: &Server, args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(FERRY)
+        .args(args)
+        .env("FERRY_TOKEN_FILE", &server.token_file)
+        .env_remove("FERRY_TOKEN")
+        .output()
+        .expect("run ferry")
+}
+
+/// Names that are not UTF-8 (Latin-1 from an old archive, stray bytes) are
+/// copied byte for byte both ways, also as the top directory given on the
+/// command line; `ls` shows them lossily but lists them.
+#[test]
+fn cp_r_copies_non_utf8_names_faithfully() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let server = Server::start(&[]);
+    let local = TempDir::new("cp-bytes");
+    let tree = local.path().join(OsStr::from_bytes(b"arch\xefve"));
+    let sub = tree.join(OsStr::from_bytes(b"r\xe9pertoire"));
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(tree.join(OsStr::from_bytes(b"caf\xe9.txt")), b"latin-1\n").unwrap();
+    std::fs::write(tree.join(OsStr::from_bytes(b"\xff\xfe")), random_bytes(70_001, 7)).unwrap();
+    std::fs::write(sub.join(OsStr::from_bytes(b"na\xefve\x80")), b"deep").unwrap();
+    // The UTF-8 spelling of the same word, a different name beside it.
+    std::fs::write(tree.join("café.txt"), b"utf-8\n").unwrap();
+
+    let up = server.url("/up");
+    ok(&ferry_os(&server, &[OsStr::new("cp"), OsStr::new("-r"), tree.as_os_str(), OsStr::new(&up)]));
+    assert_same_tree(&tree, &exported(&server, "/up"));
+
+    let back = local.path().join(OsStr::from_bytes(b"retour-\xe0"));
+    ok(&ferry_os(&server, &[OsStr::new("cp"), OsStr::new("-r"), OsStr::new(&up), back.as_os_str()]));
+    assert_same_tree(&tree, &back);
+
+    // Into an existing remote directory: the non-UTF-8 base name is kept.
+    std::fs::create_dir(exported(&server, "/into")).unwrap();
+    ok(&ferry_os(&server, &[OsStr::new("cp"), OsStr::new("-R"), tree.as_os_str(), OsStr::new(&server.url("/into"))]));
+    assert_same_tree(&tree, &exported(&server, "/into").join(OsStr::from_bytes(b"arch\xefve")));
+
+    let listed = ok(&server.ferry(&["ls", &up]));
+    let mut lines: Vec<&str> = listed.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["café.txt", "caf\u{fffd}.txt", "r\u{fffd}pertoire", "\u{fffd}\u{fffd}"]);
 }
 
 #[test]
@@ -698,7 +746,7 @@ fn read_only_server_library_erofs() {
         Ok(()) => panic!("{what}: succeeded on a read-only server"),
         Err(e) => assert_eq!(e.errno(), libc::EROFS, "{what}: {e}"),
     };
-    let f = Target::Path("/f");
+    let f = Target::Path(b"/f");
     erofs("open write", c.open("/f", OpenOptions::new().write(true)).map(drop));
     erofs("open rdwr", c.open("/f", OpenOptions::new().read(true).write(true)).map(drop));
     erofs("open append", c.open("/f", OpenOptions::new().append(true)).map(drop));

@@ -177,7 +177,7 @@ fn client_work(
             .read_dir(&dir)
             .map_err(e("read_dir"))?
             .into_iter()
-            .map(|d| (d.name.clone(), d.attr.map_or(u64::MAX, |a| a.size)))
+            .map(|d| (String::from_utf8_lossy(&d.name).into_owned(), d.attr.map_or(u64::MAX, |a| a.size)))
             .collect();
         listed.sort();
         let want: Vec<(String, u64)> = files.iter().map(|(n, d)| (n.clone(), d.len() as u64)).collect();
@@ -185,7 +185,7 @@ fn client_work(
 
         // Rename, and check both names.
         let renamed = format!("g{it}");
-        c.rename(&path, &format!("{dir}/{renamed}")).map_err(e("rename"))?;
+        c.rename(&path, format!("{dir}/{renamed}")).map_err(e("rename"))?;
         let data = files.remove(&format!("f{it}")).expect("just inserted");
         match c.metadata(&path) {
             Err(x) if x.errno() == libc::ENOENT => {}
@@ -215,7 +215,7 @@ fn client_work(
 
     // Everything this client wrote is still exactly there.
     for (name, data) in &files {
-        check(&c.read(&format!("{dir}/{name}")).map_err(e("final read"))?, data, &format!("final {dir}/{name}"))?;
+        check(&c.read(format!("{dir}/{name}")).map_err(e("final read"))?, data, &format!("final {dir}/{name}"))?;
     }
     c.remove_dir_all(&dir).map_err(e("remove_dir_all"))?;
     match c.metadata(&dir) {
@@ -259,7 +259,8 @@ fn two_hundred_concurrent_clients(backend: &[&str]) {
     let seen = sizes_seen.lock().unwrap();
     assert!(seen.contains_key(&1) && seen.contains_key(&(2 << 20)), "sizes used: {seen:?}");
     let c = server.client();
-    let names: Vec<String> = c.read_dir("/").unwrap().into_iter().map(|d| d.name).collect();
+    let names: Vec<String> =
+        c.read_dir("/").unwrap().into_iter().map(|d| String::from_utf8_lossy(&d.name).into_owned()).collect();
     assert_eq!(names, ["shared"]);
     assert_eq!(c.read("/shared").unwrap(), *shared);
 }
@@ -287,7 +288,7 @@ fn shared_connection(server: &Server) {
     client.ping().unwrap();
     assert_eq!(client.read("/shared").unwrap(), *shared);
     for t in 0..THREADS {
-        let a = client.metadata(&format!("/t{t}")).unwrap();
+        let a = client.metadata(format!("/t{t}")).unwrap();
         assert_eq!(a.size, (3 << 20) as u64, "t{t}");
     }
 }

@@ -223,7 +223,7 @@ fn many_large_writes_at_once_all_arrive() {
             let (addr, opts, data) = (server.addr(), server.options(), std::sync::Arc::clone(&data));
             thread::spawn(move || {
                 let c = Client::connect(&addr, &opts).unwrap();
-                let f = c.open(&format!("/w{i}"), ferry_client::OpenOptions::new().write(true).create(true)).unwrap();
+                let f = c.open(format!("/w{i}"), ferry_client::OpenOptions::new().write(true).create(true)).unwrap();
                 for k in 0..2u64 {
                     f.write_at(&data, k * data.len() as u64).unwrap();
                 }

@@ -481,3 +481,97 @@ fn git_sqlite_and_make_with_page_cache_and_no_attr_cache() {
         make_on(&m);
     }
 }
+
+/// A local tree whose names are not UTF-8: Latin-1 as an old archive holds
+/// it, stray bytes, a directory of them, a symlink whose name and target
+/// are neither, and the UTF-8 spelling of one name as another file.
+fn make_byte_tree(root: &Path) {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let b = |n: &[u8]| OsStr::from_bytes(n).to_owned();
+    let dir = root.join(b(b"r\xe9pertoire"));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(root.join(b(b"caf\xe9.txt")), "latin-1\n").unwrap();
+    fs::write(root.join("café.txt"), "utf-8\n").unwrap();
+    fs::write(root.join(b(b"\xff\xfe.bin")), random_bytes(70_001, 21)).unwrap();
+    fs::write(dir.join(b(b"na\xefve\x80")), "deep\n").unwrap();
+    std::os::unix::fs::symlink(b(b"r\xe9pertoire/na\xefve\x80"), root.join(b(b"lien-\xe9"))).unwrap();
+}
+
+/// Same names (as bytes), kinds, contents and symlink targets.
+fn same_bytes_tree(a: &Path, b: &Path) {
+    let ma = fs::symlink_metadata(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
+    let mb = fs::symlink_metadata(b).unwrap_or_else(|e| panic!("{}: {e}", b.display()));
+    assert_eq!(ma.file_type(), mb.file_type(), "{} vs {}", a.display(), b.display());
+    if ma.is_symlink() {
+        assert_eq!(fs::read_link(a).unwrap(), fs::read_link(b).unwrap(), "target of {}", b.display());
+    } else if ma.is_dir() {
+        let names = |p: &Path| {
+            let mut v: Vec<std::ffi::OsString> = fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name()).collect();
+            v.sort();
+            v
+        };
+        let (na, nb) = (names(a), names(b));
+        assert_eq!(na, nb, "entries of {} vs {}", a.display(), b.display());
+        for n in na {
+            same_bytes_tree(&a.join(&n), &b.join(&n));
+        }
+    } else {
+        assert!(fs::read(a).unwrap() == fs::read(b).unwrap(), "contents of {} and {} differ", a.display(), b.display());
+    }
+}
+
+#[test]
+fn non_utf8_names_with_cp_tar_and_git() {
+    if fuse_usable() {
+        non_utf8_on(&Mount::start(&[]));
+    }
+}
+
+fn non_utf8_on(m: &Mount) {
+    let local = TempDir::new("bytes");
+    let src = local.path().join("src");
+    make_byte_tree(&src);
+    let l = local.path().display();
+
+    // cp -a onto the mount and back off it; the export holds the same bytes.
+    sh(&format!("cp -a {l}/src {}", m.p("cp").display()), local.path());
+    same_bytes_tree(&src, &m.p("cp"));
+    same_bytes_tree(&src, &m.exported("cp"));
+    sh(&format!("cp -a {} {l}/cp-back", m.p("cp").display()), local.path());
+    same_bytes_tree(&src, &local.path().join("cp-back"));
+
+    // tar through a pipe onto the mount, and off it again.
+    fs::create_dir(m.p("tar")).unwrap();
+    sh(&format!("tar cf - -C {l}/src . | tar xf - -C {}", m.p("tar").display()), local.path());
+    same_bytes_tree(&src, &m.p("tar"));
+    fs::create_dir(local.path().join("tar-back")).unwrap();
+    sh(&format!("tar cf - -C {} . | tar xf - -C {l}/tar-back", m.p("tar").display()), local.path());
+    same_bytes_tree(&src, &local.path().join("tar-back"));
+
+    // git stores the names faithfully (it only quotes them for display):
+    // committed on the mount, cloned off it, cloned back onto it.
+    let repo = m.p("repo");
+    sh(&format!("cp -a {l}/src {}", repo.display()), local.path());
+    sh("git init -q -b main . && git add -A && git commit -q -m bytes", &repo);
+    assert_eq!(sh("git status --porcelain", &repo), "", "clean after commit");
+    let files = sh(
+        "git ls-files -z | python3 -c 'import sys; print(sorted(sys.stdin.buffer.read().split(b\"\\0\")[:-1]))'",
+        &repo,
+    );
+    assert_eq!(
+        files.trim(),
+        r"[b'caf\xc3\xa9.txt', b'caf\xe9.txt', b'lien-\xe9', b'r\xe9pertoire/na\xefve\x80', b'\xff\xfe.bin']",
+        "the index holds the names' bytes"
+    );
+    sh("git fsck --strict --no-progress", &repo);
+    let o = run(Command::new("git").arg("clone").arg("-q").arg(&repo).arg(local.path().join("clone")));
+    assert!(o.ok, "{}", o.stderr);
+    fs::remove_dir_all(local.path().join("clone/.git")).unwrap();
+    same_bytes_tree(&src, &local.path().join("clone"));
+    let o = run(Command::new("git").arg("clone").arg("-q").arg(&repo).arg(m.p("clone2")));
+    assert!(o.ok, "{}", o.stderr);
+    assert_eq!(sh("git status --porcelain", &m.p("clone2")), "");
+    fs::remove_dir_all(m.p("clone2/.git")).unwrap();
+    same_bytes_tree(&src, &m.p("clone2"));
+}

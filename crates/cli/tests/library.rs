@@ -4,7 +4,9 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
 
 use common::{random_bytes, Server, TempDir};
 use ferry_client::{Client, Error, OpenOptions, Options, Target, Time};
@@ -65,6 +67,7 @@ both_backends!(
         client_without_capabilities,
         incompatible_version_refused,
         wrong_token_refused,
+        non_utf8_names,
     ],
     args: [degraded_capabilities, special_nodes],
 );
@@ -79,7 +82,8 @@ fn special_nodes(backend: &[&str]) {
     let sock = c.mknod("/sock", libc::S_IFSOCK | 0o600, 0).expect("mknod socket");
     assert_eq!(sock.kind(), libc::S_IFSOCK);
     assert_eq!(errno(c.mknod("/fifo", libc::S_IFIFO | 0o640, 0)), libc::EEXIST);
-    let kinds: Vec<(String, u8)> = c.read_dir("/").expect("list").into_iter().map(|e| (e.name, e.kind)).collect();
+    let kinds: Vec<(String, u8)> =
+        c.read_dir("/").expect("list").into_iter().map(|e| (String::from_utf8(e.name).unwrap(), e.kind)).collect();
     assert!(kinds.contains(&("fifo".to_string(), libc::DT_FIFO)), "{kinds:?}");
     assert!(kinds.contains(&("sock".to_string(), libc::DT_SOCK)), "{kinds:?}");
     assert_eq!(errno(c.mknod("/null", libc::S_IFCHR | 0o666, libc::makedev(1, 3))), libc::EPERM);
@@ -229,7 +233,7 @@ fn create_new_and_truncate(server: &Server) {
     c.open("/new", OpenOptions::new().write(true).create(true)).unwrap().close().unwrap();
     assert_eq!(c.read("/new").unwrap(), b"0123456789");
     // Truncate through a path.
-    let a = c.truncate(Target::Path("/new"), 4).unwrap();
+    let a = c.truncate(Target::Path(b"/new"), 4).unwrap();
     assert_eq!(a.size, 4);
     assert_eq!(c.read("/new").unwrap(), b"0123");
     // Truncate on open.
@@ -238,12 +242,12 @@ fn create_new_and_truncate(server: &Server) {
     f.close().unwrap();
     assert_eq!(c.metadata("/new").unwrap().size, 0);
     // Truncate to extend, then through a handle.
-    assert_eq!(c.truncate(Target::Path("/new"), 8192).unwrap().size, 8192);
+    assert_eq!(c.truncate(Target::Path(b"/new"), 8192).unwrap().size, 8192);
     let f = c.open("/new", &rw()).unwrap();
     assert_eq!(c.truncate(Target::Handle(f.handle()), 3).unwrap().size, 3);
     f.close().unwrap();
     assert_eq!(c.read("/new").unwrap(), b"\0\0\0");
-    assert_eq!(errno(c.truncate(Target::Path("/missing"), 0)), libc::ENOENT);
+    assert_eq!(errno(c.truncate(Target::Path(b"/missing"), 0)), libc::ENOENT);
 }
 
 fn set_len_grows_and_shrinks(server: &Server) {
@@ -266,7 +270,7 @@ fn metadata_mode_size_and_mtime(server: &Server) {
     assert_eq!(f.attr().size, 0);
     f.close().unwrap();
     let old = Time { sec: 1_000_000_000, nsec: 123_456_789 };
-    let a = c.set_times(Target::Path("/meta"), old, old).unwrap();
+    let a = c.set_times(Target::Path(b"/meta"), old, old).unwrap();
     assert_eq!(a.mtime, old, "nanoseconds kept");
     let mut f = c.open("/meta", OpenOptions::new().write(true)).unwrap();
     f.write_all(&[7u8; 12345]).unwrap();
@@ -324,16 +328,17 @@ fn read_dir_has_attributes(server: &Server) {
 fn check_dir_listing(c: &Client) {
     let mut entries = c.read_dir("/d").unwrap();
     entries.sort_by(|a, b| a.name.cmp(&b.name));
-    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let names: Vec<&str> = entries.iter().map(|e| std::str::from_utf8(&e.name).unwrap()).collect();
     assert_eq!(names, ["empty", "file", "link", "sub"], "no . or ..");
     for e in &entries {
-        let a = e.attr.unwrap_or_else(|| panic!("{} has no attributes", e.name));
-        let st = c.symlink_metadata(&format!("/d/{}", e.name)).unwrap();
-        assert_eq!(a.ino, st.ino, "{}", e.name);
-        assert_eq!(e.ino, st.ino, "{}", e.name);
-        assert_eq!(a.mode, st.mode, "{}", e.name);
-        assert_eq!(a.size, st.size, "{}", e.name);
-        match e.name.as_str() {
+        let name = std::str::from_utf8(&e.name).unwrap();
+        let a = e.attr.unwrap_or_else(|| panic!("{name} has no attributes"));
+        let st = c.symlink_metadata(format!("/d/{name}")).unwrap();
+        assert_eq!(a.ino, st.ino, "{name}");
+        assert_eq!(e.ino, st.ino, "{name}");
+        assert_eq!(a.mode, st.mode, "{name}");
+        assert_eq!(a.size, st.size, "{name}");
+        match name {
             "file" => {
                 assert_eq!(e.kind, libc::DT_REG);
                 assert!(a.is_file());
@@ -364,7 +369,7 @@ fn read_dir_many_entries(server: &Server) {
     c.create_dir("/many", 0o755).unwrap();
     const N: usize = 2500;
     for i in 0..N {
-        let f = c.open(&format!("/many/entry-{i:05}"), OpenOptions::new().write(true).create_new(true)).unwrap();
+        let f = c.open(format!("/many/entry-{i:05}"), OpenOptions::new().write(true).create_new(true)).unwrap();
         if i % 100 == 0 {
             f.write_at(&vec![1u8; i], 0).unwrap();
         }
@@ -372,17 +377,17 @@ fn read_dir_many_entries(server: &Server) {
     }
     let entries = c.read_dir("/many").unwrap();
     assert_eq!(entries.len(), N, "every entry exactly once across batches");
-    let mut names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let mut names: Vec<&str> = entries.iter().map(|e| std::str::from_utf8(&e.name).unwrap()).collect();
     names.sort();
     names.dedup();
     assert_eq!(names.len(), N, "no duplicates");
     for e in &entries {
-        let i: usize = e.name.strip_prefix("entry-").unwrap().parse().unwrap();
+        let i: usize = std::str::from_utf8(&e.name).unwrap().strip_prefix("entry-").unwrap().parse().unwrap();
         let want = match i % 100 {
             0 => i as u64,
             _ => 0,
         };
-        assert_eq!(e.attr.expect("attr").size, want, "{}", e.name);
+        assert_eq!(e.attr.expect("attr").size, want, "{:?}", e.file_name());
     }
 }
 
@@ -477,7 +482,7 @@ fn symlinks(server: &Server) {
     c.write("/target.txt", b"pointed at").unwrap();
     let a = c.symlink("target.txt", "/ln").unwrap();
     assert!(a.is_symlink());
-    assert_eq!(c.read_link("/ln").unwrap(), "target.txt");
+    assert_eq!(c.read_link("/ln").unwrap().to_str().unwrap(), "target.txt");
     let l = c.symlink_metadata("/ln").unwrap();
     assert!(l.is_symlink());
     assert_eq!(l.size, "target.txt".len() as u64);
@@ -489,7 +494,7 @@ fn symlinks(server: &Server) {
     assert_eq!(errno(c.open("/ln", OpenOptions::new().read(true).nofollow(true))), libc::ELOOP);
     // Dangling links.
     c.symlink("nowhere", "/dangling").unwrap();
-    assert_eq!(c.read_link("/dangling").unwrap(), "nowhere");
+    assert_eq!(c.read_link("/dangling").unwrap().to_str().unwrap(), "nowhere");
     assert!(c.symlink_metadata("/dangling").unwrap().is_symlink());
     assert_eq!(errno(c.metadata("/dangling")), libc::ENOENT);
     assert_eq!(errno(c.symlink("x", "/ln")), libc::EEXIST);
@@ -509,7 +514,7 @@ fn permissions(server: &Server) {
     let c = server.client();
     c.write("/p", b"x").unwrap();
     for mode in [0o600, 0o644, 0o755, 0o4711, 0o1777, 0o000] {
-        let a = c.set_permissions(Target::Path("/p"), mode).unwrap();
+        let a = c.set_permissions(Target::Path(b"/p"), mode).unwrap();
         assert_eq!(a.mode & 0o7777, mode, "{mode:o}");
         assert!(a.is_file(), "type bits kept");
         assert_eq!(c.metadata("/p").unwrap().mode & 0o7777, mode);
@@ -518,33 +523,33 @@ fn permissions(server: &Server) {
     assert_eq!(c.set_permissions(Target::Handle(f.handle()), 0o640).unwrap().mode & 0o7777, 0o640);
     f.close().unwrap();
     c.create_dir("/d", 0o755).unwrap();
-    assert_eq!(c.set_permissions(Target::Path("/d"), 0o700).unwrap().mode & 0o7777, 0o700);
-    assert_eq!(errno(c.set_permissions(Target::Path("/missing"), 0o600)), libc::ENOENT);
+    assert_eq!(c.set_permissions(Target::Path(b"/d"), 0o700).unwrap().mode & 0o7777, 0o700);
+    assert_eq!(errno(c.set_permissions(Target::Path(b"/missing"), 0o600)), libc::ENOENT);
 }
 
 fn chown_and_back(server: &Server) {
     let c = server.client();
     c.write("/owned", b"x").unwrap();
     let before = c.metadata("/owned").unwrap();
-    let a = c.chown(Target::Path("/owned"), 1234, 5678).unwrap();
+    let a = c.chown(Target::Path(b"/owned"), 1234, 5678).unwrap();
     assert_eq!((a.uid, a.gid), (1234, 5678));
     let m = c.metadata("/owned").unwrap();
     assert_eq!((m.uid, m.gid), (1234, 5678));
     // u32::MAX leaves an id alone.
-    let a = c.chown(Target::Path("/owned"), u32::MAX, 42).unwrap();
+    let a = c.chown(Target::Path(b"/owned"), u32::MAX, 42).unwrap();
     assert_eq!((a.uid, a.gid), (1234, 42));
-    let a = c.chown(Target::Path("/owned"), before.uid, before.gid).unwrap();
+    let a = c.chown(Target::Path(b"/owned"), before.uid, before.gid).unwrap();
     assert_eq!((a.uid, a.gid), (before.uid, before.gid));
     // Through a handle, and on a symlink itself.
     let f = c.open("/owned", OpenOptions::new().read(true)).unwrap();
     assert_eq!(c.chown(Target::Handle(f.handle()), 7, 8).unwrap().uid, 7);
     f.close().unwrap();
     c.symlink("owned", "/ln").unwrap();
-    let l = c.chown(Target::PathNoFollow("/ln"), 99, 98).unwrap();
+    let l = c.chown(Target::PathNoFollow(b"/ln"), 99, 98).unwrap();
     assert!(l.is_symlink());
     assert_eq!((l.uid, l.gid), (99, 98));
     assert_eq!(c.metadata("/owned").unwrap().uid, 7, "target untouched");
-    assert_eq!(errno(c.chown(Target::Path("/missing"), 1, 1)), libc::ENOENT);
+    assert_eq!(errno(c.chown(Target::Path(b"/missing"), 1, 1)), libc::ENOENT);
 }
 
 fn set_times(server: &Server) {
@@ -552,21 +557,21 @@ fn set_times(server: &Server) {
     c.write("/t", b"x").unwrap();
     let at = Time { sec: 1_500_000_000, nsec: 123_456_789 };
     let mt = Time { sec: 1_600_000_000, nsec: 987_654_321 };
-    let a = c.set_times(Target::Path("/t"), at, mt).unwrap();
+    let a = c.set_times(Target::Path(b"/t"), at, mt).unwrap();
     assert_eq!((a.atime, a.mtime), (at, mt));
     let m = c.metadata("/t").unwrap();
     assert_eq!((m.atime, m.mtime), (at, mt));
 
     let mt2 = Time { sec: 1_700_000_000, nsec: 5 };
-    let a = c.set_times(Target::Path("/t"), Time::OMIT, mt2).unwrap();
+    let a = c.set_times(Target::Path(b"/t"), Time::OMIT, mt2).unwrap();
     assert_eq!(a.atime, at, "OMIT leaves atime");
     assert_eq!(a.mtime, mt2);
-    let a = c.set_times(Target::Path("/t"), Time { sec: 0, nsec: 0 }, Time::OMIT).unwrap();
+    let a = c.set_times(Target::Path(b"/t"), Time { sec: 0, nsec: 0 }, Time::OMIT).unwrap();
     assert_eq!(a.atime, Time { sec: 0, nsec: 0 });
     assert_eq!(a.mtime, mt2, "OMIT leaves mtime");
 
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let a = c.set_times(Target::Path("/t"), Time::NOW, Time::NOW).unwrap();
+    let a = c.set_times(Target::Path(b"/t"), Time::NOW, Time::NOW).unwrap();
     assert!((a.mtime.sec - now).abs() < 300 && (a.atime.sec - now).abs() < 300, "{:?}", a.mtime);
 
     // Before 1970, through a handle, and on a symlink itself.
@@ -576,11 +581,11 @@ fn set_times(server: &Server) {
     assert_eq!(a.mtime, old);
     f.close().unwrap();
     c.symlink("t", "/ln").unwrap();
-    let l = c.set_times(Target::PathNoFollow("/ln"), at, at).unwrap();
+    let l = c.set_times(Target::PathNoFollow(b"/ln"), at, at).unwrap();
     assert!(l.is_symlink());
     assert_eq!(l.mtime, at);
     assert_eq!(c.metadata("/t").unwrap().mtime, old, "target untouched");
-    assert_eq!(errno(c.set_times(Target::Path("/missing"), at, at)), libc::ENOENT);
+    assert_eq!(errno(c.set_times(Target::Path(b"/missing"), at, at)), libc::ENOENT);
 }
 
 fn statfs(server: &Server) {
@@ -608,7 +613,7 @@ fn access(server: &Server) {
 fn xattrs(server: &Server) {
     let c = server.client();
     c.write("/x", b"data").unwrap();
-    let t = Target::Path("/x");
+    let t = Target::Path(b"/x");
     c.set_xattr(t, "user.k", b"v", 0).unwrap();
     assert_eq!(c.get_xattr(t, "user.k").unwrap(), b"v");
     assert!(c.list_xattr(t).unwrap().iter().any(|n| n == "user.k"));
@@ -623,7 +628,13 @@ fn xattrs(server: &Server) {
     let bin: Vec<u8> = (0..=255).collect();
     c.set_xattr(t, "user.bin", &bin, 0).unwrap();
     assert_eq!(c.get_xattr(t, "user.bin").unwrap(), bin);
-    let mut names: Vec<String> = c.list_xattr(t).unwrap().into_iter().filter(|n| n.starts_with("user.")).collect();
+    let mut names: Vec<String> = c
+        .list_xattr(t)
+        .unwrap()
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| n.starts_with("user."))
+        .collect();
     names.sort();
     assert_eq!(names, ["user.bin", "user.empty", "user.k"]);
     // Through a handle.
@@ -635,11 +646,11 @@ fn xattrs(server: &Server) {
     assert_eq!(errno(c.get_xattr(t, "user.k")), libc::ENODATA);
     assert_eq!(errno(c.remove_xattr(t, "user.k")), libc::ENODATA);
     assert!(!c.list_xattr(t).unwrap().iter().any(|n| n == "user.k"));
-    assert_eq!(errno(c.get_xattr(Target::Path("/missing"), "user.k")), libc::ENOENT);
+    assert_eq!(errno(c.get_xattr(Target::Path(b"/missing"), "user.k")), libc::ENOENT);
     // On a directory.
     c.create_dir("/dx", 0o755).unwrap();
-    c.set_xattr(Target::Path("/dx"), "user.d", b"dir", 0).unwrap();
-    assert_eq!(c.get_xattr(Target::Path("/dx"), "user.d").unwrap(), b"dir");
+    c.set_xattr(Target::Path(b"/dx"), "user.d", b"dir", 0).unwrap();
+    assert_eq!(c.get_xattr(Target::Path(b"/dx"), "user.d").unwrap(), b"dir");
     // File contents untouched.
     assert_eq!(c.read("/x").unwrap(), b"data");
 }
@@ -964,7 +975,7 @@ fn degraded_capabilities(backend: &[&str]) {
     c.symlink("file", "/d/link").unwrap();
     check_dir_listing(&c);
 
-    let t = Target::Path("/d/file");
+    let t = Target::Path(b"/d/file");
     assert_eq!(errno(c.set_xattr(t, "user.k", b"v", 0)), libc::EOPNOTSUPP);
     assert_eq!(errno(c.get_xattr(t, "user.k")), libc::EOPNOTSUPP);
     assert_eq!(errno(c.list_xattr(t)), libc::EOPNOTSUPP);
@@ -981,11 +992,11 @@ fn degraded_capabilities(backend: &[&str]) {
 
     // The server enforces it too, whatever a client sends.
     let e = c.engine();
-    let r = e.call(&Request::Rename { from: "/b", to: "/c", flags: RENAME_NOREPLACE });
+    let r = e.call(&Request::Rename { from: b"/b", to: b"/c", flags: RENAME_NOREPLACE });
     assert_eq!(errno(r), libc::EINVAL);
-    let r = e.call(&Request::SetXattr { target: t, name: "user.k", value: b"v", flags: 0 });
+    let r = e.call(&Request::SetXattr { target: t, name: b"user.k", value: b"v", flags: 0 });
     assert_eq!(errno(r), libc::EOPNOTSUPP);
-    let r = e.call(&Request::GetXattr { target: t, name: "user.k", size: 100 });
+    let r = e.call(&Request::GetXattr { target: t, name: b"user.k", size: 100 });
     assert_eq!(errno(r), libc::EOPNOTSUPP);
     let dir = c.open("/d", OpenOptions::new().read(true).directory(true)).unwrap();
     let frame = e.call(&Request::ReadDir { handle: dir.handle(), cookie: 0, max_entries: 100, plus: true }).unwrap();
@@ -1011,7 +1022,7 @@ fn client_without_capabilities(server: &Server) {
     let c = Client::connect(&server.addr(), &Options { caps: 0, ..server.options() }).unwrap();
     assert_eq!(c.engine().welcome().caps, 0, "session uses the intersection");
     check_dir_listing(&c);
-    assert_eq!(errno(c.get_xattr(Target::Path("/d/file"), "user.k")), libc::EOPNOTSUPP);
+    assert_eq!(errno(c.get_xattr(Target::Path(b"/d/file"), "user.k")), libc::EOPNOTSUPP);
     assert_eq!(errno(c.rename_with_flags("/d/file", "/d/empty", RENAME_NOREPLACE)), libc::EINVAL);
     // The capable client on the same server still has everything.
     assert_ne!(setup.engine().welcome().caps & caps::READDIRPLUS, 0);
@@ -1110,4 +1121,62 @@ fn small_reads_stay_exact_across_fills_seeks_and_writes(server: &Server) {
     }
     same(&rest, &data[70_015..], "333-byte reads after a seek");
     f.close().unwrap();
+}
+
+/// Names are bytes on Linux: Latin-1 `café`, bytes that are no UTF-8 at
+/// all, and a symlink target that is neither, each stored, listed, found
+/// and renamed byte for byte. A NUL, which no Linux name can hold, is
+/// `EINVAL`.
+fn non_utf8_names(server: &Server) {
+    let c = server.client();
+    let os = |b: &[u8]| OsStr::from_bytes(b).to_owned();
+    let cafe = os(b"/caf\xe9");
+    let dir = os(b"/\xff\xfe");
+    let inner = os(b"/\xff\xfe/na\xefve\x80");
+    c.write(&cafe, b"latin-1").unwrap();
+    c.create_dir(&dir, 0o755).unwrap();
+    c.write(&inner, b"inside").unwrap();
+    let mut names: Vec<Vec<u8>> = c.read_dir("/").unwrap().into_iter().map(|e| e.name).collect();
+    names.sort();
+    assert_eq!(names, [b"caf\xe9".to_vec(), b"\xff\xfe".to_vec()], "root listing, byte for byte");
+    let inside = c.read_dir(&dir).unwrap();
+    assert_eq!(inside.len(), 1);
+    assert_eq!(inside[0].file_name(), OsStr::from_bytes(b"na\xefve\x80"));
+    assert_eq!(inside[0].attr.expect("readdirplus attributes").size, 6);
+    assert_eq!(c.metadata(&cafe).unwrap().size, 7);
+    assert!(c.symlink_metadata(&dir).unwrap().is_dir());
+    assert_eq!(c.read(&inner).unwrap(), b"inside");
+    // A valid UTF-8 spelling of the same word is another name.
+    assert_eq!(errno(c.metadata("/café")), libc::ENOENT);
+
+    let renamed = os(b"/\xff\xfe/\xe0 bient\xf4t");
+    c.rename(&inner, &renamed).unwrap();
+    assert_eq!(errno(c.metadata(&inner)), libc::ENOENT);
+    assert_eq!(c.read(&renamed).unwrap(), b"inside");
+
+    let link = os(b"/lien-\xe9");
+    c.symlink(OsStr::from_bytes(b"\xff\xfe/\xe0 bient\xf4t"), &link).unwrap();
+    assert_eq!(c.read_link(&link).unwrap().as_os_str().as_bytes(), b"\xff\xfe/\xe0 bient\xf4t");
+    assert_eq!(c.symlink_metadata(&link).unwrap().size, 12);
+    assert_eq!(c.read(&link).unwrap(), b"inside", "the link resolves through the non-UTF-8 names");
+    let hard = os(b"/dur-\xe9");
+    assert_eq!(c.hard_link(&cafe, &hard).unwrap().nlink, 2);
+    assert_eq!(c.read(&hard).unwrap(), b"latin-1");
+
+    // The directory backend (the memory one leaves its export empty) stores
+    // the bytes themselves on disk.
+    if std::fs::read_dir(server.export.path()).unwrap().next().is_some() {
+        let on_disk = server.export.path().join(OsStr::from_bytes(b"caf\xe9"));
+        assert_eq!(std::fs::read(on_disk).unwrap(), b"latin-1");
+    }
+
+    assert_eq!(errno(c.write("/nul\0byte", b"x")), libc::EINVAL);
+    assert_eq!(errno(c.create_dir("/nul\0dir", 0o755)), libc::EINVAL);
+    assert_eq!(errno(c.symlink("tar\0get", "/l2")), libc::EINVAL);
+
+    c.remove_file(&hard).unwrap();
+    c.remove_file(&link).unwrap();
+    c.remove_dir_all(&dir).unwrap();
+    c.remove_file(&cafe).unwrap();
+    assert!(c.read_dir("/").unwrap().is_empty());
 }

@@ -1,5 +1,8 @@
 //! Path operations on one server, shaped like `std::fs`.
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_proto::{caps, Attr, DirEntry, Reply, Request, StatFs, Target, Time};
@@ -17,6 +20,12 @@ pub struct Client {
 
 /// Directory batch size asked of the server.
 const DIR_BATCH: u32 = 1024;
+
+/// A path's bytes as the protocol carries them: names are bytes on Linux,
+/// not always UTF-8.
+fn bytes(p: &Path) -> &[u8] {
+    p.as_os_str().as_bytes()
+}
 
 fn unexpected(r: Reply<'_>) -> Error {
     Error::Protocol(format!("unexpected reply {r:?}"))
@@ -44,18 +53,18 @@ impl Client {
         Ok(())
     }
 
-    pub fn open(&self, path: &str, opts: &OpenOptions) -> Result<File> {
-        File::open(self.clone(), path, opts)
+    pub fn open(&self, path: impl AsRef<Path>, opts: &OpenOptions) -> Result<File> {
+        File::open(self.clone(), bytes(path.as_ref()), opts)
     }
 
     /// `stat`: follows a final symlink.
-    pub fn metadata(&self, path: &str) -> Result<Attr> {
-        self.stat(Target::Path(path))
+    pub fn metadata(&self, path: impl AsRef<Path>) -> Result<Attr> {
+        self.stat(Target::Path(bytes(path.as_ref())))
     }
 
     /// `lstat`.
-    pub fn symlink_metadata(&self, path: &str) -> Result<Attr> {
-        self.stat(Target::PathNoFollow(path))
+    pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> Result<Attr> {
+        self.stat(Target::PathNoFollow(bytes(path.as_ref())))
     }
 
     pub fn stat(&self, target: Target<'_>) -> Result<Attr> {
@@ -64,7 +73,8 @@ impl Client {
 
     /// All entries of a directory except `.` and `..`, with attributes
     /// (readdirplus, or one `stat` each if the server lacks it).
-    pub fn read_dir(&self, path: &str) -> Result<Vec<DirEntry>> {
+    pub fn read_dir(&self, path: impl AsRef<Path>) -> Result<Vec<DirEntry>> {
+        let path = path.as_ref();
         let dir = self.open(path, OpenOptions::new().read(true).directory(true))?;
         let plus = self.engine.has_cap(caps::READDIRPLUS);
         let mut out = Vec::new();
@@ -80,7 +90,7 @@ impl Client {
                 cookie = last.cookie;
             }
             let n = entries.len();
-            out.extend(entries.into_iter().filter(|e| e.name != "." && e.name != ".."));
+            out.extend(entries.into_iter().filter(|e| e.name != b"." && e.name != b".."));
             if eof || n == 0 {
                 break;
             }
@@ -88,33 +98,34 @@ impl Client {
         dir.close()?;
         if !plus {
             for e in &mut out {
-                let p = join(path, &e.name);
+                let p = join(path, e.file_name());
                 e.attr = self.symlink_metadata(&p).ok();
             }
         }
         Ok(out)
     }
 
-    pub fn create_dir(&self, path: &str, mode: u32) -> Result<Attr> {
-        self.attr_call(&Request::Mkdir { path, mode })
+    pub fn create_dir(&self, path: impl AsRef<Path>, mode: u32) -> Result<Attr> {
+        self.attr_call(&Request::Mkdir { path: bytes(path.as_ref()), mode })
     }
 
     /// `mknod(2)`: `mode` holds the type (`S_IFIFO`, `S_IFSOCK`, `S_IFCHR`,
     /// `S_IFBLK`, `S_IFREG`) and the permission bits.
-    pub fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr> {
-        self.attr_call(&Request::Mknod { path, mode, rdev })
+    pub fn mknod(&self, path: impl AsRef<Path>, mode: u32, rdev: u64) -> Result<Attr> {
+        self.attr_call(&Request::Mknod { path: bytes(path.as_ref()), mode, rdev })
     }
 
     /// `mkdir -p`.
-    pub fn create_dir_all(&self, path: &str, mode: u32) -> Result<()> {
-        let mut cur = String::new();
-        for comp in path.split('/').filter(|c| !c.is_empty()) {
-            cur.push('/');
-            cur.push_str(comp);
-            match self.create_dir(&cur, mode) {
+    pub fn create_dir_all(&self, path: impl AsRef<Path>, mode: u32) -> Result<()> {
+        let mut cur = Vec::new();
+        for comp in bytes(path.as_ref()).split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+            cur.push(b'/');
+            cur.extend_from_slice(comp);
+            let cur = OsStr::from_bytes(&cur);
+            match self.create_dir(cur, mode) {
                 Ok(_) => {}
                 Err(e) if e.errno() == libc::EEXIST => {
-                    if !self.metadata(&cur)?.is_dir() {
+                    if !self.metadata(cur)?.is_dir() {
                         return Err(Error::remote(libc::ENOTDIR));
                     }
                 }
@@ -124,18 +135,19 @@ impl Client {
         Ok(())
     }
 
-    pub fn remove_file(&self, path: &str) -> Result<()> {
-        self.empty_call(&Request::Unlink { path })
+    pub fn remove_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.empty_call(&Request::Unlink { path: bytes(path.as_ref()) })
     }
 
-    pub fn remove_dir(&self, path: &str) -> Result<()> {
-        self.empty_call(&Request::Rmdir { path })
+    pub fn remove_dir(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.empty_call(&Request::Rmdir { path: bytes(path.as_ref()) })
     }
 
     /// `rm -r`: depth first, symlinks removed, never followed.
-    pub fn remove_dir_all(&self, path: &str) -> Result<()> {
+    pub fn remove_dir_all(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
         for e in self.read_dir(path)? {
-            let p = join(path, &e.name);
+            let p = join(path, e.file_name());
             if e.kind == libc::DT_DIR {
                 self.remove_dir_all(&p)?;
             } else {
@@ -145,30 +157,30 @@ impl Client {
         self.remove_dir(path)
     }
 
-    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
         self.rename_with_flags(from, to, 0)
     }
 
     /// `renameat2` flags: `RENAME_NOREPLACE` (1), `RENAME_EXCHANGE` (2).
-    pub fn rename_with_flags(&self, from: &str, to: &str, flags: u32) -> Result<()> {
+    pub fn rename_with_flags(&self, from: impl AsRef<Path>, to: impl AsRef<Path>, flags: u32) -> Result<()> {
         if flags != 0 && !self.engine.has_cap(caps::RENAME_FLAGS) {
             return Err(Error::remote(libc::EINVAL));
         }
-        self.empty_call(&Request::Rename { from, to, flags })
+        self.empty_call(&Request::Rename { from: bytes(from.as_ref()), to: bytes(to.as_ref()), flags })
     }
 
-    pub fn hard_link(&self, from: &str, to: &str) -> Result<Attr> {
-        self.attr_call(&Request::Link { from, to })
+    pub fn hard_link(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<Attr> {
+        self.attr_call(&Request::Link { from: bytes(from.as_ref()), to: bytes(to.as_ref()) })
     }
 
     /// Creates `path` as a symlink to `target`.
-    pub fn symlink(&self, target: &str, path: &str) -> Result<Attr> {
-        self.attr_call(&Request::Symlink { target, path })
+    pub fn symlink(&self, target: impl AsRef<Path>, path: impl AsRef<Path>) -> Result<Attr> {
+        self.attr_call(&Request::Symlink { target: bytes(target.as_ref()), path: bytes(path.as_ref()) })
     }
 
-    pub fn read_link(&self, path: &str) -> Result<String> {
-        match self.engine.call(&Request::Readlink { path })?.reply()? {
-            Reply::Name(n) => Ok(n.to_string()),
+    pub fn read_link(&self, path: impl AsRef<Path>) -> Result<PathBuf> {
+        match self.engine.call(&Request::Readlink { path: bytes(path.as_ref()) })?.reply()? {
+            Reply::Name(n) => Ok(PathBuf::from(OsStr::from_bytes(n))),
             r => Err(unexpected(r)),
         }
     }
@@ -190,15 +202,15 @@ impl Client {
         self.attr_call(&Request::Truncate { target, size })
     }
 
-    pub fn statfs(&self, path: &str) -> Result<StatFs> {
-        match self.engine.call(&Request::Statfs { path })?.reply()? {
+    pub fn statfs(&self, path: impl AsRef<Path>) -> Result<StatFs> {
+        match self.engine.call(&Request::Statfs { path: bytes(path.as_ref()) })?.reply()? {
             Reply::StatFs(s) => Ok(s),
             r => Err(unexpected(r)),
         }
     }
 
-    pub fn access(&self, path: &str, mode: u32) -> Result<()> {
-        self.empty_call(&Request::Access { path, mode })
+    pub fn access(&self, path: impl AsRef<Path>, mode: u32) -> Result<()> {
+        self.empty_call(&Request::Access { path: bytes(path.as_ref()), mode })
     }
 
     fn xattr_cap(&self) -> Result<()> {
@@ -218,24 +230,24 @@ impl Client {
     }
 
     /// The whole value of an extended attribute.
-    pub fn get_xattr(&self, target: Target<'_>, name: &str) -> Result<Vec<u8>> {
-        self.xattr_value(&Request::GetXattr { target, name, size: u32::MAX })
+    pub fn get_xattr(&self, target: Target<'_>, name: impl AsRef<OsStr>) -> Result<Vec<u8>> {
+        self.xattr_value(&Request::GetXattr { target, name: name.as_ref().as_bytes(), size: u32::MAX })
     }
 
-    pub fn set_xattr(&self, target: Target<'_>, name: &str, value: &[u8], flags: u32) -> Result<()> {
+    pub fn set_xattr(&self, target: Target<'_>, name: impl AsRef<OsStr>, value: &[u8], flags: u32) -> Result<()> {
         self.xattr_cap()?;
-        self.empty_call(&Request::SetXattr { target, name, value, flags })
+        self.empty_call(&Request::SetXattr { target, name: name.as_ref().as_bytes(), value, flags })
     }
 
     /// Attribute names.
-    pub fn list_xattr(&self, target: Target<'_>) -> Result<Vec<String>> {
+    pub fn list_xattr(&self, target: Target<'_>) -> Result<Vec<OsString>> {
         let raw = self.xattr_value(&Request::ListXattr { target, size: u32::MAX })?;
-        Ok(raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+        Ok(raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| OsString::from_vec(s.to_vec())).collect())
     }
 
-    pub fn remove_xattr(&self, target: Target<'_>, name: &str) -> Result<()> {
+    pub fn remove_xattr(&self, target: Target<'_>, name: impl AsRef<OsStr>) -> Result<()> {
         self.xattr_cap()?;
-        self.empty_call(&Request::RemoveXattr { target, name })
+        self.empty_call(&Request::RemoveXattr { target, name: name.as_ref().as_bytes() })
     }
 
     /// Round trip with no work on the server (latency measurement).
@@ -244,7 +256,7 @@ impl Client {
     }
 
     /// Reads a whole file.
-    pub fn read(&self, path: &str) -> Result<Vec<u8>> {
+    pub fn read(&self, path: impl AsRef<Path>) -> Result<Vec<u8>> {
         let f = self.open(path, OpenOptions::new().read(true))?;
         let mut buf = vec![0u8; (f.attr().size as usize).max(64 * 1024)];
         let mut len = 0;
@@ -263,18 +275,22 @@ impl Client {
     }
 
     /// Creates or truncates a file and writes `data` to it.
-    pub fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+    pub fn write(&self, path: impl AsRef<Path>, data: &[u8]) -> Result<()> {
         let f = self.open(path, OpenOptions::new().write(true).create(true).truncate(true))?;
         f.write_at(data, 0)?;
         f.close()
     }
 }
 
-/// `dir/name` for a path inside the export.
-pub fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() || dir.ends_with('/') {
-        format!("{dir}{name}")
-    } else {
-        format!("{dir}/{name}")
+/// `dir/name` for a path inside the export, byte for byte (`name` is one
+/// component, as a directory entry gives it).
+pub fn join(dir: impl AsRef<Path>, name: impl AsRef<OsStr>) -> PathBuf {
+    let (dir, name) = (bytes(dir.as_ref()), name.as_ref().as_bytes());
+    let mut out = Vec::with_capacity(dir.len() + 1 + name.len());
+    out.extend_from_slice(dir);
+    if !dir.is_empty() && !dir.ends_with(b"/") {
+        out.push(b'/');
     }
+    out.extend_from_slice(name);
+    PathBuf::from(OsString::from_vec(out))
 }

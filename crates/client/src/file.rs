@@ -170,7 +170,7 @@ pub struct File {
 }
 
 impl File {
-    pub(crate) fn open(client: Client, path: &str, opts: &OpenOptions) -> Result<File> {
+    pub(crate) fn open(client: Client, path: &[u8], opts: &OpenOptions) -> Result<File> {
         let flags = opts.flags();
         let f = client.engine().call(&Request::Open { path, flags, mode: opts.mode })?;
         let (handle, attr) = match f.reply()? {

@@ -13,8 +13,9 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Seek, SeekFrom, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -142,11 +143,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The protocol carries UTF-8 names only.
-fn name_str(name: &OsStr) -> R<&str> {
-    name.to_str().ok_or(Errno::EINVAL)
-}
-
 fn to_system_time(t: Time) -> SystemTime {
     let base = if t.sec >= 0 {
         UNIX_EPOCH.checked_add(Duration::from_secs(t.sec as u64))
@@ -241,7 +237,7 @@ struct Node {
     /// The names it is known by: one for a directory, one per hard link the
     /// kernel has looked up for a file. Empty once removed or replaced: the
     /// kernel may still hold the node (an open file), but it has no name.
-    paths: Vec<String>,
+    paths: Vec<OsString>,
     key: Option<Key>,
     /// `S_IFMT` bits: a name that now holds another kind of file is a new
     /// node (the kernel refuses a node id whose type changes).
@@ -256,20 +252,27 @@ struct Node {
 /// another link of a file whose known name was removed finds it again.
 struct Nodes {
     by_ino: HashMap<u64, Node>,
-    by_path: HashMap<String, u64>,
+    by_path: HashMap<OsString, u64>,
     by_key: HashMap<Key, u64>,
     next: u64,
 }
 
 const ROOT: u64 = 1;
 
-fn in_subtree(p: &str, top: &str) -> bool {
-    p == top || (p.len() > top.len() && p.starts_with(top) && p.as_bytes()[top.len()] == b'/')
+/// Paths are bytes, as Linux names are (not always UTF-8).
+fn in_subtree(p: &OsStr, top: &OsStr) -> bool {
+    let (p, top) = (p.as_bytes(), top.as_bytes());
+    p == top || (p.len() > top.len() && p.starts_with(top) && p[top.len()] == b'/')
+}
+
+/// `a` followed by `b`, byte for byte.
+fn concat(a: &OsStr, b: &[u8]) -> OsString {
+    OsString::from_vec([a.as_bytes(), b].concat())
 }
 
 impl Nodes {
     /// `root` is the exported path the mount shows, e.g. `/` or `/sub`.
-    fn new(root: &str) -> Nodes {
+    fn new(root: &OsStr) -> Nodes {
         let mut n = Nodes { by_ino: HashMap::new(), by_path: HashMap::new(), by_key: HashMap::new(), next: ROOT + 1 };
         let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1 };
         n.by_ino.insert(ROOT, node);
@@ -278,7 +281,7 @@ impl Nodes {
     }
 
     /// A name of the node (any: all links name the same file).
-    fn path(&self, ino: u64) -> R<String> {
+    fn path(&self, ino: u64) -> R<OsString> {
         self.by_ino.get(&ino).and_then(|n| n.paths.first().cloned()).ok_or(Errno::ENOENT)
     }
 
@@ -286,7 +289,7 @@ impl Nodes {
     /// the node already known by that name if it is still the same file,
     /// else the node of the same `(dev, ino)` (another hard link), else a
     /// new one. Counts one more kernel lookup.
-    fn remember(&mut self, path: &str, attr: &Attr) -> u64 {
+    fn remember(&mut self, path: &OsStr, attr: &Attr) -> u64 {
         let key = key_of(attr);
         let fmt = attr.mode & libc::S_IFMT;
         if let Some(&ino) = self.by_path.get(path) {
@@ -304,8 +307,8 @@ impl Nodes {
                 if let Some(n) = self.by_ino.get_mut(&ino) {
                     if n.fmt == fmt {
                         n.lookups += 1;
-                        n.paths.push(path.to_string());
-                        self.by_path.insert(path.to_string(), ino);
+                        n.paths.push(path.to_owned());
+                        self.by_path.insert(path.to_owned(), ino);
                         return ino;
                     }
                 }
@@ -313,8 +316,8 @@ impl Nodes {
         }
         let ino = self.next;
         self.next += 1;
-        self.by_ino.insert(ino, Node { paths: vec![path.to_string()], key, fmt, lookups: 1 });
-        self.by_path.insert(path.to_string(), ino);
+        self.by_ino.insert(ino, Node { paths: vec![path.to_owned()], key, fmt, lookups: 1 });
+        self.by_path.insert(path.to_owned(), ino);
         if let Some(k) = key {
             // A reused inode number of another type replaces the old entry;
             // the old node lives on, nameless, until forgotten.
@@ -346,8 +349,8 @@ impl Nodes {
 
     /// `path` and everything under it no longer exist under those names
     /// (the file itself may, under another link).
-    fn detach(&mut self, path: &str) {
-        let gone: Vec<String> = self.by_path.keys().filter(|p| in_subtree(p, path)).cloned().collect();
+    fn detach(&mut self, path: &OsStr) {
+        let gone: Vec<OsString> = self.by_path.keys().filter(|p| in_subtree(p, path)).cloned().collect();
         for p in gone {
             if let Some(ino) = self.by_path.remove(&p) {
                 if let Some(n) = self.by_ino.get_mut(&ino) {
@@ -358,7 +361,7 @@ impl Nodes {
     }
 
     /// Moves the subtree at `from` to `to` (whatever was at `to` is gone).
-    fn rename(&mut self, from: &str, to: &str) {
+    fn rename(&mut self, from: &OsStr, to: &OsStr) {
         self.detach(to);
         let moved = self.move_subtree(from, to);
         self.reinsert(moved);
@@ -366,12 +369,12 @@ impl Nodes {
 
     /// Renames every known name under `from`; the caller puts them back
     /// into `by_path`.
-    fn move_subtree(&mut self, from: &str, to: &str) -> Vec<(u64, String)> {
-        let moved: Vec<String> = self.by_path.keys().filter(|p| in_subtree(p, from)).cloned().collect();
+    fn move_subtree(&mut self, from: &OsStr, to: &OsStr) -> Vec<(u64, OsString)> {
+        let moved: Vec<OsString> = self.by_path.keys().filter(|p| in_subtree(p, from)).cloned().collect();
         let mut out = Vec::new();
         for p in moved {
             if let Some(ino) = self.by_path.remove(&p) {
-                let np = format!("{to}{}", &p[from.len()..]);
+                let np = concat(to, &p.as_bytes()[from.len()..]);
                 self.rename_path(ino, &p, &np);
                 out.push((ino, np));
             }
@@ -380,27 +383,27 @@ impl Nodes {
     }
 
     /// One of the node's names changes (its other links stay).
-    fn rename_path(&mut self, ino: u64, old: &str, new: &str) {
+    fn rename_path(&mut self, ino: u64, old: &OsStr, new: &OsStr) {
         if let Some(n) = self.by_ino.get_mut(&ino) {
             if let Some(q) = n.paths.iter_mut().find(|q| *q == old) {
-                *q = new.to_string();
+                *q = new.to_owned();
             }
         }
     }
 
     /// `RENAME_EXCHANGE`: the two subtrees trade places.
-    fn exchange(&mut self, a: &str, b: &str) {
-        let from_a = self.move_subtree(a, "\0a");
+    fn exchange(&mut self, a: &OsStr, b: &OsStr) {
+        let from_a = self.move_subtree(a, OsStr::new("\0a"));
         let from_b = self.move_subtree(b, a);
         self.reinsert(from_b);
         for (ino, p) in from_a {
-            let np = format!("{b}{}", &p[2..]);
+            let np = concat(b, &p.as_bytes()[2..]);
             self.rename_path(ino, &p, &np);
             self.by_path.insert(np, ino);
         }
     }
 
-    fn reinsert(&mut self, moved: Vec<(u64, String)>) {
+    fn reinsert(&mut self, moved: Vec<(u64, OsString)>) {
         for (ino, p) in moved {
             self.by_path.insert(p, ino);
         }
@@ -420,7 +423,7 @@ struct OpenFile {
 /// What a node-level call acts on: its path, or an open handle once the
 /// node has no name.
 enum Obj {
-    Path(String),
+    Path(OsString),
     Handle(u64),
 }
 
@@ -428,7 +431,7 @@ impl Obj {
     fn target(&self) -> Target<'_> {
         match self {
             // The kernel acts on the node itself, never through a symlink.
-            Obj::Path(p) => Target::PathNoFollow(p),
+            Obj::Path(p) => Target::PathNoFollow(p.as_bytes()),
             Obj::Handle(h) => Target::Handle(*h),
         }
     }
@@ -437,7 +440,7 @@ impl Obj {
 /// A directory listing taken at `opendir`, so offsets stay stable while the
 /// kernel reads it in pieces.
 struct DirItem {
-    name: String,
+    name: OsString,
     kind: FileType,
     attr: Option<Attr>,
 }
@@ -469,13 +472,13 @@ impl FerryFs {
         FerryFs {
             client,
             opts,
-            nodes: Mutex::new(Nodes::new(root)),
+            nodes: Mutex::new(Nodes::new(OsStr::new(root))),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
         }
     }
 
-    fn path(&self, ino: INodeNo) -> R<String> {
+    fn path(&self, ino: INodeNo) -> R<OsString> {
         lock(&self.nodes).path(ino.0)
     }
 
@@ -497,12 +500,11 @@ impl FerryFs {
         Err(Errno::ENOENT)
     }
 
-    fn child(&self, parent: INodeNo, name: &OsStr) -> R<String> {
-        let name = name_str(name)?;
-        if name.contains('/') {
+    fn child(&self, parent: INodeNo, name: &OsStr) -> R<OsString> {
+        if name.as_bytes().contains(&b'/') {
             return Err(Errno::EINVAL);
         }
-        Ok(join(&self.path(parent)?, name))
+        Ok(join(self.path(parent)?, name).into_os_string())
     }
 
     fn add_handle(&self, h: Handle) -> FileHandle {
@@ -532,7 +534,7 @@ impl FerryFs {
         g.as_ref().map(File::handle).ok_or(Errno::EBADF)
     }
 
-    fn entry(&self, path: &str, attr: &Attr, reply: ReplyEntry) {
+    fn entry(&self, path: &OsStr, attr: &Attr, reply: ReplyEntry) {
         let ino = lock(&self.nodes).remember(path, attr);
         reply.entry_with_ttls(&self.opts.attr_timeout, &self.opts.entry_timeout, &file_attr(ino, attr), Generation(0));
     }
@@ -566,7 +568,7 @@ impl FerryFs {
         o
     }
 
-    fn open_file(&self, path: &str, o: &OpenOptions, flags: i32, ino: u64) -> R<(Arc<OpenFile>, FileHandle, Attr)> {
+    fn open_file(&self, path: &OsStr, o: &OpenOptions, flags: i32, ino: u64) -> R<(Arc<OpenFile>, FileHandle, Attr)> {
         let file = self.client.open(path, o).map_err(errno)?;
         let attr = *file.attr();
         let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
@@ -660,12 +662,13 @@ impl FerryFs {
     /// as a local file system would: owner is the caller, group the caller's
     /// unless the parent directory is set-group-ID (then the server already
     /// gave it the parent's group).
-    fn own(&self, req: &Request, path: &str, attr: Attr) -> R<Attr> {
+    fn own(&self, req: &Request, path: &OsStr, attr: Attr) -> R<Attr> {
         let mut gid = req.gid();
         if attr.gid != gid {
-            let parent = match path.rfind('/') {
-                Some(0) | None => "/",
-                Some(i) => &path[..i],
+            let b = path.as_bytes();
+            let parent = match b.iter().rposition(|&c| c == b'/') {
+                Some(0) | None => OsStr::new("/"),
+                Some(i) => OsStr::from_bytes(&b[..i]),
             };
             let p = self.client.metadata(parent).map_err(errno)?;
             if p.mode & libc::S_ISGID != 0 {
@@ -675,7 +678,7 @@ impl FerryFs {
         if attr.uid == req.uid() && attr.gid == gid {
             return Ok(attr);
         }
-        let target = ferry_client::Target::PathNoFollow(path);
+        let target = ferry_client::Target::PathNoFollow(path.as_bytes());
         let mut a = self.client.chown(target, req.uid(), gid).map_err(errno)?;
         // chown clears set-user/group-ID bits; a new node keeps what it asked.
         if a.mode & 0o7777 != attr.mode & 0o7777 && !attr.is_symlink() {
@@ -781,7 +784,7 @@ impl Filesystem for FerryFs {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let path = tri!(reply, self.path(ino));
         let target = tri!(reply, self.client.read_link(&path).map_err(errno));
-        reply.data(target.as_bytes());
+        reply.data(target.as_os_str().as_bytes());
     }
 
     fn mknod(
@@ -823,7 +826,6 @@ impl Filesystem for FerryFs {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let path = tri!(reply, self.child(parent, link_name));
-        let target = tri!(reply, target.to_str().ok_or(Errno::EINVAL));
         let a = tri!(reply, self.client.symlink(target, &path).map_err(errno));
         let a = tri!(reply, self.own(req, &path, a));
         self.entry(&path, &a, reply);
@@ -954,7 +956,7 @@ impl Filesystem for FerryFs {
             .into_iter()
             .map(|e| DirItem {
                 kind: e.attr.as_ref().map_or_else(|| kind_of_dt(e.kind), |a| kind_of_mode(a.mode)),
-                name: e.name,
+                name: OsString::from_vec(e.name),
                 attr: e.attr,
             })
             .collect();
@@ -986,9 +988,10 @@ impl Filesystem for FerryFs {
         let ttl = self.opts.attr_timeout.min(self.opts.entry_timeout);
         // The kernel takes no reference for "." and "..", only their names
         // and numbers.
-        let parent = match dir_path.rsplit_once('/') {
-            Some((p, _)) if ino != INodeNo::ROOT => {
-                lock(&self.nodes).by_path.get(if p.is_empty() { "/" } else { p }).copied().unwrap_or(ROOT)
+        let parent = match dir_path.as_bytes().iter().rposition(|&c| c == b'/') {
+            Some(i) if ino != INodeNo::ROOT => {
+                let p = if i == 0 { OsStr::new("/") } else { OsStr::from_bytes(&dir_path.as_bytes()[..i]) };
+                lock(&self.nodes).by_path.get(p).copied().unwrap_or(ROOT)
             }
             _ => ROOT,
         };
@@ -1005,7 +1008,7 @@ impl Filesystem for FerryFs {
             let off = 3 + i as u64;
             let full = match &it.attr {
                 Some(a) => {
-                    let ino = nodes.remember(&join(&dir_path, &it.name), a);
+                    let ino = nodes.remember(join(&dir_path, &it.name).as_os_str(), a);
                     let full = reply.add(INodeNo(ino), off, &it.name, &ttl, &file_attr(ino, a), Generation(0));
                     if full {
                         nodes.forget(ino, 1);
@@ -1065,21 +1068,22 @@ impl Filesystem for FerryFs {
         reply: ReplyEmpty,
     ) {
         let path = tri!(reply, self.path(ino));
-        let name = tri!(reply, name_str(name));
-        tri!(reply, self.client.set_xattr(Target::PathNoFollow(&path), name, value, flags as u32).map_err(errno));
+        tri!(
+            reply,
+            self.client.set_xattr(Target::PathNoFollow(path.as_bytes()), name, value, flags as u32).map_err(errno)
+        );
         reply.ok();
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let path = tri!(reply, self.path(ino));
-        let name = tri!(reply, name_str(name));
-        let v = tri!(reply, self.client.get_xattr(Target::PathNoFollow(&path), name).map_err(errno));
+        let v = tri!(reply, self.client.get_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         Self::xattr_reply(&v, size, reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let path = tri!(reply, self.path(ino));
-        let names = tri!(reply, self.client.list_xattr(Target::PathNoFollow(&path)).map_err(errno));
+        let names = tri!(reply, self.client.list_xattr(Target::PathNoFollow(path.as_bytes())).map_err(errno));
         let mut v = Vec::new();
         for n in names {
             v.extend_from_slice(n.as_bytes());
@@ -1090,8 +1094,7 @@ impl Filesystem for FerryFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let path = tri!(reply, self.path(ino));
-        let name = tri!(reply, name_str(name));
-        tri!(reply, self.client.remove_xattr(Target::PathNoFollow(&path), name).map_err(errno));
+        tri!(reply, self.client.remove_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         reply.ok();
     }
 
@@ -1134,87 +1137,87 @@ mod tests {
 
     #[test]
     fn rename_moves_subtree_and_detaches_target() {
-        let mut n = Nodes::new("/");
-        let d = n.remember("/d", &dir());
-        let f = n.remember("/d/f", &file(10));
-        let other = n.remember("/dd", &dir());
-        let victim = n.remember("/e", &file(11));
-        n.rename("/d", "/e");
+        let mut n = Nodes::new(OsStr::new("/"));
+        let d = n.remember(OsStr::new("/d"), &dir());
+        let f = n.remember(OsStr::new("/d/f"), &file(10));
+        let other = n.remember(OsStr::new("/dd"), &dir());
+        let victim = n.remember(OsStr::new("/e"), &file(11));
+        n.rename(OsStr::new("/d"), OsStr::new("/e"));
         assert_eq!(n.path(d).unwrap(), "/e");
         assert_eq!(n.path(f).unwrap(), "/e/f");
         assert_eq!(n.path(other).unwrap(), "/dd");
         assert!(n.path(victim).is_err());
-        assert_eq!(n.by_path.get("/e/f"), Some(&f));
-        assert!(!n.by_path.contains_key("/d"));
+        assert_eq!(n.by_path.get(OsStr::new("/e/f")), Some(&f));
+        assert!(!n.by_path.contains_key(OsStr::new("/d")));
     }
 
     #[test]
     fn exchange_swaps_subtrees() {
-        let mut n = Nodes::new("/");
-        let a = n.remember("/a", &dir());
-        let af = n.remember("/a/f", &file(10));
-        let b = n.remember("/b", &dir());
-        n.exchange("/a", "/b");
+        let mut n = Nodes::new(OsStr::new("/"));
+        let a = n.remember(OsStr::new("/a"), &dir());
+        let af = n.remember(OsStr::new("/a/f"), &file(10));
+        let b = n.remember(OsStr::new("/b"), &dir());
+        n.exchange(OsStr::new("/a"), OsStr::new("/b"));
         assert_eq!(n.path(a).unwrap(), "/b");
         assert_eq!(n.path(af).unwrap(), "/b/f");
         assert_eq!(n.path(b).unwrap(), "/a");
-        assert_eq!(n.by_path.get("/a"), Some(&b));
-        assert_eq!(n.by_path.get("/b/f"), Some(&af));
+        assert_eq!(n.by_path.get(OsStr::new("/a")), Some(&b));
+        assert_eq!(n.by_path.get(OsStr::new("/b/f")), Some(&af));
     }
 
     #[test]
     fn forget_drops_node_at_zero() {
-        let mut n = Nodes::new("/");
-        let x = n.remember("/x", &file(10));
-        assert_eq!(n.remember("/x", &file(10)), x);
+        let mut n = Nodes::new(OsStr::new("/"));
+        let x = n.remember(OsStr::new("/x"), &file(10));
+        assert_eq!(n.remember(OsStr::new("/x"), &file(10)), x);
         n.forget(x, 1);
         assert!(n.path(x).is_ok());
         n.forget(x, 1);
         assert!(n.path(x).is_err());
-        assert_ne!(n.remember("/x", &file(10)), x);
+        assert_ne!(n.remember(OsStr::new("/x"), &file(10)), x);
         n.forget(ROOT, 100);
         assert_eq!(n.path(ROOT).unwrap(), "/");
     }
 
     #[test]
     fn hard_links_share_one_node() {
-        let mut n = Nodes::new("/");
-        let d = n.remember("/d", &dir());
-        let a = n.remember("/a", &file(10));
-        assert_eq!(n.remember("/d/b", &file(10)), a);
-        assert_ne!(n.remember("/c", &file(11)), a);
+        let mut n = Nodes::new(OsStr::new("/"));
+        let d = n.remember(OsStr::new("/d"), &dir());
+        let a = n.remember(OsStr::new("/a"), &file(10));
+        assert_eq!(n.remember(OsStr::new("/d/b"), &file(10)), a);
+        assert_ne!(n.remember(OsStr::new("/c"), &file(11)), a);
         // Removing one name leaves the other.
-        n.detach("/a");
+        n.detach(OsStr::new("/a"));
         assert_eq!(n.path(a).unwrap(), "/d/b");
-        assert!(!n.by_path.contains_key("/a"));
+        assert!(!n.by_path.contains_key(OsStr::new("/a")));
         // Renaming the directory holding a link renames that link only.
-        n.rename("/d", "/e");
+        n.rename(OsStr::new("/d"), OsStr::new("/e"));
         assert_eq!(n.path(d).unwrap(), "/e");
         assert_eq!(n.path(a).unwrap(), "/e/b");
         // With no name left, another link looked up finds the node again.
-        n.detach("/e/b");
+        n.detach(OsStr::new("/e/b"));
         assert!(n.path(a).is_err());
-        assert_eq!(n.remember("/f", &file(10)), a);
+        assert_eq!(n.remember(OsStr::new("/f"), &file(10)), a);
         assert_eq!(n.path(a).unwrap(), "/f");
         // Three lookups counted (/a, /d/b, /f); all forgotten, all gone.
         n.forget(a, 3);
-        assert!(n.path(a).is_err() && !n.by_key.contains_key(&(1, 10)) && !n.by_path.contains_key("/f"));
-        assert_ne!(n.remember("/f", &file(10)), a);
+        assert!(n.path(a).is_err() && !n.by_key.contains_key(&(1, 10)) && !n.by_path.contains_key(OsStr::new("/f")));
+        assert_ne!(n.remember(OsStr::new("/f"), &file(10)), a);
     }
 
     #[test]
     fn a_name_holding_another_file_is_a_new_node() {
-        let mut n = Nodes::new("/");
-        let x = n.remember("/x", &file(10));
-        let y = n.remember("/x", &file(11));
+        let mut n = Nodes::new(OsStr::new("/"));
+        let x = n.remember(OsStr::new("/x"), &file(10));
+        let y = n.remember(OsStr::new("/x"), &file(11));
         assert_ne!(x, y);
         assert!(n.path(x).is_err());
         assert_eq!(n.path(y).unwrap(), "/x");
         // Same inode number, now a directory: a new node too.
-        let z = n.remember("/x", &Attr { mode: libc::S_IFDIR, dev: 1, ino: 11, ..Attr::default() });
+        let z = n.remember(OsStr::new("/x"), &Attr { mode: libc::S_IFDIR, dev: 1, ino: 11, ..Attr::default() });
         assert_ne!(z, y);
         let fifo = Attr { mode: libc::S_IFIFO | 0o644, dev: 1, ino: 10, ..Attr::default() };
-        let w = n.remember("/w", &fifo);
+        let w = n.remember(OsStr::new("/w"), &fifo);
         assert_ne!(w, x);
         assert_eq!(n.by_key.get(&(1, 10)), Some(&w));
         n.forget(x, 1);

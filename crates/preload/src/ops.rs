@@ -206,7 +206,7 @@ pub fn lseek(fd: i32, o: &Open, off: i64, whence: i32) -> R<i64> {
 pub fn stat_path(r: &Remote, follow: bool) -> R<Attr> {
     crate::open::send_pending(r.mount, &r.path);
     let c = client(r)?;
-    let t = if follow { Target::Path(&r.path) } else { Target::PathNoFollow(&r.path) };
+    let t = if follow { Target::Path(r.path.as_bytes()) } else { Target::PathNoFollow(r.path.as_bytes()) };
     c.stat(t).map_err(|e| err(r, e))
 }
 

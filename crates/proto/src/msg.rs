@@ -57,7 +57,7 @@ pub enum Request<'a> {
     Ping,
     /// `flags` and `mode` are Linux `open(2)` values.
     Open {
-        path: &'a str,
+        path: &'a [u8],
         flags: u32,
         mode: u32,
     },
@@ -101,38 +101,38 @@ pub enum Request<'a> {
         size: u64,
     },
     Mkdir {
-        path: &'a str,
+        path: &'a [u8],
         mode: u32,
     },
     Rmdir {
-        path: &'a str,
+        path: &'a [u8],
     },
     Unlink {
-        path: &'a str,
+        path: &'a [u8],
     },
     /// `flags`: `RENAME_NOREPLACE` (1), `RENAME_EXCHANGE` (2).
     Rename {
-        from: &'a str,
-        to: &'a str,
+        from: &'a [u8],
+        to: &'a [u8],
         flags: u32,
     },
     Link {
-        from: &'a str,
-        to: &'a str,
+        from: &'a [u8],
+        to: &'a [u8],
     },
     /// `mknod(2)`: `mode` carries the file type (`S_IFIFO`, `S_IFSOCK`,
     /// `S_IFCHR`, `S_IFBLK`, `S_IFREG`) and permission bits.
     Mknod {
-        path: &'a str,
+        path: &'a [u8],
         mode: u32,
         rdev: u64,
     },
     Symlink {
-        target: &'a str,
-        path: &'a str,
+        target: &'a [u8],
+        path: &'a [u8],
     },
     Readlink {
-        path: &'a str,
+        path: &'a [u8],
     },
     Chmod {
         target: Target<'a>,
@@ -150,23 +150,23 @@ pub enum Request<'a> {
         mtime: Time,
     },
     Statfs {
-        path: &'a str,
+        path: &'a [u8],
     },
     /// `mode` is `F_OK` or a mask of `R_OK`/`W_OK`/`X_OK`.
     Access {
-        path: &'a str,
+        path: &'a [u8],
         mode: u32,
     },
     /// `size` 0 asks only for the value's length, as `getxattr(2)` does.
     GetXattr {
         target: Target<'a>,
-        name: &'a str,
+        name: &'a [u8],
         size: u32,
     },
     /// `flags`: `XATTR_CREATE` (1), `XATTR_REPLACE` (2).
     SetXattr {
         target: Target<'a>,
-        name: &'a str,
+        name: &'a [u8],
         value: &'a [u8],
         flags: u32,
     },
@@ -176,7 +176,7 @@ pub enum Request<'a> {
     },
     RemoveXattr {
         target: Target<'a>,
-        name: &'a str,
+        name: &'a [u8],
     },
     /// Batched directory read from `cookie` (0 = start) on a handle opened with
     /// `O_DIRECTORY`; `plus` asks for attributes with each entry.
@@ -260,7 +260,7 @@ impl<'a> Request<'a> {
             Request::Open { path, flags, mode } => {
                 w.u32(*flags);
                 w.u32(*mode);
-                w.str(path);
+                w.name(path);
             }
             Request::Close { handle } => w.u64(*handle),
             Request::Read { handle, count } => {
@@ -293,29 +293,29 @@ impl<'a> Request<'a> {
             }
             Request::Mkdir { path, mode } => {
                 w.u32(*mode);
-                w.str(path);
+                w.name(path);
             }
             Request::Rmdir { path }
             | Request::Unlink { path }
             | Request::Readlink { path }
-            | Request::Statfs { path } => w.str(path),
+            | Request::Statfs { path } => w.name(path),
             Request::Rename { from, to, flags } => {
                 w.u32(*flags);
-                w.str(from);
-                w.str(to);
+                w.name(from);
+                w.name(to);
             }
             Request::Link { from, to } => {
-                w.str(from);
-                w.str(to);
+                w.name(from);
+                w.name(to);
             }
             Request::Mknod { path, mode, rdev } => {
                 w.u32(*mode);
                 w.u64(*rdev);
-                w.str(path);
+                w.name(path);
             }
             Request::Symlink { target, path } => {
-                w.str(target);
-                w.str(path);
+                w.name(target);
+                w.name(path);
             }
             Request::Chmod { target, mode } => {
                 w.u32(*mode);
@@ -333,17 +333,17 @@ impl<'a> Request<'a> {
             }
             Request::Access { path, mode } => {
                 w.u32(*mode);
-                w.str(path);
+                w.name(path);
             }
             Request::GetXattr { target, name, size } => {
                 w.u32(*size);
                 target.put(w);
-                w.str(name);
+                w.name(name);
             }
             Request::SetXattr { target, name, value, flags } => {
                 w.u32(*flags);
                 target.put(w);
-                w.str(name);
+                w.name(name);
                 w.bytes(value);
             }
             Request::ListXattr { target, size } => {
@@ -352,7 +352,7 @@ impl<'a> Request<'a> {
             }
             Request::RemoveXattr { target, name } => {
                 target.put(w);
-                w.str(name);
+                w.name(name);
             }
             Request::ReadDir { handle, cookie, max_entries, plus } => {
                 w.u64(*handle);
@@ -384,7 +384,7 @@ impl<'a> Request<'a> {
             op::OPEN => {
                 let flags = r.u32("open.flags")?;
                 let mode = r.u32("open.mode")?;
-                Request::Open { path: r.str("open.path")?, flags, mode }
+                Request::Open { path: r.name("open.path")?, flags, mode }
             }
             op::CLOSE => Request::Close { handle: r.u64("close.handle")? },
             op::READ => Request::Read { handle: r.u64("read.handle")?, count: r.u32("read.count")? },
@@ -410,23 +410,23 @@ impl<'a> Request<'a> {
             }
             op::MKDIR => {
                 let mode = r.u32("mkdir.mode")?;
-                Request::Mkdir { path: r.str("mkdir.path")?, mode }
+                Request::Mkdir { path: r.name("mkdir.path")?, mode }
             }
-            op::RMDIR => Request::Rmdir { path: r.str("rmdir.path")? },
-            op::UNLINK => Request::Unlink { path: r.str("unlink.path")? },
-            op::READLINK => Request::Readlink { path: r.str("readlink.path")? },
-            op::STATFS => Request::Statfs { path: r.str("statfs.path")? },
+            op::RMDIR => Request::Rmdir { path: r.name("rmdir.path")? },
+            op::UNLINK => Request::Unlink { path: r.name("unlink.path")? },
+            op::READLINK => Request::Readlink { path: r.name("readlink.path")? },
+            op::STATFS => Request::Statfs { path: r.name("statfs.path")? },
             op::RENAME => {
                 let flags = r.u32("rename.flags")?;
-                Request::Rename { from: r.str("rename.from")?, to: r.str("rename.to")?, flags }
+                Request::Rename { from: r.name("rename.from")?, to: r.name("rename.to")?, flags }
             }
-            op::LINK => Request::Link { from: r.str("link.from")?, to: r.str("link.to")? },
+            op::LINK => Request::Link { from: r.name("link.from")?, to: r.name("link.to")? },
             op::MKNOD => {
                 let mode = r.u32("mknod.mode")?;
                 let rdev = r.u64("mknod.rdev")?;
-                Request::Mknod { path: r.str("mknod.path")?, mode, rdev }
+                Request::Mknod { path: r.name("mknod.path")?, mode, rdev }
             }
-            op::SYMLINK => Request::Symlink { target: r.str("symlink.target")?, path: r.str("symlink.path")? },
+            op::SYMLINK => Request::Symlink { target: r.name("symlink.target")?, path: r.name("symlink.path")? },
             op::CHMOD => {
                 let mode = r.u32("chmod.mode")?;
                 Request::Chmod { target: Target::get(&mut r)?, mode }
@@ -443,17 +443,17 @@ impl<'a> Request<'a> {
             }
             op::ACCESS => {
                 let mode = r.u32("access.mode")?;
-                Request::Access { path: r.str("access.path")?, mode }
+                Request::Access { path: r.name("access.path")?, mode }
             }
             op::GETXATTR => {
                 let size = r.u32("getxattr.size")?;
                 let target = Target::get(&mut r)?;
-                Request::GetXattr { target, name: r.str("getxattr.name")?, size }
+                Request::GetXattr { target, name: r.name("getxattr.name")?, size }
             }
             op::SETXATTR => {
                 let flags = r.u32("setxattr.flags")?;
                 let target = Target::get(&mut r)?;
-                let name = r.str("setxattr.name")?;
+                let name = r.name("setxattr.name")?;
                 Request::SetXattr { target, name, value: r.bytes("setxattr.value")?, flags }
             }
             op::LISTXATTR => {
@@ -462,7 +462,7 @@ impl<'a> Request<'a> {
             }
             op::REMOVEXATTR => {
                 let target = Target::get(&mut r)?;
-                Request::RemoveXattr { target, name: r.str("removexattr.name")? }
+                Request::RemoveXattr { target, name: r.name("removexattr.name")? }
             }
             op::READDIR => Request::ReadDir {
                 handle: r.u64("readdir.handle")?,
@@ -516,7 +516,7 @@ pub enum Reply<'a> {
         offset: u64,
     },
     Attr(Attr),
-    Name(&'a str),
+    Name(&'a [u8]),
     StatFs(StatFs),
     /// `size` is the value's full length; `value` is empty when only the
     /// length was asked for.
@@ -574,7 +574,7 @@ impl<'a> Reply<'a> {
             Reply::Written { count } => w.u32(*count),
             Reply::Offset { offset } => w.u64(*offset),
             Reply::Attr(a) => a.put(w),
-            Reply::Name(n) => w.str(n),
+            Reply::Name(n) => w.name(n),
             Reply::StatFs(s) => s.put(w),
             Reply::Xattr { size, value } => {
                 w.u32(*size);
@@ -619,7 +619,7 @@ impl<'a> Reply<'a> {
             | op::CHOWN
             | op::UTIMENS
             | op::MKNOD => Reply::Attr(Attr::get(&mut r)?),
-            op::READLINK => Reply::Name(r.str("readlink.target")?),
+            op::READLINK => Reply::Name(r.name("readlink.target")?),
             op::STATFS => Reply::StatFs(StatFs::get(&mut r)?),
             op::GETXATTR | op::LISTXATTR => Reply::Xattr { size: r.u32("xattr.size")?, value: r.bytes("xattr.value")? },
             op::READDIR => {

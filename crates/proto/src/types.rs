@@ -154,8 +154,8 @@ impl StatFs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
     Handle(u64),
-    Path(&'a str),
-    PathNoFollow(&'a str),
+    Path(&'a [u8]),
+    PathNoFollow(&'a [u8]),
 }
 
 impl<'a> Target<'a> {
@@ -167,19 +167,19 @@ impl<'a> Target<'a> {
             }
             Target::Path(p) => {
                 w.u8(1);
-                w.str(p);
+                w.name(p);
             }
             Target::PathNoFollow(p) => {
                 w.u8(2);
-                w.str(p);
+                w.name(p);
             }
         }
     }
     pub(crate) fn get(r: &mut Reader<'a>) -> Result<Target<'a>, DecodeError> {
         match r.u8("target.kind")? {
             0 => Ok(Target::Handle(r.u64("target.handle")?)),
-            1 => Ok(Target::Path(r.str("target.path")?)),
-            2 => Ok(Target::PathNoFollow(r.str("target.path")?)),
+            1 => Ok(Target::Path(r.name("target.path")?)),
+            2 => Ok(Target::PathNoFollow(r.name("target.path")?)),
             _ => Err(DecodeError::Invalid("target.kind")),
         }
     }
@@ -188,7 +188,7 @@ impl<'a> Target<'a> {
 /// One directory entry. `attr` is present in a readdirplus reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
-    pub name: String,
+    pub name: Vec<u8>,
     pub ino: u64,
     /// `DT_*` value (4 directory, 8 regular file, 10 symlink, 0 unknown).
     pub kind: u8,
@@ -198,8 +198,13 @@ pub struct DirEntry {
 }
 
 impl DirEntry {
+    /// The name as an `OsStr`, as `std::fs::DirEntry::file_name` gives it.
+    pub fn file_name(&self) -> &std::ffi::OsStr {
+        std::os::unix::ffi::OsStrExt::from_bytes(&self.name[..])
+    }
+
     pub(crate) fn put(&self, w: &mut Writer) {
-        w.str(&self.name);
+        w.name(&self.name);
         w.u64(self.ino);
         w.u8(self.kind);
         w.u64(self.cookie);
@@ -212,7 +217,7 @@ impl DirEntry {
         }
     }
     pub(crate) fn get(r: &mut Reader) -> Result<DirEntry, DecodeError> {
-        let name = r.str("dirent.name")?.to_owned();
+        let name = r.name("dirent.name")?.to_vec();
         let ino = r.u64("dirent.ino")?;
         let kind = r.u8("dirent.kind")?;
         let cookie = r.u64("dirent.cookie")?;

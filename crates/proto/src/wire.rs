@@ -48,7 +48,13 @@ impl<'a> Reader<'a> {
     pub fn array32(&mut self, what: &'static str) -> Result<[u8; 32], DecodeError> {
         Ok(self.take(32, what)?.try_into().expect("32 bytes"))
     }
-    /// A UTF-8 string with a u16 length prefix (paths, names).
+    /// Bytes with a u16 length prefix: paths and names, which on Linux are
+    /// any bytes but NUL (a NUL is left for the server to refuse with `EINVAL`).
+    pub fn name(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let n = self.u16(what)? as usize;
+        self.take(n, what)
+    }
+    /// A UTF-8 string with a u16 length prefix (error messages).
     pub fn str(&mut self, what: &'static str) -> Result<&'a str, DecodeError> {
         let n = self.u16(what)? as usize;
         let b = self.take(n, what)?;
@@ -101,12 +107,15 @@ impl Writer<'_> {
     pub fn raw(&mut self, v: &[u8]) {
         self.out.extend_from_slice(v);
     }
-    /// Strings longer than u16::MAX are a caller bug: paths are checked against
+    /// Names longer than u16::MAX are a caller bug: paths are checked against
     /// `MAX_PATH` before they reach the encoder.
-    pub fn str(&mut self, v: &str) {
-        let n = u16::try_from(v.len()).expect("string longer than 65535 bytes");
+    pub fn name(&mut self, v: &[u8]) {
+        let n = u16::try_from(v.len()).expect("name longer than 65535 bytes");
         self.u16(n);
-        self.raw(v.as_bytes());
+        self.raw(v);
+    }
+    pub fn str(&mut self, v: &str) {
+        self.name(v.as_bytes());
     }
     pub fn bytes(&mut self, v: &[u8]) {
         let n = u32::try_from(v.len()).expect("byte field longer than 4 GiB");

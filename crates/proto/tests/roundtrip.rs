@@ -92,8 +92,8 @@ fn request_index(r: &Request) -> usize {
 #[derive(Debug, Clone)]
 enum OwnedTarget {
     Handle(u64),
-    Path(String),
-    NoFollow(String),
+    Path(Vec<u8>),
+    NoFollow(Vec<u8>),
 }
 
 impl OwnedTarget {
@@ -115,8 +115,8 @@ struct RawRequest {
     c: u32,
     d: u32,
     flag: bool,
-    s1: String,
-    s2: String,
+    s1: Vec<u8>,
+    s2: Vec<u8>,
     data: Vec<u8>,
     target: OwnedTarget,
     nonce: [u8; 32],
@@ -168,14 +168,16 @@ fn build_request(r: &RawRequest) -> Request<'_> {
     }
 }
 
-/// Paths and names: short plain ones, arbitrary Unicode, and long ones up to
+/// Paths and names: short plain ones, arbitrary Unicode, arbitrary bytes
+/// (names are bytes on Linux, not always UTF-8), and long ones up to
 /// `MAX_PATH`.
-fn string() -> impl Strategy<Value = String> {
+fn string() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
-        4 => "[a-z0-9/._-]{0,24}",
-        3 => any::<String>(),
-        1 => vec(any::<char>(), 0..64).prop_map(String::from_iter),
-        1 => (0..=MAX_PATH).prop_map(|n| "x".repeat(n)),
+        4 => "[a-z0-9/._-]{0,24}".prop_map(String::into_bytes),
+        3 => any::<String>().prop_map(String::into_bytes),
+        1 => vec(any::<char>(), 0..64).prop_map(|c| String::from_iter(c).into_bytes()),
+        2 => vec(any::<u8>(), 0..64),
+        1 => (0..=MAX_PATH).prop_map(|n| vec![b'x'; n]),
     ]
 }
 
@@ -309,7 +311,7 @@ struct RawReply {
     c: u32,
     attr: Attr,
     data: Vec<u8>,
-    name: String,
+    name: Vec<u8>,
     statfs: StatFs,
     flag: bool,
     entries: Vec<DirEntry>,
@@ -639,7 +641,7 @@ fn the_strategies_cover_every_variant_and_op() {
 #[test]
 fn longest_string_round_trips() {
     let path = "é".repeat(32767) + "x"; // 65535 bytes
-    let req = Request::Stat { target: Target::Path(&path) };
+    let req = Request::Stat { target: Target::Path(path.as_bytes()) };
     let frame = request_frame(&req, 3);
     let (h, body) = split(&frame);
     assert_eq!(body.len(), 1 + 2 + 65535);

@@ -71,8 +71,8 @@ pub type Result<T> = std::result::Result<T, Errno>;
 #[derive(Clone, Copy)]
 pub enum Node<'a, F> {
     File(&'a F),
-    Path(&'a str),
-    PathNoFollow(&'a str),
+    Path(&'a [u8]),
+    PathNoFollow(&'a [u8]),
 }
 
 /// Where the bytes of a read come from, so the connection can move them to the
@@ -100,7 +100,8 @@ impl ReadData<'_> {
 }
 
 /// File-system calls on paths relative to the export root. A path is a
-/// `/`-separated string; the backend must never let one reach outside the
+/// `/`-separated byte string (names are bytes on Linux, not always UTF-8;
+/// a NUL byte is `EINVAL`); the backend must never let one reach outside the
 /// export (`..`, absolute or escaping symlinks, magic links). Empty path or
 /// `/` is the root. Each call returns what the Linux call would, errno
 /// included.
@@ -109,7 +110,7 @@ pub trait Backend: Send + Sync + 'static {
     type File: Send + Sync;
 
     /// `open(2)` with Linux flags; returns the file and its attributes.
-    fn open(&self, path: &str, flags: u32, mode: u32) -> Result<(Self::File, Attr)>;
+    fn open(&self, path: &[u8], flags: u32, mode: u32) -> Result<(Self::File, Attr)>;
     /// Up to `len` bytes at `offset`; fewer at end of file, none past it.
     fn read<'f>(&self, file: &'f Self::File, offset: u64, len: usize) -> Result<ReadData<'f>>;
     /// Writes all of `data` at `offset` (at the end if the file was opened
@@ -128,24 +129,24 @@ pub trait Backend: Send + Sync + 'static {
     fn chown(&self, node: Node<'_, Self::File>, uid: u32, gid: u32) -> Result<Attr>;
     fn utimens(&self, node: Node<'_, Self::File>, atime: Time, mtime: Time) -> Result<Attr>;
 
-    fn mkdir(&self, path: &str, mode: u32) -> Result<Attr>;
+    fn mkdir(&self, path: &[u8], mode: u32) -> Result<Attr>;
     /// `mknod(2)`: FIFO, socket, device or regular file, by `mode`'s type.
-    fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr>;
-    fn rmdir(&self, path: &str) -> Result<()>;
-    fn unlink(&self, path: &str) -> Result<()>;
-    fn rename(&self, from: &str, to: &str, flags: u32) -> Result<()>;
+    fn mknod(&self, path: &[u8], mode: u32, rdev: u64) -> Result<Attr>;
+    fn rmdir(&self, path: &[u8]) -> Result<()>;
+    fn unlink(&self, path: &[u8]) -> Result<()>;
+    fn rename(&self, from: &[u8], to: &[u8], flags: u32) -> Result<()>;
     /// Hard link: `to` becomes another name of `from`.
-    fn link(&self, from: &str, to: &str) -> Result<Attr>;
+    fn link(&self, from: &[u8], to: &[u8]) -> Result<Attr>;
     /// Creates `path` as a symlink whose content is `target` (not resolved).
-    fn symlink(&self, target: &str, path: &str) -> Result<Attr>;
-    fn readlink(&self, path: &str) -> Result<String>;
-    fn statfs(&self, path: &str) -> Result<StatFs>;
-    fn access(&self, path: &str, mode: u32) -> Result<()>;
+    fn symlink(&self, target: &[u8], path: &[u8]) -> Result<Attr>;
+    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>>;
+    fn statfs(&self, path: &[u8]) -> Result<StatFs>;
+    fn access(&self, path: &[u8], mode: u32) -> Result<()>;
 
-    fn getxattr(&self, node: Node<'_, Self::File>, name: &str) -> Result<Vec<u8>>;
+    fn getxattr(&self, node: Node<'_, Self::File>, name: &[u8]) -> Result<Vec<u8>>;
     /// `flags`: `XATTR_CREATE` / `XATTR_REPLACE`.
-    fn setxattr(&self, node: Node<'_, Self::File>, name: &str, value: &[u8], flags: u32) -> Result<()>;
+    fn setxattr(&self, node: Node<'_, Self::File>, name: &[u8], value: &[u8], flags: u32) -> Result<()>;
     /// Names, each followed by a NUL byte, as `listxattr(2)` returns them.
     fn listxattr(&self, node: Node<'_, Self::File>) -> Result<Vec<u8>>;
-    fn removexattr(&self, node: Node<'_, Self::File>, name: &str) -> Result<()>;
+    fn removexattr(&self, node: Node<'_, Self::File>, name: &[u8]) -> Result<()>;
 }

@@ -39,7 +39,7 @@ const NAME_MAX: usize = 255;
 const PATH_MAX: usize = 4096;
 const XATTR_NAME_MAX: usize = 255;
 const XATTR_SIZE_MAX: usize = 65536;
-const XATTR_PREFIXES: [&str; 3] = ["user.", "trusted.", "security."];
+const XATTR_PREFIXES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// Largest file size and offset, as on tmpfs (`MAX_LFS_FILESIZE`).
 const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// Linux caps one read at this many bytes (`MAX_RW_COUNT`).
@@ -166,14 +166,14 @@ struct State {
     atime: Time,
     mtime: Time,
     ctime: Time,
-    xattrs: BTreeMap<String, Vec<u8>>,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     content: Content,
 }
 
 enum Content {
     File(FileData),
     Dir(DirData),
-    Symlink(String),
+    Symlink(Vec<u8>),
     /// `S_IF*` type bits and device number of a node made by `mknod`.
     Special {
         ifmt: u32,
@@ -193,7 +193,7 @@ struct DirData {
     /// For `..`; weak so the tree has no reference cycles. The root's is
     /// empty, which makes `..` at the root the root itself.
     parent: Weak<Inode>,
-    names: HashMap<String, u64>,
+    names: HashMap<Vec<u8>, u64>,
     /// Entries by insertion sequence number, which is also their readdir
     /// cookie: a cookie stays valid however the directory changes.
     entries: BTreeMap<u64, Entry>,
@@ -201,14 +201,14 @@ struct DirData {
 }
 
 struct Entry {
-    name: String,
+    name: Vec<u8>,
     inode: Arc<Inode>,
 }
 
 enum NewKind {
     File,
     Dir,
-    Symlink(String),
+    Symlink(Vec<u8>),
     Special { ifmt: u32, rdev: u64 },
 }
 
@@ -218,7 +218,7 @@ enum Last<'a> {
     Root,
     Dot,
     DotDot,
-    Name(&'a str),
+    Name(&'a [u8]),
 }
 
 impl Inode {
@@ -260,10 +260,10 @@ impl Inode {
         self.attr_of(&self.st())
     }
 
-    fn target(&self) -> String {
+    fn target(&self) -> Vec<u8> {
         match &self.st().content {
             Content::Symlink(t) => t.clone(),
-            _ => String::new(),
+            _ => Vec::new(),
         }
     }
 }
@@ -296,7 +296,7 @@ impl State {
     }
 }
 
-fn xattr_bytes(x: &BTreeMap<String, Vec<u8>>) -> u64 {
+fn xattr_bytes(x: &BTreeMap<Vec<u8>, Vec<u8>>) -> u64 {
     x.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()
 }
 
@@ -414,24 +414,24 @@ impl DirData {
         DirData { parent, names: HashMap::new(), entries: BTreeMap::new(), next_seq: FIRST_SEQ }
     }
 
-    fn get(&self, name: &str) -> Option<&Arc<Inode>> {
+    fn get(&self, name: &[u8]) -> Option<&Arc<Inode>> {
         self.names.get(name).and_then(|seq| self.entries.get(seq)).map(|e| &e.inode)
     }
 
-    fn insert(&mut self, name: &str, inode: Arc<Inode>) {
+    fn insert(&mut self, name: &[u8], inode: Arc<Inode>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.names.insert(name.to_owned(), seq);
         self.entries.insert(seq, Entry { name: name.to_owned(), inode });
     }
 
-    fn remove(&mut self, name: &str) -> Option<Arc<Inode>> {
+    fn remove(&mut self, name: &[u8]) -> Option<Arc<Inode>> {
         let seq = self.names.remove(name)?;
         self.entries.remove(&seq).map(|e| e.inode)
     }
 
     /// Puts `inode` under an existing name, keeping the name's cookie.
-    fn replace(&mut self, name: &str, inode: Arc<Inode>) -> Option<Arc<Inode>> {
+    fn replace(&mut self, name: &[u8], inode: Arc<Inode>) -> Option<Arc<Inode>> {
         let seq = self.names.get(name)?;
         let entry = self.entries.get_mut(seq)?;
         Some(std::mem::replace(&mut entry.inode, inode))
@@ -459,12 +459,12 @@ fn dt_of(t: FType) -> u8 {
     }
 }
 
-fn check_path(path: &str) -> Result<()> {
+fn check_path(path: &[u8]) -> Result<()> {
     if path.len() >= PATH_MAX {
         return Err(Errno::NAMETOOLONG);
     }
     // A C path cannot hold a NUL, so no name can contain one.
-    if path.contains('\0') {
+    if path.contains(&0) {
         return Err(Errno::INVAL);
     }
     Ok(())
@@ -472,17 +472,17 @@ fn check_path(path: &str) -> Result<()> {
 
 /// The non-empty components of `path`, and whether it ends in a slash after
 /// a component (which demands a directory, as in Linux).
-fn split(path: &str) -> (Vec<&str>, bool) {
-    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    let trailing = !comps.is_empty() && path.ends_with('/');
+fn split(path: &[u8]) -> (Vec<&[u8]>, bool) {
+    let comps: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+    let trailing = !comps.is_empty() && path.ends_with(b"/");
     (comps, trailing)
 }
 
-fn check_xattr_name(name: &str) -> Result<()> {
+fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > XATTR_NAME_MAX {
         return Err(Errno::RANGE);
     }
-    if name.contains('\0') {
+    if name.contains(&0) {
         return Err(Errno::INVAL);
     }
     Ok(())
@@ -490,7 +490,7 @@ fn check_xattr_name(name: &str) -> Result<()> {
 
 /// The namespace part of an xattr name, checked after permissions as the
 /// kernel's handler lookup is.
-fn xattr_namespace(name: &str) -> Result<()> {
+fn xattr_namespace(name: &[u8]) -> Result<()> {
     for prefix in XATTR_PREFIXES {
         if let Some(rest) = name.strip_prefix(prefix) {
             return if rest.is_empty() { Err(Errno::INVAL) } else { Ok(()) };
@@ -501,8 +501,8 @@ fn xattr_namespace(name: &str) -> Result<()> {
 
 /// Linux allows `user.` attributes only on regular files and directories;
 /// elsewhere reads find nothing and writes are refused.
-fn user_xattr_allowed(inode: &Inode, name: &str, write: bool) -> Result<()> {
-    if name.starts_with("user.") && inode.ftype != FType::Reg && inode.ftype != FType::Dir {
+fn user_xattr_allowed(inode: &Inode, name: &[u8], write: bool) -> Result<()> {
+    if name.starts_with(b"user.") && inode.ftype != FType::Reg && inode.ftype != FType::Dir {
         return Err(if write { Errno::PERM } else { Errno::NODATA });
     }
     Ok(())
@@ -573,7 +573,7 @@ impl MemoryBackend {
         parent.unwrap_or_else(|| dir.clone())
     }
 
-    fn lookup_child(&self, dir: &Arc<Inode>, name: &str) -> Result<Option<Arc<Inode>>> {
+    fn lookup_child(&self, dir: &Arc<Inode>, name: &[u8]) -> Result<Option<Arc<Inode>>> {
         if name.len() > NAME_MAX {
             return Err(Errno::NAMETOOLONG);
         }
@@ -592,16 +592,16 @@ impl MemoryBackend {
         if target.is_empty() {
             return Err(Errno::NOENT);
         }
-        let start = if target.starts_with('/') { self.root.clone() } else { dir.clone() };
+        let start = if target.starts_with(b"/") { self.root.clone() } else { dir.clone() };
         self.resolve_from(start, &target, true, hops)
     }
 
     /// Walks `comps` from `dir`, every one of which must lead to a directory.
-    fn walk_dirs(&self, mut dir: Arc<Inode>, comps: &[&str], hops: &mut u32) -> Result<Arc<Inode>> {
+    fn walk_dirs(&self, mut dir: Arc<Inode>, comps: &[&[u8]], hops: &mut u32) -> Result<Arc<Inode>> {
         for &comp in comps {
             dir = match comp {
-                "." => dir,
-                ".." => self.parent_of(&dir),
+                b"." => dir,
+                b".." => self.parent_of(&dir),
                 name => {
                     let mut child = self.lookup_child(&dir, name)?.ok_or(Errno::NOENT)?;
                     if child.ftype == FType::Lnk {
@@ -622,7 +622,7 @@ impl MemoryBackend {
     fn walk_parent<'p>(
         &self,
         start: Arc<Inode>,
-        path: &'p str,
+        path: &'p [u8],
         hops: &mut u32,
     ) -> Result<(Arc<Inode>, Last<'p>, bool)> {
         let (comps, trailing) = split(path);
@@ -631,14 +631,14 @@ impl MemoryBackend {
         };
         let dir = self.walk_dirs(start, init, hops)?;
         let last = match last {
-            "." => Last::Dot,
-            ".." => Last::DotDot,
+            b"." => Last::Dot,
+            b".." => Last::DotDot,
             name => Last::Name(name),
         };
         Ok((dir, last, trailing))
     }
 
-    fn resolve_from(&self, start: Arc<Inode>, path: &str, follow: bool, hops: &mut u32) -> Result<Arc<Inode>> {
+    fn resolve_from(&self, start: Arc<Inode>, path: &[u8], follow: bool, hops: &mut u32) -> Result<Arc<Inode>> {
         let (dir, last, trailing) = self.walk_parent(start, path, hops)?;
         let node = match last {
             Last::Root | Last::Dot => dir,
@@ -659,7 +659,7 @@ impl MemoryBackend {
         Ok(node)
     }
 
-    fn resolve(&self, path: &str, follow: bool) -> Result<Arc<Inode>> {
+    fn resolve(&self, path: &[u8], follow: bool) -> Result<Arc<Inode>> {
         check_path(path)?;
         let _ns = self.ns_read();
         self.resolve_from(self.root.clone(), path, follow, &mut 0)
@@ -718,7 +718,7 @@ impl MemoryBackend {
 
     /// Creates `name` in `dir`; the caller holds the namespace write lock and
     /// has checked that the name is free.
-    fn create(&self, dir: &Arc<Inode>, name: &str, kind: NewKind, perm: u32) -> Result<Arc<Inode>> {
+    fn create(&self, dir: &Arc<Inode>, name: &[u8], kind: NewKind, perm: u32) -> Result<Arc<Inode>> {
         let t = now();
         let is_dir = matches!(kind, NewKind::Dir);
         let mut st = dir.st();
@@ -758,9 +758,9 @@ impl MemoryBackend {
     fn apply_rename(
         &self,
         od: &Arc<Inode>,
-        on: &str,
+        on: &[u8],
         nd: &Arc<Inode>,
-        nn: &str,
+        nn: &[u8],
         old: &Arc<Inode>,
         new: Option<&Arc<Inode>>,
     ) {
@@ -811,13 +811,13 @@ impl MemoryBackend {
         }
     }
 
-    fn apply_exchange(&self, od: &Arc<Inode>, on: &str, nd: &Arc<Inode>, nn: &str, a: &Arc<Inode>, b: &Arc<Inode>) {
+    fn apply_exchange(&self, od: &Arc<Inode>, on: &[u8], nd: &Arc<Inode>, nn: &[u8], a: &Arc<Inode>, b: &Arc<Inode>) {
         let t = now();
         let same_dir = Arc::ptr_eq(od, nd);
         let (a_dir, b_dir) = (a.ftype == FType::Dir, b.ftype == FType::Dir);
         // Each directory loses the `..` of the subdirectory leaving it and
         // gains the one arriving.
-        let shift = |dir: &Arc<Inode>, leaving: bool, arriving: bool, name: &str, put: &Arc<Inode>| {
+        let shift = |dir: &Arc<Inode>, leaving: bool, arriving: bool, name: &[u8], put: &Arc<Inode>| {
             let mut st = dir.st();
             if let Some(d) = st.dir_mut() {
                 d.replace(name, put.clone());
@@ -847,7 +847,7 @@ impl MemoryBackend {
 impl Backend for MemoryBackend {
     type File = MemoryFile;
 
-    fn open(&self, path: &str, flags: u32, mode: u32) -> Result<(MemoryFile, Attr)> {
+    fn open(&self, path: &[u8], flags: u32, mode: u32) -> Result<(MemoryFile, Attr)> {
         // Other bits (O_PATH, O_TMPFILE, O_CLOEXEC, O_SYNC, ...) are ignored, as
         // the protocol asks of a server and as the directory backend does.
         check_path(path)?;
@@ -870,7 +870,7 @@ impl Backend for MemoryBackend {
             _read_guard = self.ns_read();
         }
         let mut start = self.root.clone();
-        let mut cur: String = path.to_owned();
+        let mut cur: Vec<u8> = path.to_owned();
         let mut hops = 0;
         let mut want_dir = flags & O_DIRECTORY != 0;
         let (inode, created) = loop {
@@ -896,7 +896,7 @@ impl Backend for MemoryBackend {
                     if target.is_empty() {
                         return Err(Errno::NOENT);
                     }
-                    start = if target.starts_with('/') { self.root.clone() } else { dir };
+                    start = if target.starts_with(b"/") { self.root.clone() } else { dir };
                     cur = target;
                 }
                 Some(node) => break (node, false),
@@ -1009,7 +1009,7 @@ impl Backend for MemoryBackend {
         }
         // Hold the namespace still so `..` and the entries agree.
         let _ns = self.ns_read();
-        let mut picked: Vec<(u64, String, Arc<Inode>)> = Vec::new();
+        let mut picked: Vec<(u64, Vec<u8>, Arc<Inode>)> = Vec::new();
         let more;
         {
             let mut st = dir.inode.st();
@@ -1019,7 +1019,7 @@ impl Backend for MemoryBackend {
             }
             let d = st.dir().ok_or(Errno::NOTDIR)?;
             let parent = d.parent.upgrade().unwrap_or_else(|| dir.inode.clone());
-            let dots = [(COOKIE_DOT, ".", dir.inode.clone()), (COOKIE_DOTDOT, "..", parent)];
+            let dots = [(COOKIE_DOT, &b"."[..], dir.inode.clone()), (COOKIE_DOTDOT, &b".."[..], parent)];
             let mut all = dots.into_iter().filter(|(c, _, _)| *c > cookie).map(|(c, n, i)| (c, n.to_owned(), i)).chain(
                 d.entries
                     .range((Bound::Excluded(cookie.max(COOKIE_DOTDOT)), Bound::Unbounded))
@@ -1140,7 +1140,7 @@ impl Backend for MemoryBackend {
         Ok(inode.attr_of(&st))
     }
 
-    fn mkdir(&self, path: &str, mode: u32) -> Result<Attr> {
+    fn mkdir(&self, path: &[u8], mode: u32) -> Result<Attr> {
         check_path(path)?;
         let _ns = self.ns_write();
         let (dir, last, _) = self.walk_parent(self.root.clone(), path, &mut 0)?;
@@ -1153,7 +1153,7 @@ impl Backend for MemoryBackend {
         Ok(self.create(&dir, name, NewKind::Dir, mode & MKDIR_MASK)?.attr())
     }
 
-    fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr> {
+    fn mknod(&self, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
         check_path(path)?;
         let ifmt = mode & libc::S_IFMT;
         let kind = match ifmt {
@@ -1173,7 +1173,7 @@ impl Backend for MemoryBackend {
         Ok(self.create(&dir, name, kind, mode & PERM_MASK)?.attr())
     }
 
-    fn rmdir(&self, path: &str) -> Result<()> {
+    fn rmdir(&self, path: &[u8]) -> Result<()> {
         check_path(path)?;
         let _ns = self.ns_write();
         let (dir, last, _) = self.walk_parent(self.root.clone(), path, &mut 0)?;
@@ -1206,7 +1206,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn unlink(&self, path: &str) -> Result<()> {
+    fn unlink(&self, path: &[u8]) -> Result<()> {
         check_path(path)?;
         let _ns = self.ns_write();
         let (dir, last, trailing) = self.walk_parent(self.root.clone(), path, &mut 0)?;
@@ -1235,7 +1235,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn rename(&self, from: &str, to: &str, flags: u32) -> Result<()> {
+    fn rename(&self, from: &[u8], to: &[u8], flags: u32) -> Result<()> {
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
             return Err(Errno::INVAL);
         }
@@ -1305,7 +1305,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn link(&self, from: &str, to: &str) -> Result<Attr> {
+    fn link(&self, from: &[u8], to: &[u8]) -> Result<Attr> {
         check_path(from)?;
         check_path(to)?;
         let _ns = self.ns_write();
@@ -1341,7 +1341,7 @@ impl Backend for MemoryBackend {
         Ok(src.attr_of(&st))
     }
 
-    fn symlink(&self, target: &str, path: &str) -> Result<Attr> {
+    fn symlink(&self, target: &[u8], path: &[u8]) -> Result<Attr> {
         if target.is_empty() {
             return Err(Errno::NOENT);
         }
@@ -1361,7 +1361,7 @@ impl Backend for MemoryBackend {
         Ok(self.create(&dir, name, NewKind::Symlink(target.to_owned()), 0o777)?.attr())
     }
 
-    fn readlink(&self, path: &str) -> Result<String> {
+    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
         let inode = self.resolve(path, false)?;
         let mut st = inode.st();
         let Content::Symlink(t) = &st.content else {
@@ -1372,7 +1372,7 @@ impl Backend for MemoryBackend {
         Ok(target)
     }
 
-    fn statfs(&self, path: &str) -> Result<StatFs> {
+    fn statfs(&self, path: &[u8]) -> Result<StatFs> {
         self.resolve(path, true)?;
         let used = self.shared.bytes.load(Ordering::Relaxed).min(BUDGET);
         let inodes = self.shared.inodes.load(Ordering::Relaxed).min(MAX_INODES);
@@ -1392,7 +1392,7 @@ impl Backend for MemoryBackend {
         })
     }
 
-    fn access(&self, path: &str, mode: u32) -> Result<()> {
+    fn access(&self, path: &[u8], mode: u32) -> Result<()> {
         let all = (libc::R_OK | libc::W_OK | libc::X_OK) as u32;
         if mode & !all != 0 {
             return Err(Errno::INVAL);
@@ -1405,7 +1405,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn getxattr(&self, node: Node<'_, MemoryFile>, name: &str) -> Result<Vec<u8>> {
+    fn getxattr(&self, node: Node<'_, MemoryFile>, name: &[u8]) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         let inode = self.node_inode(node)?;
         user_xattr_allowed(&inode, name, false)?;
@@ -1414,7 +1414,7 @@ impl Backend for MemoryBackend {
         st.xattrs.get(name).cloned().ok_or(Errno::NODATA)
     }
 
-    fn setxattr(&self, node: Node<'_, MemoryFile>, name: &str, value: &[u8], flags: u32) -> Result<()> {
+    fn setxattr(&self, node: Node<'_, MemoryFile>, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
             return Err(Errno::INVAL);
         }
@@ -1444,13 +1444,13 @@ impl Backend for MemoryBackend {
         let st = inode.st();
         let mut out = Vec::new();
         for name in st.xattrs.keys() {
-            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(name);
             out.push(0);
         }
         Ok(out)
     }
 
-    fn removexattr(&self, node: Node<'_, MemoryFile>, name: &str) -> Result<()> {
+    fn removexattr(&self, node: Node<'_, MemoryFile>, name: &[u8]) -> Result<()> {
         check_xattr_name(name)?;
         let inode = self.node_inode(node)?;
         user_xattr_allowed(&inode, name, true)?;
@@ -1480,7 +1480,7 @@ mod tests {
     }
 
     fn open(b: &MemoryBackend, path: &str, flags: u32) -> MemoryFile {
-        b.open(path, flags, 0o644).unwrap_or_else(|e| panic!("open {path}: {e:?}")).0
+        b.open(path.as_bytes(), flags, 0o644).unwrap_or_else(|e| panic!("open {path}: {e:?}")).0
     }
 
     fn mkfile(b: &MemoryBackend, path: &str, data: &[u8]) -> Attr {
@@ -1506,18 +1506,18 @@ mod tests {
     }
 
     fn stat(b: &MemoryBackend, path: &str) -> Attr {
-        b.getattr(Node::Path(path)).unwrap_or_else(|e| panic!("stat {path}: {e:?}"))
+        b.getattr(Node::Path(path.as_bytes())).unwrap_or_else(|e| panic!("stat {path}: {e:?}"))
     }
 
     fn lstat(b: &MemoryBackend, path: &str) -> Attr {
-        b.getattr(Node::PathNoFollow(path)).unwrap_or_else(|e| panic!("lstat {path}: {e:?}"))
+        b.getattr(Node::PathNoFollow(path.as_bytes())).unwrap_or_else(|e| panic!("lstat {path}: {e:?}"))
     }
 
     fn list(b: &MemoryBackend, path: &str) -> Vec<String> {
         let d = open(b, path, RDONLY | O_DIRECTORY);
         let (entries, eof) = b.readdir(&d, 0, usize::MAX, false).unwrap();
         assert!(eof);
-        entries.into_iter().map(|e| e.name).collect()
+        entries.into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect()
     }
 
     fn later(a: Time, b: Time) -> bool {
@@ -1548,7 +1548,7 @@ mod tests {
     #[test]
     fn create_write_read() {
         let b = MemoryBackend::new();
-        let (f, a) = b.open("f", CREAT | RDWR, 0o640).unwrap();
+        let (f, a) = b.open(b"f", CREAT | RDWR, 0o640).unwrap();
         assert_eq!(a.mode, 0o100640);
         assert_eq!(a.nlink, 1);
         assert_eq!(a.size, 0);
@@ -1563,9 +1563,9 @@ mod tests {
         assert_eq!(a.size, 11);
         assert_eq!(a.blocks, 1);
         // The mode is used as given: the memory backend has no umask.
-        let (_, a) = b.open("g", CREAT | WRONLY, 0o7777).unwrap();
+        let (_, a) = b.open(b"g", CREAT | WRONLY, 0o7777).unwrap();
         assert_eq!(a.mode, 0o107777);
-        let (_, a) = b.open("h", CREAT | WRONLY, 0o170644).unwrap();
+        let (_, a) = b.open(b"h", CREAT | WRONLY, 0o170644).unwrap();
         assert_eq!(a.mode, 0o100644);
         assert_eq!(b.write(&f, 0, b"").unwrap(), 0);
         assert_eq!(errno(b.read(&f, 1 << 63, 1)), libc::EINVAL);
@@ -1592,13 +1592,13 @@ mod tests {
         b.write(&f, CHUNK - 2, b"ABCD").unwrap();
         assert_eq!(read_at(&b, &f, CHUNK - 2, 4), b"ABCD");
         // A far write leaves a hole of zeros and costs only its chunk.
-        let before = b.statfs("").unwrap().bfree;
+        let before = b.statfs(b"").unwrap().bfree;
         let far = 1u64 << 40;
         assert_eq!(b.write(&f, far, b"end").unwrap(), far + 3);
         assert_eq!(stat(&b, "f").size, far + 3);
         assert_eq!(read_at(&b, &f, far - 4, 100), b"\0\0\0\0end");
         assert_eq!(read_at(&b, &f, far / 2, 5), [0; 5]);
-        assert!(before - b.statfs("").unwrap().bfree <= 1);
+        assert!(before - b.statfs(b"").unwrap().bfree <= 1);
     }
 
     #[test]
@@ -1624,7 +1624,7 @@ mod tests {
         let n = open(&b, "f", 3);
         assert_eq!(errno(b.read(&n, 0, 1)), libc::EBADF);
         assert_eq!(errno(b.write(&n, 0, b"x")), libc::EBADF);
-        assert_eq!(errno(b.open("", 3, 0)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"", 3, 0)), libc::EISDIR);
         let d = open(&b, "", RDONLY);
         assert_eq!(errno(b.read(&d, 0, 1)), libc::EISDIR);
         assert_eq!(errno(b.write(&d, 0, b"x")), libc::EBADF);
@@ -1636,59 +1636,59 @@ mod tests {
     fn open_flags() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"hello");
-        b.mkdir("d", 0o755).unwrap();
-        b.symlink("f", "lf").unwrap();
-        b.symlink("d", "ld").unwrap();
-        b.symlink("nowhere", "dang").unwrap();
-        b.symlink("/d/inside", "abs").unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
+        b.symlink(b"f", b"lf").unwrap();
+        b.symlink(b"d", b"ld").unwrap();
+        b.symlink(b"nowhere", b"dang").unwrap();
+        b.symlink(b"/d/inside", b"abs").unwrap();
 
-        assert_eq!(errno(b.open("f", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
-        assert_eq!(errno(b.open("lf", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
-        assert_eq!(errno(b.open("dang", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
-        assert_eq!(errno(b.open("lf", O_NOFOLLOW | RDONLY, 0)), libc::ELOOP);
-        assert_eq!(errno(b.open("lf", O_NOFOLLOW | CREAT | RDONLY, 0o644)), libc::ELOOP);
-        assert_eq!(errno(b.open("ld", O_NOFOLLOW | O_DIRECTORY | RDONLY, 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.open(b"f", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open(b"lf", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open(b"dang", CREAT | O_EXCL | RDWR, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open(b"lf", O_NOFOLLOW | RDONLY, 0)), libc::ELOOP);
+        assert_eq!(errno(b.open(b"lf", O_NOFOLLOW | CREAT | RDONLY, 0o644)), libc::ELOOP);
+        assert_eq!(errno(b.open(b"ld", O_NOFOLLOW | O_DIRECTORY | RDONLY, 0)), libc::ENOTDIR);
         open(&b, "ld/", O_NOFOLLOW | RDONLY);
-        assert_eq!(errno(b.open("f", O_DIRECTORY | RDONLY, 0)), libc::ENOTDIR);
-        assert_eq!(errno(b.open("lf/", RDONLY, 0)), libc::ENOTDIR);
-        assert_eq!(errno(b.open("f/", RDONLY, 0)), libc::ENOTDIR);
-        assert_eq!(errno(b.open("d", WRONLY, 0)), libc::EISDIR);
-        assert_eq!(errno(b.open("d", RDWR, 0)), libc::EISDIR);
-        assert_eq!(errno(b.open("d", RDONLY | O_TRUNC, 0)), libc::EISDIR);
-        assert_eq!(errno(b.open("d", CREAT | RDONLY, 0o644)), libc::EISDIR);
-        assert_eq!(errno(b.open("d", CREAT | O_EXCL | RDONLY, 0o644)), libc::EEXIST);
-        assert_eq!(errno(b.open("d/.", CREAT | O_EXCL | RDONLY, 0o644)), libc::EEXIST);
-        assert_eq!(errno(b.open("", CREAT | RDONLY, 0o644)), libc::EISDIR);
-        assert_eq!(errno(b.open("new", CREAT | O_DIRECTORY | RDONLY, 0o644)), libc::EINVAL);
-        assert_eq!(errno(b.open("new/", CREAT | RDWR, 0o644)), libc::EISDIR);
-        assert_eq!(errno(b.open("f/", CREAT | RDWR, 0o644)), libc::EISDIR);
-        assert_eq!(errno(b.open("missing", RDONLY, 0)), libc::ENOENT);
-        assert_eq!(errno(b.open("missing/x", CREAT | RDWR, 0o644)), libc::ENOENT);
-        assert_eq!(errno(b.open("f/x", CREAT | RDWR, 0o644)), libc::ENOTDIR);
+        assert_eq!(errno(b.open(b"f", O_DIRECTORY | RDONLY, 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.open(b"lf/", RDONLY, 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.open(b"f/", RDONLY, 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.open(b"d", WRONLY, 0)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"d", RDWR, 0)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"d", RDONLY | O_TRUNC, 0)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"d", CREAT | RDONLY, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"d", CREAT | O_EXCL | RDONLY, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open(b"d/.", CREAT | O_EXCL | RDONLY, 0o644)), libc::EEXIST);
+        assert_eq!(errno(b.open(b"", CREAT | RDONLY, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"new", CREAT | O_DIRECTORY | RDONLY, 0o644)), libc::EINVAL);
+        assert_eq!(errno(b.open(b"new/", CREAT | RDWR, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"f/", CREAT | RDWR, 0o644)), libc::EISDIR);
+        assert_eq!(errno(b.open(b"missing", RDONLY, 0)), libc::ENOENT);
+        assert_eq!(errno(b.open(b"missing/x", CREAT | RDWR, 0o644)), libc::ENOENT);
+        assert_eq!(errno(b.open(b"f/x", CREAT | RDWR, 0o644)), libc::ENOTDIR);
         open(&b, "ld", O_DIRECTORY | RDONLY);
 
         // O_CREAT through a dangling symlink creates its target.
-        let (_, a) = b.open("dang", CREAT | RDWR, 0o600).unwrap();
+        let (_, a) = b.open(b"dang", CREAT | RDWR, 0o600).unwrap();
         assert_eq!(a.mode, 0o100600);
         assert_eq!(lstat(&b, "nowhere").ino, a.ino);
         // An absolute target resolves from the export root.
-        let (_, a) = b.open("abs", CREAT | RDWR, 0o600).unwrap();
+        let (_, a) = b.open(b"abs", CREAT | RDWR, 0o600).unwrap();
         assert_eq!(stat(&b, "d/inside").ino, a.ino);
 
         // O_TRUNC truncates even a read-only open, and stamps the times.
         let before = stat(&b, "f");
         tick();
-        let (_, a) = b.open("f", RDONLY | O_TRUNC, 0).unwrap();
+        let (_, a) = b.open(b"f", RDONLY | O_TRUNC, 0).unwrap();
         assert_eq!(a.size, 0);
         assert!(later(a.mtime, before.mtime) && later(a.ctime, before.ctime));
         // O_CREAT on an existing file keeps it.
         mkfile(&b, "f", b"data");
-        let (_, a) = b.open("f", CREAT | RDWR, 0o600).unwrap();
+        let (_, a) = b.open(b"f", CREAT | RDWR, 0o600).unwrap();
         assert_eq!((a.size, a.mode), (4, 0o100644));
         // Creating updates the parent's times.
         let d0 = stat(&b, "d");
         tick();
-        b.open("d/new", CREAT | WRONLY, 0o644).unwrap();
+        b.open(b"d/new", CREAT | WRONLY, 0o644).unwrap();
         let d1 = stat(&b, "d");
         assert!(later(d1.mtime, d0.mtime) && later(d1.ctime, d0.ctime));
         assert_eq!(d1.nlink, 2);
@@ -1701,8 +1701,8 @@ mod tests {
     #[test]
     fn path_resolution() {
         let b = MemoryBackend::new();
-        b.mkdir("a", 0o755).unwrap();
-        b.mkdir("a/b", 0o755).unwrap();
+        b.mkdir(b"a", 0o755).unwrap();
+        b.mkdir(b"a/b", 0o755).unwrap();
         mkfile(&b, "a/b/f", b"x");
         let ino = stat(&b, "a/b/f").ino;
         for p in ["a/b/f", "/a/b/f", "a//b///f", "./a/./b/f", "a/b/../b/f", "../../a/b/f", "a/../../a/b/f", "/../a/b/f"]
@@ -1710,28 +1710,28 @@ mod tests {
             assert_eq!(stat(&b, p).ino, ino, "{p}");
         }
         assert_eq!(stat(&b, "a/b/..").ino, stat(&b, "a").ino);
-        assert_eq!(errno(b.getattr(Node::Path("a/b/f/"))), libc::ENOTDIR);
-        assert_eq!(errno(b.getattr(Node::Path("a/b/f/x"))), libc::ENOTDIR);
-        assert_eq!(errno(b.getattr(Node::Path("a/b/f/.."))), libc::ENOTDIR);
-        assert_eq!(errno(b.getattr(Node::Path("a/x/f"))), libc::ENOENT);
-        assert_eq!(errno(b.getattr(Node::Path("a/x/.."))), libc::ENOENT);
+        assert_eq!(errno(b.getattr(Node::Path(b"a/b/f/"))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path(b"a/b/f/x"))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path(b"a/b/f/.."))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path(b"a/x/f"))), libc::ENOENT);
+        assert_eq!(errno(b.getattr(Node::Path(b"a/x/.."))), libc::ENOENT);
         let long = "n".repeat(256);
-        assert_eq!(errno(b.getattr(Node::Path(&long))), libc::ENAMETOOLONG);
-        assert_eq!(errno(b.open(&long, CREAT | RDWR, 0o644)), libc::ENAMETOOLONG);
-        assert_eq!(errno(b.mkdir(&format!("a/{long}"), 0o755)), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.getattr(Node::Path(long.as_bytes()))), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.open(long.as_bytes(), CREAT | RDWR, 0o644)), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.mkdir((format!("a/{long}")).as_bytes(), 0o755)), libc::ENAMETOOLONG);
         // The walk stops at the missing directory before it sees the long name.
-        assert_eq!(errno(b.getattr(Node::Path(&format!("x/{long}")))), libc::ENOENT);
+        assert_eq!(errno(b.getattr(Node::Path((format!("x/{long}")).as_bytes()))), libc::ENOENT);
         let ok = "n".repeat(255);
         mkfile(&b, &ok, b"");
-        assert_eq!(errno(b.getattr(Node::Path(&"a/".repeat(2048)))), libc::ENAMETOOLONG);
-        assert_eq!(errno(b.getattr(Node::Path("a\0b"))), libc::EINVAL);
+        assert_eq!(errno(b.getattr(Node::Path(("a/".repeat(2048)).as_bytes()))), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.getattr(Node::Path(b"a\0b"))), libc::EINVAL);
 
         // Symlinks: relative to their directory, absolute from the root,
         // never above the root.
-        b.symlink("b/f", "a/rel").unwrap();
-        b.symlink("/a/b", "a/b/absdir").unwrap();
-        b.symlink("../../../../../a", "a/b/up").unwrap();
-        b.symlink("/../../a/b/f", "escape").unwrap();
+        b.symlink(b"b/f", b"a/rel").unwrap();
+        b.symlink(b"/a/b", b"a/b/absdir").unwrap();
+        b.symlink(b"../../../../../a", b"a/b/up").unwrap();
+        b.symlink(b"/../../a/b/f", b"escape").unwrap();
         assert_eq!(stat(&b, "a/rel").ino, ino);
         assert_eq!(stat(&b, "a/b/absdir/f").ino, ino);
         assert_eq!(stat(&b, "a/b/up/b/f").ino, ino);
@@ -1739,36 +1739,36 @@ mod tests {
         assert_eq!(lstat(&b, "a/rel").mode, 0o120777);
         assert_eq!(lstat(&b, "a/b/absdir/").ino, stat(&b, "a/b").ino);
         assert_eq!(lstat(&b, "a/b/absdir/.").ino, stat(&b, "a/b").ino);
-        b.symlink("missing", "dangling").unwrap();
-        assert_eq!(errno(b.getattr(Node::Path("dangling"))), libc::ENOENT);
+        b.symlink(b"missing", b"dangling").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path(b"dangling"))), libc::ENOENT);
         assert_eq!(lstat(&b, "dangling").size, 7);
-        b.symlink("a/b/f", "tofile").unwrap();
-        assert_eq!(errno(b.getattr(Node::Path("tofile/x"))), libc::ENOTDIR);
-        assert_eq!(errno(b.getattr(Node::Path("tofile/"))), libc::ENOTDIR);
+        b.symlink(b"a/b/f", b"tofile").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path(b"tofile/x"))), libc::ENOTDIR);
+        assert_eq!(errno(b.getattr(Node::Path(b"tofile/"))), libc::ENOTDIR);
     }
 
     #[test]
     fn symlink_hop_limit() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"");
-        b.symlink("f", "l0").unwrap();
+        b.symlink(b"f", b"l0").unwrap();
         for i in 1..=41 {
-            b.symlink(&format!("l{}", i - 1), &format!("l{i}")).unwrap();
+            b.symlink(format!("l{}", i - 1).as_bytes(), format!("l{i}").as_bytes()).unwrap();
         }
         // l39 needs 40 follows, l40 needs 41.
         open(&b, "l39", RDONLY);
-        assert_eq!(errno(b.open("l40", RDONLY, 0)), libc::ELOOP);
+        assert_eq!(errno(b.open(b"l40", RDONLY, 0)), libc::ELOOP);
         stat(&b, "l39");
-        assert_eq!(errno(b.getattr(Node::Path("l40"))), libc::ELOOP);
+        assert_eq!(errno(b.getattr(Node::Path(b"l40"))), libc::ELOOP);
         lstat(&b, "l40");
-        b.symlink("loop", "loop").unwrap();
-        assert_eq!(errno(b.getattr(Node::Path("loop"))), libc::ELOOP);
-        assert_eq!(errno(b.getattr(Node::Path("loop/x"))), libc::ELOOP);
-        assert_eq!(errno(b.open("loop", CREAT | RDWR, 0o644)), libc::ELOOP);
-        b.symlink("a", "b").unwrap();
-        b.symlink("b", "a").unwrap();
-        assert_eq!(errno(b.mkdir("a/x", 0o755)), libc::ELOOP);
-        b.symlink("", "empty").unwrap_err();
+        b.symlink(b"loop", b"loop").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path(b"loop"))), libc::ELOOP);
+        assert_eq!(errno(b.getattr(Node::Path(b"loop/x"))), libc::ELOOP);
+        assert_eq!(errno(b.open(b"loop", CREAT | RDWR, 0o644)), libc::ELOOP);
+        b.symlink(b"a", b"b").unwrap();
+        b.symlink(b"b", b"a").unwrap();
+        assert_eq!(errno(b.mkdir(b"a/x", 0o755)), libc::ELOOP);
+        b.symlink(b"", b"empty").unwrap_err();
     }
 
     fn readdir_all(b: &MemoryBackend, d: &MemoryFile, mut cookie: u64, batch: usize) -> Vec<DirEntry> {
@@ -1788,14 +1788,14 @@ mod tests {
     #[test]
     fn readdir_lists_and_resumes() {
         let b = MemoryBackend::new();
-        b.mkdir("d", 0o755).unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
         mkfile(&b, "d/f", b"12345");
-        b.mkdir("d/sub", 0o700).unwrap();
-        b.symlink("f", "d/l").unwrap();
+        b.mkdir(b"d/sub", 0o700).unwrap();
+        b.symlink(b"f", b"d/l").unwrap();
         let d = open(&b, "d", RDONLY | O_DIRECTORY);
         let (all, eof) = b.readdir(&d, 0, 100, true).unwrap();
         assert!(eof);
-        let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+        let names: Vec<&str> = all.iter().map(|e| std::str::from_utf8(&e.name).unwrap()).collect();
         assert_eq!(names, [".", "..", "f", "sub", "l"]);
         let kinds: Vec<u8> = all.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, [libc::DT_DIR, libc::DT_DIR, libc::DT_REG, libc::DT_DIR, libc::DT_LNK]);
@@ -1810,7 +1810,8 @@ mod tests {
         assert!(plain.iter().all(|e| e.attr.is_none()));
 
         // One at a time gives the same thing.
-        let one: Vec<String> = readdir_all(&b, &d, 0, 1).into_iter().map(|e| e.name).collect();
+        let one: Vec<String> =
+            readdir_all(&b, &d, 0, 1).into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect();
         assert_eq!(one, names);
         // Exactly at the end: eof with nothing, and max 0 reports more left.
         let (none, eof) = b.readdir(&d, *cookies.last().unwrap(), 10, false).unwrap();
@@ -1824,12 +1825,14 @@ mod tests {
         // Cookies stay valid when entries around them come and go.
         let (first, _) = b.readdir(&d, 0, 3, false).unwrap();
         let at = first[2].cookie; // after "f"
-        b.unlink("d/f").unwrap();
+        b.unlink(b"d/f").unwrap();
         mkfile(&b, "d/g", b"");
-        let rest: Vec<String> = readdir_all(&b, &d, at, 2).into_iter().map(|e| e.name).collect();
+        let rest: Vec<String> =
+            readdir_all(&b, &d, at, 2).into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect();
         assert_eq!(rest, ["sub", "l", "g"]);
-        b.unlink("d/l").unwrap();
-        let rest: Vec<String> = readdir_all(&b, &d, at, 2).into_iter().map(|e| e.name).collect();
+        b.unlink(b"d/l").unwrap();
+        let rest: Vec<String> =
+            readdir_all(&b, &d, at, 2).into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect();
         assert_eq!(rest, ["sub", "g"]);
 
         // Root's ".." is the root.
@@ -1841,9 +1844,9 @@ mod tests {
         assert_eq!(errno(b.readdir(&f, 0, 10, false)), libc::ENOTDIR);
 
         // A removed directory cannot be listed, as getdents says on Linux.
-        b.mkdir("gone", 0o755).unwrap();
+        b.mkdir(b"gone", 0o755).unwrap();
         let g = open(&b, "gone", RDONLY | O_DIRECTORY);
-        b.rmdir("gone").unwrap();
+        b.rmdir(b"gone").unwrap();
         assert_eq!(errno(b.readdir(&g, 0, 10, false)), libc::ENOENT);
         let a = b.getattr(Node::File(&g)).unwrap();
         assert_eq!((a.nlink, a.size), (0, 0));
@@ -1858,7 +1861,7 @@ mod tests {
         let d = open(&b, "", RDONLY);
         let all = readdir_all(&b, &d, 0, 37);
         assert_eq!(all.len(), 1002);
-        let mut names: Vec<String> = all.into_iter().skip(2).map(|e| e.name).collect();
+        let mut names: Vec<String> = all.into_iter().skip(2).map(|e| String::from_utf8(e.name).unwrap()).collect();
         names.sort();
         let mut want: Vec<String> = (0..1000).map(|i| format!("f{i}")).collect();
         want.sort();
@@ -1869,27 +1872,27 @@ mod tests {
     fn truncate_semantics() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"hello world");
-        b.mkdir("d", 0o755).unwrap();
-        b.symlink("f", "lf").unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
+        b.symlink(b"f", b"lf").unwrap();
         let before = stat(&b, "f");
         tick();
-        let a = b.truncate(Node::Path("f"), 5).unwrap();
+        let a = b.truncate(Node::Path(b"f"), 5).unwrap();
         assert_eq!(a.size, 5);
         assert!(later(a.mtime, before.mtime) && later(a.ctime, before.ctime));
         assert_eq!(contents(&b, "f"), b"hello");
         // Extending reads zeros, not the old bytes.
-        assert_eq!(b.truncate(Node::Path("lf"), 8).unwrap().size, 8);
+        assert_eq!(b.truncate(Node::Path(b"lf"), 8).unwrap().size, 8);
         assert_eq!(contents(&b, "f"), b"hello\0\0\0");
         // ext4 stamps the times even when the size stays.
         let before = stat(&b, "f");
         tick();
-        let a = b.truncate(Node::Path("f"), 8).unwrap();
+        let a = b.truncate(Node::Path(b"f"), 8).unwrap();
         assert!(later(a.mtime, before.mtime));
-        assert_eq!(errno(b.truncate(Node::Path("d"), 0)), libc::EISDIR);
-        assert_eq!(errno(b.truncate(Node::PathNoFollow("lf"), 0)), libc::ELOOP);
-        assert_eq!(errno(b.truncate(Node::Path("f/"), 0)), libc::ENOTDIR);
-        assert_eq!(errno(b.truncate(Node::Path("missing"), 0)), libc::ENOENT);
-        assert_eq!(errno(b.truncate(Node::Path("f"), u64::MAX)), libc::EFBIG);
+        assert_eq!(errno(b.truncate(Node::Path(b"d"), 0)), libc::EISDIR);
+        assert_eq!(errno(b.truncate(Node::PathNoFollow(b"lf"), 0)), libc::ELOOP);
+        assert_eq!(errno(b.truncate(Node::Path(b"f/"), 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.truncate(Node::Path(b"missing"), 0)), libc::ENOENT);
+        assert_eq!(errno(b.truncate(Node::Path(b"f"), u64::MAX)), libc::EFBIG);
         let r = open(&b, "f", RDONLY);
         assert_eq!(errno(b.truncate(Node::File(&r), 0)), libc::EINVAL);
         let dh = open(&b, "d", RDONLY);
@@ -1918,20 +1921,20 @@ mod tests {
     fn chmod_semantics() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"");
-        b.symlink("f", "lf").unwrap();
+        b.symlink(b"f", b"lf").unwrap();
         let before = stat(&b, "f");
         tick();
-        let a = b.chmod(Node::Path("f"), 0o104751).unwrap();
+        let a = b.chmod(Node::Path(b"f"), 0o104751).unwrap();
         assert_eq!(a.mode, 0o104751);
         assert!(later(a.ctime, before.ctime));
         assert_eq!(a.mtime, before.mtime);
-        assert_eq!(b.chmod(Node::Path("lf"), 0o600).unwrap().mode, 0o100600);
-        assert_eq!(errno(b.chmod(Node::PathNoFollow("lf"), 0o600)), libc::EOPNOTSUPP);
-        assert_eq!(b.chmod(Node::PathNoFollow("f"), 0o640).unwrap().mode, 0o100640);
+        assert_eq!(b.chmod(Node::Path(b"lf"), 0o600).unwrap().mode, 0o100600);
+        assert_eq!(errno(b.chmod(Node::PathNoFollow(b"lf"), 0o600)), libc::EOPNOTSUPP);
+        assert_eq!(b.chmod(Node::PathNoFollow(b"f"), 0o640).unwrap().mode, 0o100640);
         let r = open(&b, "f", RDONLY);
         assert_eq!(b.chmod(Node::File(&r), 0o444).unwrap().mode, 0o100444);
-        assert_eq!(b.chmod(Node::Path(""), 0o700).unwrap().mode, 0o40700);
-        assert_eq!(errno(b.chmod(Node::Path("missing"), 0o700)), libc::ENOENT);
+        assert_eq!(b.chmod(Node::Path(b""), 0o700).unwrap().mode, 0o40700);
+        assert_eq!(errno(b.chmod(Node::Path(b"missing"), 0o700)), libc::ENOENT);
         // Root ignores permission bits.
         mkfile(&b, "f", b"still writable");
         assert_eq!(contents(&b, "f"), b"still writable");
@@ -1941,25 +1944,25 @@ mod tests {
     fn chown_semantics() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"");
-        b.mkdir("d", 0o755).unwrap();
-        b.symlink("f", "lf").unwrap();
-        let a = b.chown(Node::Path("f"), 5, u32::MAX).unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
+        b.symlink(b"f", b"lf").unwrap();
+        let a = b.chown(Node::Path(b"f"), 5, u32::MAX).unwrap();
         assert_eq!((a.uid, a.gid), (5, rustix::process::getegid().as_raw()));
-        let a = b.chown(Node::Path("f"), u32::MAX, 6).unwrap();
+        let a = b.chown(Node::Path(b"f"), u32::MAX, 6).unwrap();
         assert_eq!((a.uid, a.gid), (5, 6));
         let before = a;
         tick();
-        let a = b.chown(Node::Path("f"), u32::MAX, u32::MAX).unwrap();
+        let a = b.chown(Node::Path(b"f"), u32::MAX, u32::MAX).unwrap();
         assert!(later(a.ctime, before.ctime));
         // Set-user-ID always goes; set-group-ID only with group execute.
-        b.chmod(Node::Path("f"), 0o6755).unwrap();
-        assert_eq!(b.chown(Node::Path("f"), u32::MAX, u32::MAX).unwrap().mode, 0o100755);
-        b.chmod(Node::Path("f"), 0o6745).unwrap();
-        assert_eq!(b.chown(Node::Path("f"), 1, 1).unwrap().mode, 0o102745);
-        b.chmod(Node::Path("d"), 0o6755).unwrap();
-        assert_eq!(b.chown(Node::Path("d"), 1, 1).unwrap().mode, 0o46755);
+        b.chmod(Node::Path(b"f"), 0o6755).unwrap();
+        assert_eq!(b.chown(Node::Path(b"f"), u32::MAX, u32::MAX).unwrap().mode, 0o100755);
+        b.chmod(Node::Path(b"f"), 0o6745).unwrap();
+        assert_eq!(b.chown(Node::Path(b"f"), 1, 1).unwrap().mode, 0o102745);
+        b.chmod(Node::Path(b"d"), 0o6755).unwrap();
+        assert_eq!(b.chown(Node::Path(b"d"), 1, 1).unwrap().mode, 0o46755);
         // No follow changes the link itself.
-        let a = b.chown(Node::PathNoFollow("lf"), 7, 8).unwrap();
+        let a = b.chown(Node::PathNoFollow(b"lf"), 7, 8).unwrap();
         assert_eq!((a.uid, a.gid, a.mode), (7, 8, 0o120777));
         assert_eq!(stat(&b, "lf").uid, 1);
     }
@@ -1968,29 +1971,29 @@ mod tests {
     fn utimens_semantics() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"");
-        b.symlink("f", "lf").unwrap();
+        b.symlink(b"f", b"lf").unwrap();
         let t1 = Time { sec: 100, nsec: 5 };
         let t2 = Time { sec: -3, nsec: 999_999_999 };
         let before = stat(&b, "f");
         tick();
-        let a = b.utimens(Node::Path("f"), t1, t2).unwrap();
+        let a = b.utimens(Node::Path(b"f"), t1, t2).unwrap();
         assert_eq!((a.atime, a.mtime), (t1, t2));
         assert!(later(a.ctime, before.ctime));
-        let a = b.utimens(Node::Path("f"), Time::OMIT, t1).unwrap();
+        let a = b.utimens(Node::Path(b"f"), Time::OMIT, t1).unwrap();
         assert_eq!((a.atime, a.mtime), (t1, t1));
-        let a = b.utimens(Node::Path("f"), Time::NOW, Time::OMIT).unwrap();
+        let a = b.utimens(Node::Path(b"f"), Time::NOW, Time::OMIT).unwrap();
         assert!(later(a.atime, t1));
         assert_eq!(a.atime, a.ctime);
         assert_eq!(a.mtime, t1);
         // Both omitted: nothing changes, not even ctime.
         let before = a;
         tick();
-        assert_eq!(b.utimens(Node::Path("f"), Time::OMIT, Time::OMIT).unwrap(), before);
+        assert_eq!(b.utimens(Node::Path(b"f"), Time::OMIT, Time::OMIT).unwrap(), before);
         let bad = Time { sec: 0, nsec: 1_000_000_000 };
-        assert_eq!(errno(b.utimens(Node::Path("f"), bad, Time::OMIT)), libc::EINVAL);
+        assert_eq!(errno(b.utimens(Node::Path(b"f"), bad, Time::OMIT)), libc::EINVAL);
         // The path is resolved before the times are checked.
-        assert_eq!(errno(b.utimens(Node::Path("missing"), bad, Time::OMIT)), libc::ENOENT);
-        let a = b.utimens(Node::PathNoFollow("lf"), t2, t2).unwrap();
+        assert_eq!(errno(b.utimens(Node::Path(b"missing"), bad, Time::OMIT)), libc::ENOENT);
+        let a = b.utimens(Node::PathNoFollow(b"lf"), t2, t2).unwrap();
         assert_eq!(a.mode, 0o120777);
         assert_eq!(a.mtime, t2);
         assert_eq!(stat(&b, "f").mtime, t1);
@@ -2024,59 +2027,59 @@ mod tests {
     #[test]
     fn mkdir_semantics() {
         let b = MemoryBackend::new();
-        let a = b.mkdir("d", 0o7777).unwrap();
+        let a = b.mkdir(b"d", 0o7777).unwrap();
         // mkdir keeps only permissions and the sticky bit.
         assert_eq!(a.mode, 0o41777);
         assert_eq!(a.nlink, 2);
         assert_eq!(a.size, 4096);
         assert_eq!(stat(&b, "").nlink, 3);
-        b.mkdir("d/e/", 0o755).unwrap();
+        b.mkdir(b"d/e/", 0o755).unwrap();
         assert_eq!(stat(&b, "d").nlink, 3);
         mkfile(&b, "f", b"");
-        b.symlink("nowhere", "dang").unwrap();
+        b.symlink(b"nowhere", b"dang").unwrap();
         for p in ["d", "f", "dang", "d/.", "d/..", "", "/", "f/"] {
-            assert_eq!(errno(b.mkdir(p, 0o755)), libc::EEXIST, "{p}");
+            assert_eq!(errno(b.mkdir(p.as_bytes(), 0o755)), libc::EEXIST, "{p}");
         }
-        assert_eq!(errno(b.mkdir("x/y", 0o755)), libc::ENOENT);
-        assert_eq!(errno(b.mkdir("f/y", 0o755)), libc::ENOTDIR);
+        assert_eq!(errno(b.mkdir(b"x/y", 0o755)), libc::ENOENT);
+        assert_eq!(errno(b.mkdir(b"f/y", 0o755)), libc::ENOTDIR);
         // A set-group-ID directory passes on its group, and the bit to
         // subdirectories.
-        b.chmod(Node::Path("d"), 0o2775).unwrap();
-        b.chown(Node::Path("d"), u32::MAX, 4242).unwrap();
-        let a = b.mkdir("d/sub", 0o755).unwrap();
+        b.chmod(Node::Path(b"d"), 0o2775).unwrap();
+        b.chown(Node::Path(b"d"), u32::MAX, 4242).unwrap();
+        let a = b.mkdir(b"d/sub", 0o755).unwrap();
         assert_eq!((a.gid, a.mode), (4242, 0o42755));
-        let (_, a) = b.open("d/file", CREAT | WRONLY, 0o644).unwrap();
+        let (_, a) = b.open(b"d/file", CREAT | WRONLY, 0o644).unwrap();
         assert_eq!((a.gid, a.mode), (4242, 0o100644));
-        let a = b.symlink("x", "d/link").unwrap();
+        let a = b.symlink(b"x", b"d/link").unwrap();
         assert_eq!(a.gid, 4242);
-        assert_eq!(b.mkdir("plain", 0o755).unwrap().gid, rustix::process::getegid().as_raw());
+        assert_eq!(b.mkdir(b"plain", 0o755).unwrap().gid, rustix::process::getegid().as_raw());
     }
 
     #[test]
     fn rmdir_semantics() {
         let b = MemoryBackend::new();
-        b.mkdir("d", 0o755).unwrap();
-        b.mkdir("d/e", 0o755).unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
+        b.mkdir(b"d/e", 0o755).unwrap();
         mkfile(&b, "f", b"");
-        b.symlink("d", "ld").unwrap();
-        assert_eq!(errno(b.rmdir("d")), libc::ENOTEMPTY);
-        assert_eq!(errno(b.rmdir("f")), libc::ENOTDIR);
-        assert_eq!(errno(b.rmdir("ld")), libc::ENOTDIR);
-        assert_eq!(errno(b.rmdir("d/.")), libc::EINVAL);
-        assert_eq!(errno(b.rmdir(".")), libc::EINVAL);
-        assert_eq!(errno(b.rmdir("d/e/..")), libc::ENOTEMPTY);
-        assert_eq!(errno(b.rmdir("")), libc::EBUSY);
-        assert_eq!(errno(b.rmdir("/")), libc::EBUSY);
-        assert_eq!(errno(b.rmdir("missing")), libc::ENOENT);
+        b.symlink(b"d", b"ld").unwrap();
+        assert_eq!(errno(b.rmdir(b"d")), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rmdir(b"f")), libc::ENOTDIR);
+        assert_eq!(errno(b.rmdir(b"ld")), libc::ENOTDIR);
+        assert_eq!(errno(b.rmdir(b"d/.")), libc::EINVAL);
+        assert_eq!(errno(b.rmdir(b".")), libc::EINVAL);
+        assert_eq!(errno(b.rmdir(b"d/e/..")), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rmdir(b"")), libc::EBUSY);
+        assert_eq!(errno(b.rmdir(b"/")), libc::EBUSY);
+        assert_eq!(errno(b.rmdir(b"missing")), libc::ENOENT);
         assert_eq!(stat(&b, "d").nlink, 3);
         let before = stat(&b, "d");
         tick();
-        b.rmdir("d/e/").unwrap();
+        b.rmdir(b"d/e/").unwrap();
         let a = stat(&b, "d");
         assert_eq!(a.nlink, 2);
         assert!(later(a.mtime, before.mtime));
-        b.rmdir("ld/").unwrap_err();
-        b.rmdir("d").unwrap();
+        b.rmdir(b"ld/").unwrap_err();
+        b.rmdir(b"d").unwrap();
         assert_eq!(stat(&b, "").nlink, 2);
         assert_eq!(list(&b, ""), [".", "..", "f", "ld"]);
     }
@@ -2084,35 +2087,35 @@ mod tests {
     #[test]
     fn unlink_semantics() {
         let b = MemoryBackend::new();
-        b.mkdir("d", 0o755).unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
         mkfile(&b, "f", b"data");
-        b.symlink("d", "ld").unwrap();
-        assert_eq!(errno(b.unlink("d")), libc::EISDIR);
-        assert_eq!(errno(b.unlink("d/")), libc::EISDIR);
-        assert_eq!(errno(b.unlink("d/.")), libc::EISDIR);
-        assert_eq!(errno(b.unlink("")), libc::EISDIR);
-        assert_eq!(errno(b.unlink("f/")), libc::ENOTDIR);
-        assert_eq!(errno(b.unlink("ld/")), libc::ENOTDIR);
-        assert_eq!(errno(b.unlink("missing/")), libc::ENOENT);
-        assert_eq!(errno(b.unlink("missing")), libc::ENOENT);
+        b.symlink(b"d", b"ld").unwrap();
+        assert_eq!(errno(b.unlink(b"d")), libc::EISDIR);
+        assert_eq!(errno(b.unlink(b"d/")), libc::EISDIR);
+        assert_eq!(errno(b.unlink(b"d/.")), libc::EISDIR);
+        assert_eq!(errno(b.unlink(b"")), libc::EISDIR);
+        assert_eq!(errno(b.unlink(b"f/")), libc::ENOTDIR);
+        assert_eq!(errno(b.unlink(b"ld/")), libc::ENOTDIR);
+        assert_eq!(errno(b.unlink(b"missing/")), libc::ENOENT);
+        assert_eq!(errno(b.unlink(b"missing")), libc::ENOENT);
         // The link goes, not its target.
-        b.unlink("ld").unwrap();
+        b.unlink(b"ld").unwrap();
         stat(&b, "d");
         // An open file outlives its name.
-        let used = b.statfs("").unwrap();
+        let used = b.statfs(b"").unwrap();
         let f = open(&b, "f", RDWR);
         let before = stat(&b, "f");
         tick();
-        b.unlink("f").unwrap();
-        assert_eq!(errno(b.getattr(Node::Path("f"))), libc::ENOENT);
+        b.unlink(b"f").unwrap();
+        assert_eq!(errno(b.getattr(Node::Path(b"f"))), libc::ENOENT);
         let a = b.getattr(Node::File(&f)).unwrap();
         assert_eq!(a.nlink, 0);
         assert!(later(a.ctime, before.ctime));
         assert_eq!(b.write(&f, 4, b" more").unwrap(), 9);
         assert_eq!(read_at(&b, &f, 0, 100), b"data more");
-        assert_eq!(b.statfs("").unwrap().ffree, used.ffree);
+        assert_eq!(b.statfs(b"").unwrap().ffree, used.ffree);
         drop(f);
-        assert_eq!(b.statfs("").unwrap().ffree, used.ffree + 1);
+        assert_eq!(b.statfs(b"").unwrap().ffree, used.ffree + 1);
         assert_eq!(list(&b, ""), [".", "..", "d"]);
     }
 
@@ -2125,10 +2128,10 @@ mod tests {
         let f = open(&b, "b", RDONLY);
         tick();
         let before = stat(&b, "");
-        b.rename("a", "b", 0).unwrap();
+        b.rename(b"a", b"b", 0).unwrap();
         assert_eq!(contents(&b, "b"), b"A");
         assert_eq!(stat(&b, "b").ino, ia);
-        assert_eq!(errno(b.getattr(Node::Path("a"))), libc::ENOENT);
+        assert_eq!(errno(b.getattr(Node::Path(b"a"))), libc::ENOENT);
         // The replaced file lives on through its handle, with no links.
         assert_eq!(b.getattr(Node::File(&f)).unwrap().nlink, 0);
         assert_eq!(read_at(&b, &f, 0, 10), b"B");
@@ -2136,30 +2139,30 @@ mod tests {
         assert!(later(after.mtime, before.mtime));
         assert!(later(stat(&b, "b").ctime, before.ctime));
         // Same file under two names: nothing happens.
-        b.link("b", "c").unwrap();
-        b.rename("b", "c", 0).unwrap();
+        b.link(b"b", b"c").unwrap();
+        b.rename(b"b", b"c", 0).unwrap();
         assert_eq!(stat(&b, "b").nlink, 2);
         assert_eq!(list(&b, ""), [".", "..", "b", "c"]);
-        b.rename("b", "b", 0).unwrap();
-        assert_eq!(errno(b.rename("b", "b", RENAME_NOREPLACE)), libc::EEXIST);
-        assert_eq!(errno(b.rename("b", "c", RENAME_NOREPLACE)), libc::EEXIST);
-        b.rename("b", "z", RENAME_NOREPLACE).unwrap();
-        assert_eq!(errno(b.rename("missing", "q", 0)), libc::ENOENT);
-        assert_eq!(errno(b.rename("missing", "z", RENAME_NOREPLACE)), libc::ENOENT);
-        assert_eq!(errno(b.rename("z", "q/", 0)), libc::ENOTDIR);
-        assert_eq!(errno(b.rename("z/", "q", 0)), libc::ENOTDIR);
-        assert_eq!(errno(b.rename("z", "nodir/q", 0)), libc::ENOENT);
-        assert_eq!(errno(b.rename(".", "q", 0)), libc::EBUSY);
-        assert_eq!(errno(b.rename("", "q", 0)), libc::EBUSY);
-        assert_eq!(errno(b.rename("z", ".", 0)), libc::EBUSY);
-        assert_eq!(errno(b.rename("z", ".", RENAME_NOREPLACE)), libc::EEXIST);
-        assert_eq!(errno(b.rename("z", "c", 3)), libc::EINVAL);
-        assert_eq!(errno(b.rename("z", "c", 4)), libc::EINVAL);
-        assert_eq!(errno(b.rename("z", "c", 8)), libc::EINVAL);
+        b.rename(b"b", b"b", 0).unwrap();
+        assert_eq!(errno(b.rename(b"b", b"b", RENAME_NOREPLACE)), libc::EEXIST);
+        assert_eq!(errno(b.rename(b"b", b"c", RENAME_NOREPLACE)), libc::EEXIST);
+        b.rename(b"b", b"z", RENAME_NOREPLACE).unwrap();
+        assert_eq!(errno(b.rename(b"missing", b"q", 0)), libc::ENOENT);
+        assert_eq!(errno(b.rename(b"missing", b"z", RENAME_NOREPLACE)), libc::ENOENT);
+        assert_eq!(errno(b.rename(b"z", b"q/", 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename(b"z/", b"q", 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename(b"z", b"nodir/q", 0)), libc::ENOENT);
+        assert_eq!(errno(b.rename(b".", b"q", 0)), libc::EBUSY);
+        assert_eq!(errno(b.rename(b"", b"q", 0)), libc::EBUSY);
+        assert_eq!(errno(b.rename(b"z", b".", 0)), libc::EBUSY);
+        assert_eq!(errno(b.rename(b"z", b".", RENAME_NOREPLACE)), libc::EEXIST);
+        assert_eq!(errno(b.rename(b"z", b"c", 3)), libc::EINVAL);
+        assert_eq!(errno(b.rename(b"z", b"c", 4)), libc::EINVAL);
+        assert_eq!(errno(b.rename(b"z", b"c", 8)), libc::EINVAL);
         // A symlink moves as itself.
-        b.symlink("z", "l").unwrap();
-        b.rename("l", "m", 0).unwrap();
-        assert_eq!(b.readlink("m").unwrap(), "z");
+        b.symlink(b"z", b"l").unwrap();
+        b.rename(b"l", b"m", 0).unwrap();
+        assert_eq!(b.readlink(b"m").unwrap(), "z".as_bytes());
         // Renaming within a directory re-lists the name at the end.
         assert_eq!(list(&b, ""), [".", "..", "c", "z", "m"]);
     }
@@ -2167,24 +2170,24 @@ mod tests {
     #[test]
     fn rename_directories() {
         let b = MemoryBackend::new();
-        b.mkdir("a", 0o755).unwrap();
-        b.mkdir("a/b", 0o755).unwrap();
-        b.mkdir("a/b/c", 0o755).unwrap();
-        b.mkdir("e", 0o755).unwrap();
+        b.mkdir(b"a", 0o755).unwrap();
+        b.mkdir(b"a/b", 0o755).unwrap();
+        b.mkdir(b"a/b/c", 0o755).unwrap();
+        b.mkdir(b"e", 0o755).unwrap();
         mkfile(&b, "f", b"");
-        assert_eq!(errno(b.rename("a", "a/b/x", 0)), libc::EINVAL);
-        assert_eq!(errno(b.rename("a", "a/x", 0)), libc::EINVAL);
-        assert_eq!(errno(b.rename("a/b", "a", 0)), libc::ENOTEMPTY);
-        assert_eq!(errno(b.rename("a/b/c", "a", 0)), libc::ENOTEMPTY);
-        assert_eq!(errno(b.rename("a/b/c", "a", RENAME_EXCHANGE)), libc::EINVAL);
-        assert_eq!(errno(b.rename("a", "a/b", RENAME_EXCHANGE)), libc::EINVAL);
-        assert_eq!(errno(b.rename("f", "a", 0)), libc::EISDIR);
-        assert_eq!(errno(b.rename("a", "f", 0)), libc::ENOTDIR);
-        assert_eq!(errno(b.rename("e", "a", 0)), libc::ENOTEMPTY);
-        b.rename("a/b", "a/b", 0).unwrap();
+        assert_eq!(errno(b.rename(b"a", b"a/b/x", 0)), libc::EINVAL);
+        assert_eq!(errno(b.rename(b"a", b"a/x", 0)), libc::EINVAL);
+        assert_eq!(errno(b.rename(b"a/b", b"a", 0)), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rename(b"a/b/c", b"a", 0)), libc::ENOTEMPTY);
+        assert_eq!(errno(b.rename(b"a/b/c", b"a", RENAME_EXCHANGE)), libc::EINVAL);
+        assert_eq!(errno(b.rename(b"a", b"a/b", RENAME_EXCHANGE)), libc::EINVAL);
+        assert_eq!(errno(b.rename(b"f", b"a", 0)), libc::EISDIR);
+        assert_eq!(errno(b.rename(b"a", b"f", 0)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename(b"e", b"a", 0)), libc::ENOTEMPTY);
+        b.rename(b"a/b", b"a/b", 0).unwrap();
         // Move a directory to another parent: link counts and `..` follow.
         let ib = stat(&b, "a/b").ino;
-        b.rename("a/b", "e/b2/", 0).unwrap();
+        b.rename(b"a/b", b"e/b2/", 0).unwrap();
         assert_eq!(stat(&b, "a").nlink, 2);
         assert_eq!(stat(&b, "e").nlink, 3);
         assert_eq!(stat(&b, "e/b2").ino, ib);
@@ -2195,19 +2198,19 @@ mod tests {
         // Replace an empty directory.
         let ia = stat(&b, "a").ino;
         let root_links = stat(&b, "").nlink;
-        b.rename("a", "e/b2/c", 0).unwrap();
+        b.rename(b"a", b"e/b2/c", 0).unwrap();
         assert_eq!(stat(&b, "e/b2/c").ino, ia);
         assert_eq!(stat(&b, "").nlink, root_links - 1);
         assert_eq!(stat(&b, "e/b2").nlink, 3);
         // Same parent, dir over empty dir: the parent loses one link.
-        b.mkdir("e/b2/x", 0o755).unwrap();
+        b.mkdir(b"e/b2/x", 0o755).unwrap();
         assert_eq!(stat(&b, "e/b2").nlink, 4);
-        b.rename("e/b2/x", "e/b2/c", 0).unwrap();
+        b.rename(b"e/b2/x", b"e/b2/c", 0).unwrap();
         assert_eq!(stat(&b, "e/b2").nlink, 3);
         // A moved directory's ctime changes.
         let before = stat(&b, "e/b2");
         tick();
-        b.rename("e/b2", "top", 0).unwrap();
+        b.rename(b"e/b2", b"top", 0).unwrap();
         assert!(later(stat(&b, "top").ctime, before.ctime));
         assert_eq!(stat(&b, "top/..").ino, 1);
     }
@@ -2215,15 +2218,15 @@ mod tests {
     #[test]
     fn rename_exchange() {
         let b = MemoryBackend::new();
-        b.mkdir("d1", 0o755).unwrap();
-        b.mkdir("d2", 0o755).unwrap();
-        b.mkdir("d1/sub", 0o755).unwrap();
+        b.mkdir(b"d1", 0o755).unwrap();
+        b.mkdir(b"d2", 0o755).unwrap();
+        b.mkdir(b"d1/sub", 0o755).unwrap();
         mkfile(&b, "d2/file", b"F");
         let (isub, ifile) = (stat(&b, "d1/sub").ino, stat(&b, "d2/file").ino);
-        assert_eq!(errno(b.rename("d1/sub", "d2/none", RENAME_EXCHANGE)), libc::ENOENT);
-        assert_eq!(errno(b.rename("d2/file/", "d1/sub", RENAME_EXCHANGE)), libc::ENOTDIR);
-        assert_eq!(errno(b.rename("d1/sub", "d2/file/", RENAME_EXCHANGE)), libc::ENOTDIR);
-        b.rename("d1/sub", "d2/file", RENAME_EXCHANGE).unwrap();
+        assert_eq!(errno(b.rename(b"d1/sub", b"d2/none", RENAME_EXCHANGE)), libc::ENOENT);
+        assert_eq!(errno(b.rename(b"d2/file/", b"d1/sub", RENAME_EXCHANGE)), libc::ENOTDIR);
+        assert_eq!(errno(b.rename(b"d1/sub", b"d2/file/", RENAME_EXCHANGE)), libc::ENOTDIR);
+        b.rename(b"d1/sub", b"d2/file", RENAME_EXCHANGE).unwrap();
         assert_eq!(stat(&b, "d1/sub").ino, ifile);
         assert_eq!(stat(&b, "d2/file").ino, isub);
         assert_eq!(stat(&b, "d1").nlink, 2);
@@ -2233,24 +2236,24 @@ mod tests {
         // Names keep their places in the listing.
         mkfile(&b, "x", b"X");
         mkfile(&b, "y", b"Y");
-        b.rename("x", "y", RENAME_EXCHANGE).unwrap();
+        b.rename(b"x", b"y", RENAME_EXCHANGE).unwrap();
         assert_eq!(contents(&b, "x"), b"Y");
         assert_eq!(list(&b, ""), [".", "..", "d1", "d2", "x", "y"]);
-        b.rename("x", "x", RENAME_EXCHANGE).unwrap();
+        b.rename(b"x", b"x", RENAME_EXCHANGE).unwrap();
         assert_eq!(contents(&b, "x"), b"Y");
     }
 
     #[test]
     fn deep_tree_drops_without_recursion() {
         let b = MemoryBackend::new();
-        b.mkdir("a", 0o755).unwrap();
+        b.mkdir(b"a", 0o755).unwrap();
         // Renames build a chain deeper than any path could name.
         for _ in 0..200_000 {
-            b.mkdir("t", 0o755).unwrap();
-            b.rename("a", "t/a", 0).unwrap();
-            b.rename("t", "a", 0).unwrap();
+            b.mkdir(b"t", 0o755).unwrap();
+            b.rename(b"a", b"t/a", 0).unwrap();
+            b.rename(b"t", b"a", 0).unwrap();
         }
-        assert_eq!(b.statfs("").unwrap().files - b.statfs("").unwrap().ffree, 200_002);
+        assert_eq!(b.statfs(b"").unwrap().files - b.statfs(b"").unwrap().ffree, 200_002);
         drop(b);
     }
 
@@ -2258,28 +2261,28 @@ mod tests {
     fn link_semantics() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"x");
-        b.mkdir("d", 0o755).unwrap();
-        b.symlink("f", "lf").unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
+        b.symlink(b"f", b"lf").unwrap();
         let before = stat(&b, "f");
         tick();
-        let a = b.link("f", "d/g").unwrap();
+        let a = b.link(b"f", b"d/g").unwrap();
         assert_eq!(a.ino, before.ino);
         assert_eq!(a.nlink, 2);
         assert!(later(a.ctime, before.ctime));
         assert_eq!(stat(&b, "d/g").nlink, 2);
-        assert_eq!(errno(b.link("d", "dl")), libc::EPERM);
-        assert_eq!(errno(b.link(".", "dl")), libc::EPERM);
-        assert_eq!(errno(b.link("d", "f")), libc::EEXIST);
-        assert_eq!(errno(b.link("f", "d/g")), libc::EEXIST);
-        assert_eq!(errno(b.link("f", "new/")), libc::ENOENT);
-        assert_eq!(errno(b.link("f", "d/..")), libc::EEXIST);
-        assert_eq!(errno(b.link("missing", "x")), libc::ENOENT);
-        assert_eq!(errno(b.link("f/", "x")), libc::ENOTDIR);
+        assert_eq!(errno(b.link(b"d", b"dl")), libc::EPERM);
+        assert_eq!(errno(b.link(b".", b"dl")), libc::EPERM);
+        assert_eq!(errno(b.link(b"d", b"f")), libc::EEXIST);
+        assert_eq!(errno(b.link(b"f", b"d/g")), libc::EEXIST);
+        assert_eq!(errno(b.link(b"f", b"new/")), libc::ENOENT);
+        assert_eq!(errno(b.link(b"f", b"d/..")), libc::EEXIST);
+        assert_eq!(errno(b.link(b"missing", b"x")), libc::ENOENT);
+        assert_eq!(errno(b.link(b"f/", b"x")), libc::ENOTDIR);
         // A hard link to a symlink is to the link itself.
-        let a = b.link("lf", "lf2").unwrap();
+        let a = b.link(b"lf", b"lf2").unwrap();
         assert_eq!(a.mode, 0o120777);
         assert_eq!(lstat(&b, "lf").nlink, 2);
-        b.unlink("f").unwrap();
+        b.unlink(b"f").unwrap();
         assert_eq!(contents(&b, "d/g"), b"x");
         assert_eq!(stat(&b, "d/g").nlink, 1);
     }
@@ -2288,89 +2291,89 @@ mod tests {
     fn symlink_and_readlink() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"");
-        b.mkdir("d", 0o755).unwrap();
-        let a = b.symlink("some/target", "l").unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
+        let a = b.symlink(b"some/target", b"l").unwrap();
         assert_eq!((a.mode, a.size, a.nlink, a.blocks), (0o120777, 11, 1, 0));
-        assert_eq!(b.readlink("l").unwrap(), "some/target");
-        assert_eq!(b.readlink("/l").unwrap(), "some/target");
-        assert_eq!(errno(b.symlink("x", "l")), libc::EEXIST);
-        assert_eq!(errno(b.symlink("x", "f")), libc::EEXIST);
-        assert_eq!(errno(b.symlink("x", "f/")), libc::EEXIST);
-        assert_eq!(errno(b.symlink("x", "new/")), libc::ENOENT);
-        assert_eq!(errno(b.symlink("x", "d/.")), libc::EEXIST);
-        assert_eq!(errno(b.symlink("", "e")), libc::ENOENT);
-        assert_eq!(errno(b.symlink(&"x".repeat(4096), "e")), libc::ENAMETOOLONG);
-        assert_eq!(errno(b.readlink("f")), libc::EINVAL);
-        assert_eq!(errno(b.readlink("d")), libc::EINVAL);
-        assert_eq!(errno(b.readlink("")), libc::EINVAL);
-        assert_eq!(errno(b.readlink("missing")), libc::ENOENT);
-        b.symlink("f", "lf").unwrap();
-        b.symlink("d", "ld").unwrap();
-        assert_eq!(errno(b.readlink("lf/")), libc::ENOTDIR);
-        assert_eq!(errno(b.readlink("ld/")), libc::EINVAL);
-        b.symlink("../lf", "d/up").unwrap();
-        assert_eq!(b.readlink("ld/up").unwrap(), "../lf");
+        assert_eq!(b.readlink(b"l").unwrap(), "some/target".as_bytes());
+        assert_eq!(b.readlink(b"/l").unwrap(), "some/target".as_bytes());
+        assert_eq!(errno(b.symlink(b"x", b"l")), libc::EEXIST);
+        assert_eq!(errno(b.symlink(b"x", b"f")), libc::EEXIST);
+        assert_eq!(errno(b.symlink(b"x", b"f/")), libc::EEXIST);
+        assert_eq!(errno(b.symlink(b"x", b"new/")), libc::ENOENT);
+        assert_eq!(errno(b.symlink(b"x", b"d/.")), libc::EEXIST);
+        assert_eq!(errno(b.symlink(b"", b"e")), libc::ENOENT);
+        assert_eq!(errno(b.symlink("x".repeat(4096).as_bytes(), b"e")), libc::ENAMETOOLONG);
+        assert_eq!(errno(b.readlink(b"f")), libc::EINVAL);
+        assert_eq!(errno(b.readlink(b"d")), libc::EINVAL);
+        assert_eq!(errno(b.readlink(b"")), libc::EINVAL);
+        assert_eq!(errno(b.readlink(b"missing")), libc::ENOENT);
+        b.symlink(b"f", b"lf").unwrap();
+        b.symlink(b"d", b"ld").unwrap();
+        assert_eq!(errno(b.readlink(b"lf/")), libc::ENOTDIR);
+        assert_eq!(errno(b.readlink(b"ld/")), libc::EINVAL);
+        b.symlink(b"../lf", b"d/up").unwrap();
+        assert_eq!(b.readlink(b"ld/up").unwrap(), "../lf".as_bytes());
         assert_eq!(stat(&b, "d/up").ino, stat(&b, "f").ino);
     }
 
     #[test]
     fn statfs_and_access() {
         let b = MemoryBackend::new();
-        let s = b.statfs("").unwrap();
+        let s = b.statfs(b"").unwrap();
         assert_eq!((s.bsize, s.frsize, s.namemax), (4096, 4096, 255));
         assert_eq!(s.blocks, BUDGET / 4096);
         assert_eq!(s.bfree, s.blocks);
         assert_eq!(s.files - s.ffree, 1);
         mkfile(&b, "f", &vec![1; 1 << 20]);
-        let s2 = b.statfs("f").unwrap();
+        let s2 = b.statfs(b"f").unwrap();
         assert_eq!(s.bfree - s2.bfree, 256);
         assert_eq!(s.ffree - s2.ffree, 1);
-        b.unlink("f").unwrap();
-        assert_eq!(b.statfs("/").unwrap(), s);
-        assert_eq!(errno(b.statfs("missing")), libc::ENOENT);
+        b.unlink(b"f").unwrap();
+        assert_eq!(b.statfs(b"/").unwrap(), s);
+        assert_eq!(errno(b.statfs(b"missing")), libc::ENOENT);
 
         mkfile(&b, "f", b"");
-        b.mkdir("d", 0o000).unwrap();
-        b.symlink("f", "lf").unwrap();
-        b.chmod(Node::Path("f"), 0o000).unwrap();
+        b.mkdir(b"d", 0o000).unwrap();
+        b.symlink(b"f", b"lf").unwrap();
+        b.chmod(Node::Path(b"f"), 0o000).unwrap();
         for m in [0, 2, 4, 6] {
-            b.access("f", m).unwrap();
+            b.access(b"f", m).unwrap();
         }
-        assert_eq!(errno(b.access("f", 1)), libc::EACCES);
-        assert_eq!(errno(b.access("lf", 1)), libc::EACCES);
-        b.access("d", 7).unwrap();
-        b.chmod(Node::Path("f"), 0o001).unwrap();
-        b.access("f", 1).unwrap();
-        assert_eq!(errno(b.access("f", 8)), libc::EINVAL);
-        assert_eq!(errno(b.access("missing", 0)), libc::ENOENT);
+        assert_eq!(errno(b.access(b"f", 1)), libc::EACCES);
+        assert_eq!(errno(b.access(b"lf", 1)), libc::EACCES);
+        b.access(b"d", 7).unwrap();
+        b.chmod(Node::Path(b"f"), 0o001).unwrap();
+        b.access(b"f", 1).unwrap();
+        assert_eq!(errno(b.access(b"f", 8)), libc::EINVAL);
+        assert_eq!(errno(b.access(b"missing", 0)), libc::ENOENT);
     }
 
     #[test]
     fn xattrs() {
         let b = MemoryBackend::new();
         mkfile(&b, "f", b"");
-        b.mkdir("d", 0o755).unwrap();
-        b.symlink("f", "lf").unwrap();
+        b.mkdir(b"d", 0o755).unwrap();
+        b.symlink(b"f", b"lf").unwrap();
         let before = stat(&b, "f");
         tick();
-        b.setxattr(Node::Path("f"), "user.a", b"1", 0).unwrap();
+        b.setxattr(Node::Path(b"f"), b"user.a", b"1", 0).unwrap();
         assert!(later(stat(&b, "f").ctime, before.ctime));
-        b.setxattr(Node::Path("f"), "trusted.t", b"", 0).unwrap();
-        b.setxattr(Node::Path("f"), "security.s", b"sss", 0).unwrap();
-        assert_eq!(b.getxattr(Node::Path("f"), "user.a").unwrap(), b"1");
-        assert_eq!(b.getxattr(Node::Path("lf"), "trusted.t").unwrap(), b"");
-        assert_eq!(b.listxattr(Node::Path("f")).unwrap(), b"security.s\0trusted.t\0user.a\0");
-        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.a", b"2", XATTR_CREATE)), libc::EEXIST);
-        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.b", b"2", XATTR_REPLACE)), libc::ENODATA);
-        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.b", b"2", 3)), libc::ENODATA);
-        assert_eq!(errno(b.setxattr(Node::Path("f"), "user.b", b"2", 4)), libc::EINVAL);
-        b.setxattr(Node::Path("f"), "user.a", b"22", XATTR_REPLACE).unwrap();
-        assert_eq!(b.getxattr(Node::Path("f"), "user.a").unwrap(), b"22");
-        b.setxattr(Node::Path("f"), "user.b", b"3", XATTR_CREATE).unwrap();
-        assert_eq!(errno(b.getxattr(Node::Path("f"), "user.zz")), libc::ENODATA);
-        assert_eq!(errno(b.removexattr(Node::Path("f"), "user.zz")), libc::ENODATA);
-        b.removexattr(Node::Path("f"), "user.b").unwrap();
-        assert_eq!(errno(b.getxattr(Node::Path("f"), "user.b")), libc::ENODATA);
+        b.setxattr(Node::Path(b"f"), b"trusted.t", b"", 0).unwrap();
+        b.setxattr(Node::Path(b"f"), b"security.s", b"sss", 0).unwrap();
+        assert_eq!(b.getxattr(Node::Path(b"f"), b"user.a").unwrap(), b"1");
+        assert_eq!(b.getxattr(Node::Path(b"lf"), b"trusted.t").unwrap(), b"");
+        assert_eq!(b.listxattr(Node::Path(b"f")).unwrap(), b"security.s\0trusted.t\0user.a\0");
+        assert_eq!(errno(b.setxattr(Node::Path(b"f"), b"user.a", b"2", XATTR_CREATE)), libc::EEXIST);
+        assert_eq!(errno(b.setxattr(Node::Path(b"f"), b"user.b", b"2", XATTR_REPLACE)), libc::ENODATA);
+        assert_eq!(errno(b.setxattr(Node::Path(b"f"), b"user.b", b"2", 3)), libc::ENODATA);
+        assert_eq!(errno(b.setxattr(Node::Path(b"f"), b"user.b", b"2", 4)), libc::EINVAL);
+        b.setxattr(Node::Path(b"f"), b"user.a", b"22", XATTR_REPLACE).unwrap();
+        assert_eq!(b.getxattr(Node::Path(b"f"), b"user.a").unwrap(), b"22");
+        b.setxattr(Node::Path(b"f"), b"user.b", b"3", XATTR_CREATE).unwrap();
+        assert_eq!(errno(b.getxattr(Node::Path(b"f"), b"user.zz")), libc::ENODATA);
+        assert_eq!(errno(b.removexattr(Node::Path(b"f"), b"user.zz")), libc::ENODATA);
+        b.removexattr(Node::Path(b"f"), b"user.b").unwrap();
+        assert_eq!(errno(b.getxattr(Node::Path(b"f"), b"user.b")), libc::ENODATA);
         // Names.
         for (name, e) in [
             ("", libc::ERANGE),
@@ -2379,36 +2382,36 @@ mod tests {
             ("system.posix_acl_access", libc::EOPNOTSUPP),
             ("user", libc::EOPNOTSUPP),
         ] {
-            assert_eq!(errno(b.setxattr(Node::Path("f"), name, b"v", 0)), e, "{name}");
-            assert_eq!(errno(b.getxattr(Node::Path("f"), name)), e, "{name}");
-            assert_eq!(errno(b.removexattr(Node::Path("f"), name)), e, "{name}");
+            assert_eq!(errno(b.setxattr(Node::Path(b"f"), name.as_bytes(), b"v", 0)), e, "{name}");
+            assert_eq!(errno(b.getxattr(Node::Path(b"f"), name.as_bytes())), e, "{name}");
+            assert_eq!(errno(b.removexattr(Node::Path(b"f"), name.as_bytes())), e, "{name}");
         }
         let long = format!("user.{}", "n".repeat(250));
-        b.setxattr(Node::Path("f"), &long, b"v", 0).unwrap();
+        b.setxattr(Node::Path(b"f"), long.as_bytes(), b"v", 0).unwrap();
         let too_long = format!("user.{}", "n".repeat(251));
-        assert_eq!(errno(b.setxattr(Node::Path("f"), &too_long, b"v", 0)), libc::ERANGE);
+        assert_eq!(errno(b.setxattr(Node::Path(b"f"), too_long.as_bytes(), b"v", 0)), libc::ERANGE);
         // Values.
         let big = vec![9; XATTR_SIZE_MAX];
-        b.setxattr(Node::Path("d"), "user.big", &big, 0).unwrap();
-        assert_eq!(b.getxattr(Node::Path("d"), "user.big").unwrap(), big);
-        assert_eq!(errno(b.setxattr(Node::Path("d"), "user.big", &vec![0; XATTR_SIZE_MAX + 1], 0)), libc::E2BIG);
+        b.setxattr(Node::Path(b"d"), b"user.big", &big, 0).unwrap();
+        assert_eq!(b.getxattr(Node::Path(b"d"), b"user.big").unwrap(), big);
+        assert_eq!(errno(b.setxattr(Node::Path(b"d"), b"user.big", &vec![0; XATTR_SIZE_MAX + 1], 0)), libc::E2BIG);
         // user.* is only for files and directories.
-        assert_eq!(errno(b.setxattr(Node::PathNoFollow("lf"), "user.a", b"v", 0)), libc::EPERM);
-        assert_eq!(errno(b.setxattr(Node::PathNoFollow("lf"), "user.", b"v", 0)), libc::EPERM);
-        assert_eq!(errno(b.getxattr(Node::PathNoFollow("lf"), "user.a")), libc::ENODATA);
-        assert_eq!(errno(b.removexattr(Node::PathNoFollow("lf"), "user.a")), libc::EPERM);
-        b.setxattr(Node::PathNoFollow("lf"), "trusted.x", b"v", 0).unwrap();
-        assert_eq!(b.listxattr(Node::PathNoFollow("lf")).unwrap(), b"trusted.x\0");
-        assert_eq!(b.getxattr(Node::Path("lf"), "user.a").unwrap(), b"22");
+        assert_eq!(errno(b.setxattr(Node::PathNoFollow(b"lf"), b"user.a", b"v", 0)), libc::EPERM);
+        assert_eq!(errno(b.setxattr(Node::PathNoFollow(b"lf"), b"user.", b"v", 0)), libc::EPERM);
+        assert_eq!(errno(b.getxattr(Node::PathNoFollow(b"lf"), b"user.a")), libc::ENODATA);
+        assert_eq!(errno(b.removexattr(Node::PathNoFollow(b"lf"), b"user.a")), libc::EPERM);
+        b.setxattr(Node::PathNoFollow(b"lf"), b"trusted.x", b"v", 0).unwrap();
+        assert_eq!(b.listxattr(Node::PathNoFollow(b"lf")).unwrap(), b"trusted.x\0");
+        assert_eq!(b.getxattr(Node::Path(b"lf"), b"user.a").unwrap(), b"22");
         // Through a handle, whatever its access mode.
         let r = open(&b, "f", RDONLY);
-        b.setxattr(Node::File(&r), "user.h", b"h", 0).unwrap();
-        assert_eq!(b.getxattr(Node::Path("f"), "user.h").unwrap(), b"h");
-        assert_eq!(errno(b.listxattr(Node::Path("missing"))), libc::ENOENT);
+        b.setxattr(Node::File(&r), b"user.h", b"h", 0).unwrap();
+        assert_eq!(b.getxattr(Node::Path(b"f"), b"user.h").unwrap(), b"h");
+        assert_eq!(errno(b.listxattr(Node::Path(b"missing"))), libc::ENOENT);
         // Attribute bytes count against the budget and come back.
-        let free = b.statfs("").unwrap().bfree;
-        b.removexattr(Node::Path("d"), "user.big").unwrap();
-        assert_eq!(b.statfs("").unwrap().bfree, free + 16);
+        let free = b.statfs(b"").unwrap().bfree;
+        b.removexattr(Node::Path(b"d"), b"user.big").unwrap();
+        assert_eq!(b.statfs(b"").unwrap().bfree, free + 16);
     }
 
     #[test]
@@ -2421,37 +2424,37 @@ mod tests {
         assert_eq!(errno(b.write(&f, 10, b"x")), libc::ENOSPC);
         // Overwriting allocated bytes needs no new space.
         assert_eq!(b.write(&f, 0, b"abc").unwrap(), 3);
-        assert_eq!(errno(b.setxattr(Node::File(&f), "user.x", b"", 0)), libc::ENOSPC);
+        assert_eq!(errno(b.setxattr(Node::File(&f), b"user.x", b"", 0)), libc::ENOSPC);
         b.truncate(Node::File(&f), 0).unwrap();
         assert_eq!(b.shared.bytes.load(Ordering::Relaxed), BUDGET - 10);
         b.shared.inodes.store(MAX_INODES, Ordering::Relaxed);
-        assert_eq!(errno(b.mkdir("d", 0o755)), libc::ENOSPC);
-        assert_eq!(errno(b.open("g", CREAT | RDWR, 0o644)), libc::ENOSPC);
+        assert_eq!(errno(b.mkdir(b"d", 0o755)), libc::ENOSPC);
+        assert_eq!(errno(b.open(b"g", CREAT | RDWR, 0o644)), libc::ENOSPC);
         assert_eq!(list(&b, ""), [".", "..", "f"]);
     }
 
     #[test]
     fn concurrent_use() {
         let b = Arc::new(MemoryBackend::new());
-        b.mkdir("shared", 0o755).unwrap();
+        b.mkdir(b"shared", 0o755).unwrap();
         let threads: Vec<_> = (0..8)
             .map(|t| {
                 let b = b.clone();
                 std::thread::spawn(move || {
                     let dir = format!("t{t}");
-                    b.mkdir(&dir, 0o755).unwrap();
+                    b.mkdir(dir.as_bytes(), 0o755).unwrap();
                     for i in 0..200 {
                         let p = format!("{dir}/f{i}");
                         let f = open(&b, &p, CREAT | RDWR);
                         b.write(&f, 0, p.as_bytes()).unwrap();
                         assert_eq!(read_at(&b, &f, 0, 100), p.as_bytes());
                         let q = format!("shared/{t}-{i}");
-                        b.rename(&p, &q, 0).unwrap();
+                        b.rename(p.as_bytes(), q.as_bytes(), 0).unwrap();
                         if i % 2 == 0 {
-                            b.unlink(&q).unwrap();
+                            b.unlink(q.as_bytes()).unwrap();
                         }
                     }
-                    b.rmdir(&dir).unwrap();
+                    b.rmdir(dir.as_bytes()).unwrap();
                 })
             })
             .collect();
@@ -2471,8 +2474,8 @@ mod tests {
         seen.insert(1);
         for i in 0..100 {
             assert!(seen.insert(mkfile(&b, &format!("f{i}"), b"").ino));
-            assert!(seen.insert(b.mkdir(&format!("d{i}"), 0o755).unwrap().ino));
-            assert!(seen.insert(b.symlink("x", &format!("l{i}")).unwrap().ino));
+            assert!(seen.insert(b.mkdir((format!("d{i}")).as_bytes(), 0o755).unwrap().ino));
+            assert!(seen.insert(b.symlink(b"x", (format!("l{i}")).as_bytes()).unwrap().ino));
         }
     }
 }

@@ -63,7 +63,7 @@ impl PosixBackend {
         Ok(PosixBackend { root: fd })
     }
 
-    fn open_path(&self, path: &str, follow: bool) -> Result<OwnedFd> {
+    fn open_path(&self, path: &[u8], follow: bool) -> Result<OwnedFd> {
         let mut flags = OFlags::PATH | OFlags::CLOEXEC;
         if !follow {
             flags |= OFlags::NOFOLLOW;
@@ -79,17 +79,18 @@ impl PosixBackend {
     }
 
     /// Parent directory (confined) and final component of `path`.
-    fn split<'p>(&self, path: &'p str) -> Result<(OwnedFd, Final<'p>)> {
-        let p = rel(path)?.trim_end_matches('/');
-        let (parent, name) = match p.rfind('/') {
+    fn split<'p>(&self, path: &'p [u8]) -> Result<(OwnedFd, Final<'p>)> {
+        let p = rel(path)?;
+        let p = &p[..p.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
+        let (parent, name) = match p.iter().rposition(|&b| b == b'/') {
             Some(i) => (&p[..i], &p[i + 1..]),
-            None => (".", p),
+            None => (&b"."[..], p),
         };
-        let parent = if parent.is_empty() { "." } else { parent };
+        let parent = if parent.is_empty() { b"." } else { parent };
         let fin = match name {
-            "" | "." if p == "." || p.is_empty() => Final::Root,
-            "." => Final::Dot,
-            ".." => Final::DotDot,
+            b"" | b"." if p == b"." || p.is_empty() => Final::Root,
+            b"." => Final::Dot,
+            b".." => Final::DotDot,
             n => {
                 if n.len() > 255 {
                     return Err(Errno::NAMETOOLONG);
@@ -116,13 +117,13 @@ enum Final<'p> {
     Root,
     Dot,
     DotDot,
-    Name(&'p str),
+    Name(&'p [u8]),
 }
 
 impl<'p> Final<'p> {
     /// The name, or `special` for `.`, `..` and the root, which no call may
     /// create or remove.
-    fn name(&self, special: Errno) -> Result<&'p str> {
+    fn name(&self, special: Errno) -> Result<&'p [u8]> {
         match self {
             Final::Name(n) => Ok(n),
             _ => Err(special),
@@ -155,7 +156,7 @@ impl NodeFd<'_> {
 /// `openat2` confined to the export. The kernel answers `EAGAIN` when a
 /// rename anywhere raced a walk through `..`; the walk is then simply
 /// repeated, as openat2(2) advises.
-fn resolve(root: &OwnedFd, path: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd> {
+fn resolve(root: &OwnedFd, path: &[u8], flags: OFlags, mode: Mode) -> Result<OwnedFd> {
     const ATTEMPTS: usize = 128;
     let mut last = rustix::io::Errno::AGAIN;
     for _ in 0..ATTEMPTS {
@@ -168,16 +169,16 @@ fn resolve(root: &OwnedFd, path: &str, flags: OFlags, mode: Mode) -> Result<Owne
     Err(last.into())
 }
 
-/// Strips the leading `/`; the root is `.`.
-fn rel(path: &str) -> Result<&str> {
+/// Strips the leading `/`; the root is `.`. No Linux path holds a NUL.
+fn rel(path: &[u8]) -> Result<&[u8]> {
     if path.len() > ferry_proto::MAX_PATH {
         return Err(Errno::NAMETOOLONG);
     }
-    if path.contains('\0') {
+    if path.contains(&0) {
         return Err(Errno::INVAL);
     }
-    let p = path.trim_start_matches('/');
-    Ok(if p.is_empty() { "." } else { p })
+    let p = &path[path.iter().position(|&b| b != b'/').unwrap_or(path.len())..];
+    Ok(if p.is_empty() { b"." } else { p })
 }
 
 fn attr_of(st: &rfs::Stat) -> Attr {
@@ -202,7 +203,7 @@ fn fstat_attr(fd: BorrowedFd<'_>) -> Result<Attr> {
     Ok(attr_of(&rfs::fstat(fd)?))
 }
 
-fn stat_at(dir: &OwnedFd, name: &str) -> Result<Attr> {
+fn stat_at(dir: &OwnedFd, name: &[u8]) -> Result<Attr> {
     Ok(attr_of(&rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?))
 }
 
@@ -226,7 +227,7 @@ fn dt_of(t: rfs::FileType) -> u8 {
 impl Backend for PosixBackend {
     type File = PosixFile;
 
-    fn open(&self, path: &str, flags: u32, mode: u32) -> Result<(PosixFile, Attr)> {
+    fn open(&self, path: &[u8], flags: u32, mode: u32) -> Result<(PosixFile, Attr)> {
         let flags = flags & CLIENT_FLAGS;
         // O_NONBLOCK keeps a FIFO in the export from stalling the connection.
         let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
@@ -317,10 +318,10 @@ impl Backend for PosixBackend {
                 break;
             };
             let ent = ent?;
-            let name = ent.file_name().to_string_lossy().into_owned();
+            let name = ent.file_name().to_bytes().to_vec();
             // `..` of the export root is the root itself, as the export is
             // the root of the client's name space; nothing outside shows.
-            let target = if name == ".." && self.is_root(&dir.fd) { c"." } else { ent.file_name() };
+            let target = if name == b".." && self.is_root(&dir.fd) { c"." } else { ent.file_name() };
             let st = if plus || target != ent.file_name() {
                 rfs::statat(&dir.fd, target, AtFlags::SYMLINK_NOFOLLOW).ok()
             } else {
@@ -404,14 +405,14 @@ impl Backend for PosixBackend {
         }
     }
 
-    fn mkdir(&self, path: &str, mode: u32) -> Result<Attr> {
+    fn mkdir(&self, path: &[u8], mode: u32) -> Result<Attr> {
         let (dir, fin) = self.split(path)?;
         let name = fin.name(Errno::EXIST)?;
         rfs::mkdirat(&dir, name, Mode::from_bits_retain(mode & 0o7777))?;
         stat_at(&dir, name)
     }
 
-    fn mknod(&self, path: &str, mode: u32, rdev: u64) -> Result<Attr> {
+    fn mknod(&self, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
         let (dir, fin) = self.split(path)?;
         let name = fin.name(Errno::EXIST)?;
         let ftype = rfs::FileType::from_raw_mode(mode);
@@ -420,7 +421,7 @@ impl Backend for PosixBackend {
         stat_at(&dir, name)
     }
 
-    fn rmdir(&self, path: &str) -> Result<()> {
+    fn rmdir(&self, path: &[u8]) -> Result<()> {
         let (dir, fin) = self.split(path)?;
         let name = match fin {
             Final::Root => return Err(Errno(libc::EBUSY)),
@@ -431,12 +432,12 @@ impl Backend for PosixBackend {
         Ok(rfs::unlinkat(&dir, name, AtFlags::REMOVEDIR)?)
     }
 
-    fn unlink(&self, path: &str) -> Result<()> {
+    fn unlink(&self, path: &[u8]) -> Result<()> {
         let (dir, fin) = self.split(path)?;
         Ok(rfs::unlinkat(&dir, fin.name(Errno::ISDIR)?, AtFlags::empty())?)
     }
 
-    fn rename(&self, from: &str, to: &str, flags: u32) -> Result<()> {
+    fn rename(&self, from: &[u8], to: &[u8], flags: u32) -> Result<()> {
         let (fdir, ffin) = self.split(from)?;
         let (tdir, tfin) = self.split(to)?;
         let busy = Errno(libc::EBUSY);
@@ -444,7 +445,7 @@ impl Backend for PosixBackend {
         Ok(rfs::renameat_with(&fdir, ffin.name(busy)?, &tdir, tfin.name(busy)?, flags)?)
     }
 
-    fn link(&self, from: &str, to: &str) -> Result<Attr> {
+    fn link(&self, from: &[u8], to: &[u8]) -> Result<Attr> {
         let (fdir, ffin) = self.split(from)?;
         let (tdir, tfin) = self.split(to)?;
         let fname = ffin.name(Errno::PERM)?;
@@ -453,8 +454,8 @@ impl Backend for PosixBackend {
         stat_at(&tdir, tname)
     }
 
-    fn symlink(&self, target: &str, path: &str) -> Result<Attr> {
-        if target.contains('\0') || target.len() > ferry_proto::MAX_PATH {
+    fn symlink(&self, target: &[u8], path: &[u8]) -> Result<Attr> {
+        if target.contains(&0) || target.len() > ferry_proto::MAX_PATH {
             return Err(Errno::INVAL);
         }
         let (dir, fin) = self.split(path)?;
@@ -463,13 +464,13 @@ impl Backend for PosixBackend {
         stat_at(&dir, name)
     }
 
-    fn readlink(&self, path: &str) -> Result<String> {
+    fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
         let (dir, fin) = self.split(path)?;
         let target = rfs::readlinkat(&dir, fin.name(Errno::INVAL)?, Vec::new())?;
-        Ok(target.to_string_lossy().into_owned())
+        Ok(target.into_bytes())
     }
 
-    fn statfs(&self, path: &str) -> Result<StatFs> {
+    fn statfs(&self, path: &[u8]) -> Result<StatFs> {
         let fd = self.open_path(path, true)?;
         let s = rfs::fstatvfs(&fd)?;
         Ok(StatFs {
@@ -487,13 +488,13 @@ impl Backend for PosixBackend {
         })
     }
 
-    fn access(&self, path: &str, mode: u32) -> Result<()> {
+    fn access(&self, path: &[u8], mode: u32) -> Result<()> {
         let n = NodeFd::Path(self.open_path(path, true)?);
         let access = rfs::Access::from_bits(mode).ok_or(Errno::INVAL)?;
         Ok(rfs::access(n.proc_path().as_c_str(), access)?)
     }
 
-    fn getxattr(&self, node: Node<'_, PosixFile>, name: &str) -> Result<Vec<u8>> {
+    fn getxattr(&self, node: Node<'_, PosixFile>, name: &[u8]) -> Result<Vec<u8>> {
         let n = self.node_fd(&node)?;
         if n.is_symlink()? {
             return Err(Errno::NODATA);
@@ -506,7 +507,7 @@ impl Backend for PosixBackend {
         Ok(buf)
     }
 
-    fn setxattr(&self, node: Node<'_, PosixFile>, name: &str, value: &[u8], flags: u32) -> Result<()> {
+    fn setxattr(&self, node: Node<'_, PosixFile>, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let n = self.node_fd(&node)?;
         if n.is_symlink()? {
             return Err(Errno::PERM);
@@ -528,7 +529,7 @@ impl Backend for PosixBackend {
         Ok(buf)
     }
 
-    fn removexattr(&self, node: Node<'_, PosixFile>, name: &str) -> Result<()> {
+    fn removexattr(&self, node: Node<'_, PosixFile>, name: &[u8]) -> Result<()> {
         let n = self.node_fd(&node)?;
         if n.is_symlink()? {
             return Err(Errno::PERM);

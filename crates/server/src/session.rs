@@ -61,7 +61,7 @@ pub enum Answer<'s> {
     Written(u32),
     Offset(u64),
     Attr(Attr),
-    Name(String),
+    Name(Vec<u8>),
     StatFs(StatFs),
     Xattr { size: u32, value: Vec<u8> },
     Dir { eof: bool, entries: Vec<DirEntry> },
@@ -258,7 +258,7 @@ impl<B: Backend> Session<B> {
         }
     }
 
-    fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Answer<'_>> {
+    fn open(&mut self, path: &[u8], flags: u32, mode: u32) -> Result<Answer<'_>> {
         let acc = flags & libc::O_ACCMODE as u32;
         let changes = acc != libc::O_RDONLY as u32 || flags & (libc::O_CREAT | libc::O_TRUNC) as u32 != 0;
         if changes && self.policy.read_only {

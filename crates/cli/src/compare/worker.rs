@@ -243,7 +243,9 @@ fn scan(fs: &Fs, dir: &str, read: bool) -> Result<(), String> {
         match fs {
             Fs::Ferry(c) => {
                 for e in c.read_dir(&d).map_err(ioe("readdir", &d))? {
-                    let p = ferry_client::join(&d, &e.name);
+                    // The measured trees have ASCII names; the local side
+                    // below builds its paths the same way.
+                    let p = ferry_client::join(&d, e.file_name()).to_string_lossy().into_owned();
                     let attr = match e.attr {
                         Some(a) => a,
                         None => c.symlink_metadata(&p).map_err(ioe("stat", &p))?,

@@ -47,10 +47,10 @@ pub fn copy_out(val: &[u8], out: &mut [u8]) -> R<ssize_t> {
     Ok(val.len() as ssize_t)
 }
 
-pub fn name_list(names: &[String]) -> Vec<u8> {
+pub fn name_list(names: &[std::ffi::OsString]) -> Vec<u8> {
     let mut v = Vec::new();
     for n in names {
-        v.extend_from_slice(n.as_bytes());
+        v.extend_from_slice(std::os::unix::ffi::OsStrExt::as_bytes(n.as_os_str()));
         v.push(0);
     }
     v
@@ -616,10 +616,10 @@ fn readlink_of(r: Remote, buf: *mut c_char, n: size_t) -> ssize_t {
     // SAFETY: the caller provides n writable bytes.
     let out = unsafe { slice_mut(buf.cast(), n) };
     ret(enter(|| {
-        let t = ops::with(&r, |c, p| c.read_link(p))?;
+        let t = std::os::unix::ffi::OsStringExt::into_vec(ops::with(&r, |c, p| c.read_link(p))?.into_os_string());
         // readlink truncates silently and adds no NUL.
         let k = t.len().min(out.len());
-        out[..k].copy_from_slice(&t.as_bytes()[..k]);
+        out[..k].copy_from_slice(&t[..k]);
         Ok(k as ssize_t)
     }))
 }
@@ -646,9 +646,9 @@ pub unsafe extern "C" fn readlinkat(d: c_int, p: *const c_char, b: *mut c_char, 
 
 fn target(r: &Remote, follow: bool) -> Target<'_> {
     if follow {
-        Target::Path(&r.path)
+        Target::Path(r.path.as_bytes())
     } else {
-        Target::PathNoFollow(&r.path)
+        Target::PathNoFollow(r.path.as_bytes())
     }
 }
 
@@ -793,7 +793,7 @@ fn truncate_of(r: Remote, len: i64) -> c_int {
     ret(enter(|| {
         let len = u64::try_from(len).map_err(|_| libc::EINVAL)?;
         let c = ops::client(&r)?;
-        c.truncate(Target::Path(&r.path), len).map(|_| 0).map_err(|e| ops::err(&r, e))
+        c.truncate(Target::Path(r.path.as_bytes()), len).map(|_| 0).map_err(|e| ops::err(&r, e))
     }))
 }
 
