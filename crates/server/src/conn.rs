@@ -8,6 +8,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::locks::LockTable;
 use crate::session::HandleBudget;
 
 use ferry_proto::{
@@ -40,6 +41,7 @@ pub struct Conn<B: Backend> {
     cfg: Arc<Config>,
     backend: Arc<B>,
     budget: Arc<HandleBudget>,
+    locks: Arc<LockTable>,
     body: Vec<u8>,
     out: Vec<u8>,
 }
@@ -51,6 +53,7 @@ impl<B: Backend> Conn<B> {
         cfg: Arc<Config>,
         backend: Arc<B>,
         budget: Arc<HandleBudget>,
+        locks: Arc<LockTable>,
     ) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(cfg.idle_timeout))?;
@@ -62,6 +65,7 @@ impl<B: Backend> Conn<B> {
             cfg,
             backend,
             budget,
+            locks,
             body: Vec::new(),
             out: Vec::with_capacity(OUT_FLUSH),
         })
@@ -178,6 +182,7 @@ impl<B: Backend> Conn<B> {
             max_handles: self.cfg.max_handles,
             caps,
             max_read: max_frame.min(self.cfg.max_frame).saturating_sub(4096),
+            locks: Arc::clone(&self.locks),
         })
     }
 
@@ -320,6 +325,7 @@ fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {
         Answer::StatFs(s) => Reply::StatFs(s).encode(op, id, out),
         Answer::Xattr { size, value } => Reply::Xattr { size, value: &value }.encode(op, id, out),
         Answer::Dir { eof, entries } => Reply::Dir { eof, entries }.encode(op, id, out),
+        Answer::Lock { typ, start, len, pid } => Reply::Lock { typ, start, len, pid }.encode(op, id, out),
     }
 }
 

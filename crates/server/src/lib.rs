@@ -8,6 +8,7 @@
 
 pub mod backend;
 mod conn;
+mod locks;
 pub mod memory;
 pub mod posix;
 mod session;
@@ -77,6 +78,7 @@ fn handle_budget(max_connections: usize) -> usize {
 /// Accepts connections forever, one thread each.
 pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
     let budget = Arc::new(HandleBudget::new(handle_budget(cfg.max_connections)));
+    let locks = Arc::new(locks::LockTable::default());
     let cfg = Arc::new(cfg);
     let live = Arc::new(AtomicUsize::new(0));
     loop {
@@ -93,7 +95,14 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
             eprintln!("ferry serve: {peer}: refused, {} connections already", cfg.max_connections);
             continue;
         }
-        let conn = match conn::Conn::new(stream, peer, Arc::clone(&cfg), Arc::clone(&backend), Arc::clone(&budget)) {
+        let conn = match conn::Conn::new(
+            stream,
+            peer,
+            Arc::clone(&cfg),
+            Arc::clone(&backend),
+            Arc::clone(&budget),
+            Arc::clone(&locks),
+        ) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("ferry serve: {peer}: {e}");
