@@ -325,9 +325,11 @@ impl<B: Backend> Session<B> {
         typ: u8,
     ) -> Result<Answer<'_>> {
         let (who, key, start, end, acc) = self.lock_target(handle, owner, start, len, kind)?;
+        // flock needs no particular access mode; fcntl locks do.
+        let checked = kind != lock::FLOCK;
         let mode = match typ {
-            lock::RDLCK if acc == libc::O_WRONLY as u32 => return Err(Errno::BADF),
-            lock::WRLCK if acc == libc::O_RDONLY as u32 => return Err(Errno::BADF),
+            lock::RDLCK if checked && acc == libc::O_WRONLY as u32 => return Err(Errno::BADF),
+            lock::WRLCK if checked && acc == libc::O_RDONLY as u32 => return Err(Errno::BADF),
             lock::RDLCK => Some(Mode::Read),
             lock::WRLCK => Some(Mode::Write),
             _ => None,
