@@ -45,11 +45,7 @@ fn spec(owner: u64, start: u64, end: u64, typ: i32, pid: u32) -> Result<LockSpec
         _ => return Err(Errno::EINVAL),
     };
     // The kernel's end is inclusive, OFFSET_MAX meaning "to the end".
-    let len = if end >= i64::MAX as u64 {
-        0
-    } else {
-        end.checked_sub(start).ok_or(Errno::EINVAL)? + 1
-    };
+    let len = if end >= i64::MAX as u64 { 0 } else { end.checked_sub(start).ok_or(Errno::EINVAL)? + 1 };
     Ok(LockSpec { kind: LockKind::Posix(owner), typ, start, len, pid })
 }
 
@@ -108,8 +104,8 @@ impl MountLocks {
         let waits = Arc::clone(&self.waits);
         let key = (ino, owner);
         let ticket = ticket(&waits, key);
-        let spawned = std::thread::Builder::new().name("ferry-lock-wait".into()).stack_size(64 * 1024).spawn(
-            move || {
+        let spawned =
+            std::thread::Builder::new().name("ferry-lock-wait".into()).stack_size(64 * 1024).spawn(move || {
                 let mut n = 0;
                 loop {
                     std::thread::sleep(backoff(n));
@@ -123,8 +119,7 @@ impl MountLocks {
                         Ok(()) => return reply.ok(),
                     }
                 }
-            },
-        );
+            });
         if let Err(e) = spawned {
             // The reply went with the closure; the kernel sees the request fail.
             eprintln!("ferry mount: cannot start a lock wait: {e}");
