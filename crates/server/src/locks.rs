@@ -289,9 +289,7 @@ mod tests {
                 let got = t.set(F, p(o), mode, start, end, 0);
                 prop_assert_eq!(got.is_err(), conflict);
                 if !conflict {
-                    for b in start as usize..=last {
-                        model[o as usize][b] = mode;
-                    }
+                    model[o as usize][start as usize..=last].fill(mode);
                 }
                 prop_assert_eq!(model_of(&t), model);
                 let mine: Vec<_> = t.held(F).into_iter().filter(|l| l.owner == p(o)).collect();
