@@ -36,7 +36,7 @@ pub struct ServeArgs {
     /// Seconds a connection may stay silent before it is closed.
     #[arg(long, default_value_t = 3600)]
     idle_timeout: u64,
-    /// Turn capabilities off (readdirplus, xattr, rename-flags), to test
+    /// Turn capabilities off (readdirplus, xattr, rename-flags, locks), to test
     /// how clients degrade.
     #[arg(long, hide = true, value_delimiter = ',')]
     disable_caps: Vec<String>,
@@ -55,6 +55,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "readdirplus" => ferry_proto::caps::READDIRPLUS,
             "xattr" => ferry_proto::caps::XATTR,
             "rename-flags" => ferry_proto::caps::RENAME_FLAGS,
+            "locks" => ferry_proto::caps::LOCKS,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

@@ -5,10 +5,11 @@ use std::collections::VecDeque;
 use std::io::{self, SeekFrom};
 use std::sync::Mutex;
 
-use ferry_proto::{Attr, Reply, Request, Target};
+use ferry_proto::{caps, lock, Attr, Reply, Request, Target};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::lock::{typ_from_wire, LockHolder, LockKind, LockSpec, LockType};
 
 /// Like `std::fs::OpenOptions`, plus the flags ferry passes through.
 #[derive(Clone, Debug)]
@@ -502,6 +503,63 @@ impl File {
         self.flush_writes()?;
         self.client.engine().call(&Request::Fsync { handle: self.handle, datasync })?;
         Ok(())
+    }
+
+    /// Takes, changes or releases a record lock without waiting: a lock held
+    /// by another owner gives `EAGAIN`. Without the server's `LOCKS`
+    /// capability every lock call fails with `ENOLCK`. A granted lock drops
+    /// read-ahead, so what is read under the lock was read after it.
+    pub fn try_lock(&self, spec: &LockSpec) -> Result<()> {
+        let engine = self.client.engine();
+        if !engine.has_cap(caps::LOCKS) {
+            return Err(Error::remote(libc::ENOLCK));
+        }
+        let (owner, kind, typ) = spec.wire();
+        let req =
+            Request::Lock { handle: self.handle, owner, start: spec.start, len: spec.len, pid: spec.pid, kind, typ };
+        engine.call(&req)?;
+        self.drop_prefetch();
+        Ok(())
+    }
+
+    /// Takes a lock, waiting (polling with [`backoff`](crate::backoff)) while
+    /// another owner holds a conflicting one.
+    pub fn lock(&self, spec: &LockSpec) -> Result<()> {
+        let mut n = 0;
+        loop {
+            match self.try_lock(spec) {
+                Err(e) if e.errno() == libc::EAGAIN => std::thread::sleep(crate::backoff(n)),
+                r => return r,
+            }
+            n += 1;
+        }
+    }
+
+    /// Releases the `kind` lock over `start`, `len` (0: to the end of file).
+    pub fn unlock(&self, kind: LockKind, start: u64, len: u64) -> Result<()> {
+        self.try_lock(&LockSpec { kind, typ: LockType::Unlock, start, len, pid: 0 })
+    }
+
+    /// `F_GETLK`: the first lock of another owner that conflicts with
+    /// `spec` (whose type must be `Read` or `Write`), if any.
+    pub fn get_lock(&self, spec: &LockSpec) -> Result<Option<LockHolder>> {
+        let engine = self.client.engine();
+        if !engine.has_cap(caps::LOCKS) {
+            return Err(Error::remote(libc::ENOLCK));
+        }
+        let (owner, kind, typ) = spec.wire();
+        if spec.typ == LockType::Unlock {
+            return Err(Error::remote(libc::EINVAL));
+        }
+        let req =
+            Request::GetLock { handle: self.handle, owner, start: spec.start, len: spec.len, pid: spec.pid, kind, typ };
+        match engine.call(&req)?.reply()? {
+            Reply::Lock { typ, start, len, pid } if typ != lock::UNLCK => {
+                Ok(Some(LockHolder { typ: typ_from_wire(typ), start, len, pid }))
+            }
+            Reply::Lock { .. } => Ok(None),
+            r => Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+        }
     }
 
     /// Waits for pending writes and closes; reports any failure, which a

@@ -15,12 +15,14 @@ mod client;
 mod engine;
 mod error;
 mod file;
+mod lock;
 pub mod token;
 pub mod url;
 
 pub use client::{join, Client};
 pub use engine::{Engine, Frame, Options};
 pub use error::{Error, Result};
-pub use ferry_proto::{Attr, DirEntry, StatFs, Target, Time};
+pub use ferry_proto::{caps, Attr, DirEntry, StatFs, Target, Time};
 pub use file::{File, OpenOptions};
+pub use lock::{backoff, LockHolder, LockKind, LockSpec, LockType};
 pub use url::Url;

@@ -25,9 +25,11 @@ use ferry_client::{join, Attr, Client, File, OpenOptions, Target, Time};
 use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL,
-    TimeOrNow, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    SessionACL, TimeOrNow, WriteFlags,
 };
+
+mod locks;
 
 pub use fuser::BackgroundSession;
 pub use null::{spawn_null, NullFs, NULL_FILE};
@@ -456,6 +458,7 @@ pub struct FerryFs {
     nodes: Mutex<Nodes>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    locks: locks::MountLocks,
 }
 
 thread_local! {
@@ -475,6 +478,7 @@ impl FerryFs {
             nodes: Mutex::new(Nodes::new(OsStr::new(root))),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            locks: locks::MountLocks::default(),
         }
     }
 
@@ -725,6 +729,11 @@ impl Filesystem for FerryFs {
             // seen to change: the page cache is as fresh as the attributes.
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
+        if self.client.engine().has_cap(ferry_client::caps::LOCKS) {
+            // Locks go to the server; without the capability the kernel
+            // keeps them local to this machine, as before.
+            want |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+        }
         for f in want.iter() {
             let _ = config.add_capabilities(f);
         }
@@ -910,10 +919,11 @@ impl Filesystem for FerryFs {
         reply.written(n);
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         // close(2) returns once every write of this handle is acknowledged,
         // and reports the first one that failed.
         let f = tri!(reply, self.file(fh));
+        self.locks.closing(&f, ino.0, lock_owner.0);
         let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
         if let Some(file) = g.as_mut() {
             tri!(reply, file.flush_writes().map_err(errno));
@@ -924,13 +934,17 @@ impl Filesystem for FerryFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if let (Some(owner), Ok(f)) = (lock_owner, self.file(fh)) {
+            // The last close of a file that held a flock.
+            self.locks.closing(&f, ino.0, owner.0);
+        }
         let h = lock(&self.handles).remove(&fh.0);
         if let Some(Handle::File(f)) = h {
             if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
@@ -947,6 +961,41 @@ impl Filesystem for FerryFs {
         let r = if datasync { file.sync_data() } else { file.sync_all() };
         tri!(reply, r.map_err(errno));
         reply.ok();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn getlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let f = tri!(reply, self.file(fh));
+        self.locks.getlk(&f, lock_owner.0, (start, end), typ, pid, reply);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let f = tri!(reply, self.file(fh));
+        self.locks.setlk(f, ino.0, lock_owner.0, (start, end), typ, pid, sleep, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

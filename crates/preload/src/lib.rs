@@ -12,6 +12,7 @@
 pub mod conv;
 pub mod guard;
 pub mod hooks;
+pub mod locks;
 pub mod mounts;
 pub mod open;
 pub mod ops;

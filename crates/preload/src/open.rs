@@ -302,6 +302,18 @@ impl Open {
         f(&client, Target::Handle(handle)).map_err(|e| self.errno(e))
     }
 
+    /// Runs a record-lock call on this process's handle. Gathered writes go
+    /// out first (the server runs a connection's requests in order, so they
+    /// land before an unlock), and the read-ahead of every handle of the
+    /// file in this process is dropped (after a lock, the data may differ).
+    pub fn with_lock<T>(&self, f: impl FnOnce(&File) -> ferry_client::Result<T>) -> Result<T, i32> {
+        let mut io = self.io.lock();
+        self.send_gathered(&mut io)?;
+        self.changed();
+        let file = self.file(&mut io)?;
+        f(file).map_err(|e| self.errno(e))
+    }
+
     /// Closes this process's handle, reporting a failed write-behind.
     pub fn close(&self) -> Result<(), i32> {
         let mut io = self.io.lock();

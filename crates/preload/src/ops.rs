@@ -65,6 +65,9 @@ pub fn adopt(fd: i32) {
 /// `close(2)`: the fd goes in any case; an error reports a write that
 /// failed on the server.
 pub fn close(fd: i32) -> R<()> {
+    if let Some(o) = state::get(fd) {
+        crate::locks::closing(&o);
+    }
     let open = state::remove(fd);
     // SAFETY: closing the placeholder, which the program owns.
     let r = unsafe { crate::real::close(fd) };
@@ -92,7 +95,7 @@ pub fn duped(old: i32, new: i32) {
 /// The file offset: kept in the `Open` while no other process can share
 /// it (saves two system calls per call), in the placeholder's kernel
 /// offset once one can.
-fn offset(fd: i32, o: &Open) -> R<u64> {
+pub(crate) fn offset(fd: i32, o: &Open) -> R<u64> {
     match o.private_pos() {
         Some(p) => Ok(p),
         None => placeholder::offset(fd),

@@ -66,8 +66,11 @@ pub mod caps {
     pub const XATTR: u64 = 1 << 1;
     /// `Rename` flags (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
     pub const RENAME_FLAGS: u64 = 1 << 2;
+    /// Record locks (`Lock`, `GetLock`). Without it clients fail lock calls
+    /// locally with `ENOLCK`.
+    pub const LOCKS: u64 = 1 << 3;
     /// Everything this implementation offers.
-    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS;
+    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

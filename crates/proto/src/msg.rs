@@ -38,6 +38,23 @@ pub mod op {
     pub const REMOVEXATTR: u16 = 35;
     pub const READDIR: u16 = 36;
     pub const MKNOD: u16 = 37;
+    pub const LOCK: u16 = 38;
+    pub const GETLOCK: u16 = 39;
+}
+
+/// Record-lock constants of `Lock` and `GetLock` (capability `LOCKS`).
+/// Types are the Linux `F_RDLCK`/`F_WRLCK`/`F_UNLCK` values.
+pub mod lock {
+    /// A POSIX (`fcntl` `F_SETLK`) lock, owned by the client-chosen `owner`
+    /// (a process): not released by closing a handle.
+    pub const POSIX: u8 = 0;
+    /// An open-file-description lock, owned by the handle.
+    pub const OFD: u8 = 1;
+    /// A `flock` lock: a whole-file lock owned by the handle.
+    pub const FLOCK: u8 = 2;
+    pub const RDLCK: u8 = 0;
+    pub const WRLCK: u8 = 1;
+    pub const UNLCK: u8 = 2;
 }
 
 /// A request. Borrowed fields point into the frame body (server side) or the
@@ -186,6 +203,29 @@ pub enum Request<'a> {
         max_entries: u32,
         plus: bool,
     },
+    /// Takes, changes or releases a record lock without waiting: a conflict
+    /// is `EAGAIN`. `len` 0 means "to the end of the file, however long";
+    /// `kind` and `typ` are [`lock`] constants; `pid` is what `GetLock`
+    /// reports to others as the holder.
+    Lock {
+        handle: u64,
+        owner: u64,
+        start: u64,
+        len: u64,
+        pid: u32,
+        kind: u8,
+        typ: u8,
+    },
+    /// `F_GETLK`: the first lock that would conflict with this one.
+    GetLock {
+        handle: u64,
+        owner: u64,
+        start: u64,
+        len: u64,
+        pid: u32,
+        kind: u8,
+        typ: u8,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -222,6 +262,8 @@ impl<'a> Request<'a> {
             Request::ListXattr { .. } => op::LISTXATTR,
             Request::RemoveXattr { .. } => op::REMOVEXATTR,
             Request::ReadDir { .. } => op::READDIR,
+            Request::Lock { .. } => op::LOCK,
+            Request::GetLock { .. } => op::GETLOCK,
         }
     }
 
@@ -360,6 +402,16 @@ impl<'a> Request<'a> {
                 w.u32(*max_entries);
                 w.bool(*plus);
             }
+            Request::Lock { handle, owner, start, len, pid, kind, typ }
+            | Request::GetLock { handle, owner, start, len, pid, kind, typ } => {
+                w.u64(*handle);
+                w.u64(*owner);
+                w.u64(*start);
+                w.u64(*len);
+                w.u32(*pid);
+                w.u8(*kind);
+                w.u8(*typ);
+            }
         }
     }
 
@@ -470,6 +522,27 @@ impl<'a> Request<'a> {
                 max_entries: r.u32("readdir.max_entries")?,
                 plus: r.bool("readdir.plus")?,
             },
+            op::LOCK | op::GETLOCK => {
+                let handle = r.u64("lock.handle")?;
+                let owner = r.u64("lock.owner")?;
+                let start = r.u64("lock.start")?;
+                let len = r.u64("lock.len")?;
+                let pid = r.u32("lock.pid")?;
+                let kind = r.u8("lock.kind")?;
+                if kind > lock::FLOCK {
+                    return Err(DecodeError::Invalid("lock.kind"));
+                }
+                let typ = r.u8("lock.type")?;
+                // GetLock asks about a read or write lock, never an unlock.
+                if typ > lock::UNLCK || (op == op::GETLOCK && typ == lock::UNLCK) {
+                    return Err(DecodeError::Invalid("lock.type"));
+                }
+                if op == op::LOCK {
+                    Request::Lock { handle, owner, start, len, pid, kind, typ }
+                } else {
+                    Request::GetLock { handle, owner, start, len, pid, kind, typ }
+                }
+            }
             other => return Err(DecodeError::UnknownOp(other)),
         };
         r.finish("request")?;
@@ -527,6 +600,14 @@ pub enum Reply<'a> {
     Dir {
         eof: bool,
         entries: Vec<DirEntry>,
+    },
+    /// Answer to `GetLock`: the conflicting lock, or `typ` = `UNLCK` (and
+    /// zeros) when there is none. `len` 0 reaches the end of the file.
+    Lock {
+        typ: u8,
+        start: u64,
+        len: u64,
+        pid: u32,
     },
 }
 
@@ -587,6 +668,12 @@ impl<'a> Reply<'a> {
                     e.put(w);
                 }
             }
+            Reply::Lock { typ, start, len, pid } => {
+                w.u8(*typ);
+                w.u64(*start);
+                w.u64(*len);
+                w.u32(*pid);
+            }
         }
         0
     }
@@ -640,7 +727,15 @@ impl<'a> Reply<'a> {
             | op::RENAME
             | op::ACCESS
             | op::SETXATTR
-            | op::REMOVEXATTR => Reply::Empty,
+            | op::REMOVEXATTR
+            | op::LOCK => Reply::Empty,
+            op::GETLOCK => {
+                let typ = r.u8("lock.type")?;
+                if typ > lock::UNLCK {
+                    return Err(DecodeError::Invalid("lock.type"));
+                }
+                Reply::Lock { typ, start: r.u64("lock.start")?, len: r.u64("lock.len")?, pid: r.u32("lock.pid")? }
+            }
             other => return Err(DecodeError::UnknownOp(other)),
         };
         r.finish("reply")?;

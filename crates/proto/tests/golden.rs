@@ -84,7 +84,7 @@ fn goldens() -> Vec<Golden> {
             Req(Request::Hello {
                 min_version: 1,
                 max_version: 1,
-                caps: caps::ALL,
+                caps: caps::READDIRPLUS | caps::XATTR | caps::RENAME_FLAGS,
                 max_frame: MIN_MAX_FRAME,
                 nonce: CLIENT_NONCE,
             }),
@@ -96,7 +96,7 @@ fn goldens() -> Vec<Golden> {
                 op::HELLO,
                 Reply::Welcome(Welcome {
                     version: 1,
-                    caps: caps::ALL,
+                    caps: caps::READDIRPLUS | caps::XATTR | caps::RENAME_FLAGS,
                     max_frame: MIN_MAX_FRAME,
                     window_requests: 64,
                     window_bytes: 64 << 20,
@@ -177,6 +177,8 @@ fn goldens() -> Vec<Golden> {
                 }),
             ),
         ),
+        g("lock", 18, Req(Request::Lock { handle: 1, owner: 4242, start: 100, len: 0, pid: 4242, kind: 0, typ: 1 })),
+        g("getlock_reply", 19, Rep(op::GETLOCK, Reply::Lock { typ: 0, start: 0, len: 10, pid: 77 })),
         g("enosys", 17, Err(99, ErrorReply { errno: 38, message: "unknown operation 99" })),
     ]
 }

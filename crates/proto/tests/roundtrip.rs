@@ -12,8 +12,10 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 31] = [
+const ALL_OPS: [u16; 33] = [
     op::MKNOD,
+    op::LOCK,
+    op::GETLOCK,
     op::HELLO,
     op::AUTH,
     op::PING,
@@ -49,7 +51,7 @@ const ALL_OPS: [u16; 31] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 31;
+const REQUEST_VARIANTS: usize = 33;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -86,6 +88,8 @@ fn request_index(r: &Request) -> usize {
         Request::RemoveXattr { .. } => 28,
         Request::ReadDir { .. } => 29,
         Request::Mknod { .. } => 30,
+        Request::Lock { .. } => 31,
+        Request::GetLock { .. } => 32,
     }
 }
 
@@ -164,6 +168,24 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         28 => Request::RemoveXattr { target, name: &r.s2 },
         29 => Request::ReadDir { handle: r.a, cookie: r.b, max_entries: r.c, plus: r.flag },
         30 => Request::Mknod { path: &r.s1, mode: r.c, rdev: r.b },
+        31 => Request::Lock {
+            handle: r.a,
+            owner: r.b,
+            start: r.b.rotate_left(7),
+            len: r.a.rotate_left(3),
+            pid: r.d,
+            kind: (r.c % 3) as u8,
+            typ: (r.d % 3) as u8,
+        },
+        32 => Request::GetLock {
+            handle: r.a,
+            owner: r.b,
+            start: r.a.rotate_left(5),
+            len: r.b.rotate_left(9),
+            pid: r.c,
+            kind: (r.d % 3) as u8,
+            typ: (r.c % 2) as u8,
+        },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -252,7 +274,7 @@ fn split(frame: &[u8]) -> (Header, &[u8]) {
 // ---------------------------------------------------------------------------
 // Replies.
 
-const REPLY_VARIANTS: usize = 12;
+const REPLY_VARIANTS: usize = 13;
 
 /// Index of a reply's variant; no wildcard, as for `request_index`.
 fn reply_index(r: &Reply) -> usize {
@@ -269,6 +291,7 @@ fn reply_index(r: &Reply) -> usize {
         Reply::StatFs(_) => 9,
         Reply::Xattr { .. } => 10,
         Reply::Dir { .. } => 11,
+        Reply::Lock { .. } => 12,
     }
 }
 
@@ -287,6 +310,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
             op::ACCESS,
             op::SETXATTR,
             op::REMOVEXATTR,
+            op::LOCK,
         ],
         3 => &[op::OPEN],
         4 => &[op::READ, op::PREAD],
@@ -297,6 +321,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         9 => &[op::STATFS],
         10 => &[op::GETXATTR, op::LISTXATTR],
         11 => &[op::READDIR],
+        12 => &[op::GETLOCK],
         n => unreachable!("reply variant {n}"),
     }
 }
@@ -334,6 +359,7 @@ fn build_reply(r: &RawReply) -> (u16, Reply<'_>) {
         9 => Reply::StatFs(r.statfs),
         10 => Reply::Xattr { size: r.c, value: &r.data },
         11 => Reply::Dir { eof: r.flag, entries: r.entries.clone() },
+        12 => Reply::Lock { typ: (r.c % 3) as u8, start: r.a, len: r.a.rotate_left(11), pid: r.c },
         n => unreachable!("reply variant {n}"),
     };
     (op, reply)
@@ -650,7 +676,7 @@ fn longest_string_round_trips() {
 
 #[test]
 fn unknown_ops_are_errors() {
-    for op in [0u16, 4, 9, 37, 99, u16::MAX] {
+    for op in [0u16, 4, 9, 37, 40, 99, u16::MAX] {
         assert!(Request::decode(op, &[]).is_err());
         assert!(Reply::decode(op, &[]).is_err());
     }
@@ -661,4 +687,17 @@ fn huge_directory_count_does_not_allocate_or_panic() {
     // eof, count = u32::MAX, then nothing: must fail fast, not reserve 4G entries.
     let body = [1u8, 0xff, 0xff, 0xff, 0xff];
     assert!(Reply::decode(op::READDIR, &body).is_err());
+}
+
+#[test]
+fn lock_kind_and_type_are_checked() {
+    let lock = |kind: u8, typ: u8| Request::Lock { handle: 1, owner: 2, start: 0, len: 0, pid: 3, kind, typ };
+    let body = |req: &Request| request_frame(req, 1)[HEADER_LEN..].to_vec();
+    let good = body(&lock(2, 2));
+    assert_eq!(Request::decode(op::LOCK, &good), Ok(lock(2, 2)));
+    // Kind 3 and type 3 do not exist; GetLock never asks about an unlock.
+    assert!(Request::decode(op::LOCK, &body(&lock(3, 0))).is_err());
+    assert!(Request::decode(op::LOCK, &body(&lock(0, 3))).is_err());
+    assert!(Request::decode(op::GETLOCK, &good).is_err());
+    assert!(Reply::decode(op::GETLOCK, &[3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::bufpool::{BufPool, Lent};
+use crate::locks::LockTable;
 use crate::session::HandleBudget;
 
 use ferry_proto::handshake::{Refusal, ServerHandshake, ServerOffer, HANDSHAKE_MAX_FRAME};
@@ -41,6 +42,7 @@ pub struct Conn<B: Backend> {
     backend: Arc<B>,
     budget: Arc<HandleBudget>,
     pool: Arc<BufPool>,
+    locks: Arc<LockTable>,
     body: Vec<u8>,
     /// The body of the current frame when it is larger than `OWN_MAX`;
     /// returned to the pool as soon as its request is answered.
@@ -56,6 +58,7 @@ impl<B: Backend> Conn<B> {
         backend: Arc<B>,
         budget: Arc<HandleBudget>,
         pool: Arc<BufPool>,
+        locks: Arc<LockTable>,
     ) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(cfg.idle_timeout))?;
@@ -68,6 +71,7 @@ impl<B: Backend> Conn<B> {
             backend,
             budget,
             pool,
+            locks,
             body: Vec::new(),
             big: None,
             out: Vec::with_capacity(OUT_FLUSH),
@@ -178,6 +182,7 @@ impl<B: Backend> Conn<B> {
             max_handles: self.cfg.max_handles,
             caps: accepted.caps,
             max_read: accepted.client_max_frame.min(self.cfg.max_frame).saturating_sub(4096),
+            locks: Arc::clone(&self.locks),
         })
     }
 
@@ -335,6 +340,7 @@ fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {
         Answer::StatFs(s) => Reply::StatFs(s).encode(op, id, out),
         Answer::Xattr { size, value } => Reply::Xattr { size, value: &value }.encode(op, id, out),
         Answer::Dir { eof, entries } => Reply::Dir { eof, entries }.encode(op, id, out),
+        Answer::Lock { typ, start, len, pid } => Reply::Lock { typ, start, len, pid }.encode(op, id, out),
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod backend;
 mod bufpool;
 mod conn;
+mod locks;
 pub mod memory;
 pub mod posix;
 mod session;
@@ -83,6 +84,7 @@ fn handle_budget(max_connections: usize) -> usize {
 pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
     let budget = Arc::new(HandleBudget::new(handle_budget(cfg.max_connections)));
     let pool = Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes));
+    let locks = Arc::new(locks::LockTable::default());
     let cfg = Arc::new(cfg);
     let live = Arc::new(AtomicUsize::new(0));
     loop {
@@ -113,6 +115,7 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
             Arc::clone(&backend),
             Arc::clone(&budget),
             Arc::clone(&pool),
+            Arc::clone(&locks),
         ) {
             Ok(c) => c,
             Err(e) => {

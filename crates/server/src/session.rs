@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use ferry_proto::{caps, Attr, DirEntry, Request, StatFs, Target};
+use ferry_proto::{caps, lock, Attr, DirEntry, Request, StatFs, Target};
 
 use crate::backend::{Backend, Errno, Node, ReadData, Result};
+use crate::locks::{self, FileKey, LockTable, Mode, Owner, OwnerId};
 
 /// Settings that shape what a session allows.
 #[derive(Clone, Debug)]
@@ -23,6 +24,8 @@ pub struct Policy {
     pub caps: u64,
     /// Largest read reply the client accepts.
     pub max_read: u32,
+    /// Record locks of all sessions together.
+    pub locks: Arc<LockTable>,
 }
 
 /// A cap on open handles across all sessions, below the process's file
@@ -56,15 +59,31 @@ impl HandleBudget {
 /// connection can `sendfile` from it.
 pub enum Answer<'s> {
     Empty,
-    Opened { handle: u64, attr: Attr },
+    Opened {
+        handle: u64,
+        attr: Attr,
+    },
     Data(ReadData<'s>),
     Written(u32),
     Offset(u64),
     Attr(Attr),
     Name(Vec<u8>),
     StatFs(StatFs),
-    Xattr { size: u32, value: Vec<u8> },
-    Dir { eof: bool, entries: Vec<DirEntry> },
+    Xattr {
+        size: u32,
+        value: Vec<u8>,
+    },
+    Dir {
+        eof: bool,
+        entries: Vec<DirEntry>,
+    },
+    /// `GetLock`: the conflicting lock (`typ` `F_UNLCK` when none).
+    Lock {
+        typ: u8,
+        start: u64,
+        len: u64,
+        pid: u32,
+    },
 }
 
 struct Handle<F> {
@@ -72,6 +91,12 @@ struct Handle<F> {
     /// The shared file offset that `Read`, `Write` and `Seek` use.
     offset: Cell<u64>,
     is_dir: bool,
+    /// `(dev, ino)`, where record locks live.
+    key: FileKey,
+    /// `O_ACCMODE` bits of the open: a write lock needs write access.
+    acc: u32,
+    /// Whether an OFD or `flock` lock may be held through this handle.
+    locked: Cell<bool>,
 }
 
 pub struct Session<B: Backend> {
@@ -79,6 +104,10 @@ pub struct Session<B: Backend> {
     policy: Policy,
     handles: HashMap<u64, Handle<B::File>>,
     next_handle: u64,
+    /// This session's part of every lock owner it creates.
+    conn: u64,
+    /// Whether this session ever took a lock (so its end must release).
+    locked: bool,
 }
 
 /// Largest directory batch, whatever the client asks for.
@@ -86,7 +115,7 @@ const READDIR_MAX: usize = 4096;
 
 impl<B: Backend> Session<B> {
     pub fn new(backend: Arc<B>, policy: Policy) -> Self {
-        Session { backend, policy, handles: HashMap::new(), next_handle: 1 }
+        Session { backend, policy, handles: HashMap::new(), next_handle: 1, conn: locks::new_conn_id(), locked: false }
     }
 
     fn handle(&self, h: u64) -> Result<&Handle<B::File>> {
@@ -126,7 +155,10 @@ impl<B: Backend> Session<B> {
             Request::Ping => Ok(Answer::Empty),
             Request::Open { path, flags, mode } => self.open(path, flags, mode),
             Request::Close { handle } => {
-                self.handles.remove(&handle).ok_or(Errno::BADF)?;
+                let h = self.handles.remove(&handle).ok_or(Errno::BADF)?;
+                if h.locked.get() {
+                    self.policy.locks.release(h.key, Owner { conn: self.conn, id: OwnerId::Handle(handle) });
+                }
                 self.policy.budget.give(1);
                 Ok(Answer::Empty)
             }
@@ -255,7 +287,74 @@ impl<B: Backend> Session<B> {
                 let (entries, eof) = b.readdir(&h.file, cookie, max, plus)?;
                 Ok(Answer::Dir { eof, entries })
             }
+            Request::Lock { handle, owner, start, len, pid, kind, typ } => {
+                self.lock(handle, owner, (start, len), pid, kind, typ)
+            }
+            Request::GetLock { handle, owner, start, len, kind, typ, .. } => {
+                self.get_lock(handle, owner, (start, len), kind, typ)
+            }
         }
+    }
+
+    /// Checks a lock request and resolves its owner, file and range.
+    fn lock_target(
+        &self,
+        handle: u64,
+        owner: u64,
+        start: u64,
+        len: u64,
+        kind: u8,
+    ) -> Result<(Owner, FileKey, u64, u64, u32)> {
+        if !self.cap(caps::LOCKS) {
+            return Err(Errno(libc::ENOLCK));
+        }
+        let h = self.handle(handle)?;
+        let id = if kind == lock::POSIX { OwnerId::Process(owner) } else { OwnerId::Handle(handle) };
+        let (start, end) =
+            if kind == lock::FLOCK { (0, u64::MAX) } else { locks::range(start, len).ok_or(Errno::INVAL)? };
+        Ok((Owner { conn: self.conn, id }, h.key, start, end, h.acc))
+    }
+
+    fn lock(
+        &mut self,
+        handle: u64,
+        owner: u64,
+        (start, len): (u64, u64),
+        pid: u32,
+        kind: u8,
+        typ: u8,
+    ) -> Result<Answer<'_>> {
+        let (who, key, start, end, acc) = self.lock_target(handle, owner, start, len, kind)?;
+        // flock needs no particular access mode; fcntl locks do.
+        let checked = kind != lock::FLOCK;
+        let mode = match typ {
+            lock::RDLCK if checked && acc == libc::O_WRONLY as u32 => return Err(Errno::BADF),
+            lock::WRLCK if checked && acc == libc::O_RDONLY as u32 => return Err(Errno::BADF),
+            lock::RDLCK => Some(Mode::Read),
+            lock::WRLCK => Some(Mode::Write),
+            _ => None,
+        };
+        self.policy.locks.set(key, who, mode, start, end, pid).map_err(|_| Errno(libc::EAGAIN))?;
+        if mode.is_some() {
+            self.locked = true;
+            if let OwnerId::Handle(_) = who.id {
+                self.handle(handle)?.locked.set(true);
+            }
+        }
+        Ok(Answer::Empty)
+    }
+
+    fn get_lock(&self, handle: u64, owner: u64, (start, len): (u64, u64), kind: u8, typ: u8) -> Result<Answer<'_>> {
+        let (who, key, start, end, _) = self.lock_target(handle, owner, start, len, kind)?;
+        let mode = if typ == lock::WRLCK { Mode::Write } else { Mode::Read };
+        Ok(match self.policy.locks.test(key, who, mode, start, end) {
+            None => Answer::Lock { typ: lock::UNLCK, start: 0, len: 0, pid: 0 },
+            Some(l) => {
+                let (start, len) = locks::start_len(l.start, l.end);
+                let typ = if l.mode == Mode::Write { lock::WRLCK } else { lock::RDLCK };
+                Answer::Lock { typ, start, len, pid: l.pid }
+            }
+        })
     }
 
     fn open(&mut self, path: &[u8], flags: u32, mode: u32) -> Result<Answer<'_>> {
@@ -278,7 +377,8 @@ impl<B: Backend> Session<B> {
         let handle = self.next_handle;
         self.next_handle += 1;
         let is_dir = attr.is_dir();
-        self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir });
+        let (key, acc) = ((attr.dev, attr.ino), flags & libc::O_ACCMODE as u32);
+        self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir, key, acc, locked: Cell::new(false) });
         Ok(Answer::Opened { handle, attr })
     }
 
@@ -320,6 +420,9 @@ impl<B: Backend> Session<B> {
 impl<B: Backend> Drop for Session<B> {
     fn drop(&mut self) {
         self.policy.budget.give(self.handles.len());
+        if self.locked {
+            self.policy.locks.release_conn(self.conn);
+        }
     }
 }
 

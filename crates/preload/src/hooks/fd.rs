@@ -197,6 +197,9 @@ pub unsafe extern "C" fn closefrom(first: c_int) {
 fn after_dup(old: c_int, new: c_int, replaced: bool) -> c_int {
     if new >= 0 && !crate::guard::busy() && state::owner() {
         if replaced {
+            if let Some(o) = state::get(new) {
+                crate::locks::closing(&o);
+            }
             if let Some(o) = state::remove(new) {
                 let _ = enter(|| {
                     if let Ok(o) = std::sync::Arc::try_unwrap(o) {
@@ -270,9 +273,13 @@ fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize, real_fn: unsafe fn(c_int, c_int
             0
         }
         libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
-            // Record locks are not carried to the server: refuse rather
-            // than pretend to lock.
-            ret::<c_int>(Err(libc::ENOLCK))
+            if arg == 0 {
+                return ret::<c_int>(Err(libc::EFAULT));
+            }
+            // SAFETY: for lock commands the argument is the caller's
+            // `struct flock`, valid and writable for the call.
+            let fl = unsafe { &mut *(arg as *mut libc::flock) };
+            ret(enter(|| crate::locks::fcntl(fd, &o, cmd, fl)))
         }
         libc::F_ADD_SEALS | libc::F_GET_SEALS => ret::<c_int>(Err(libc::EINVAL)),
         // SAFETY: F_GETFD, F_SETFD and the rest act on the fd itself.
@@ -292,24 +299,24 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
-    if remote_fd(fd).is_some() {
-        return ret::<c_int>(Err(libc::ENOLCK));
+    if let Some(o) = remote_fd(fd) {
+        return ret(enter(|| crate::locks::flock(&o, op)));
     }
     pass!(flock(fd, op))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: libc::off_t) -> c_int {
-    if remote_fd(fd).is_some() {
-        return ret::<c_int>(Err(libc::ENOLCK));
+    if let Some(o) = remote_fd(fd) {
+        return ret(enter(|| crate::locks::lockf(fd, &o, cmd, len)));
     }
     pass!(lockf(fd, cmd, len))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int {
-    if remote_fd(fd).is_some() {
-        return ret::<c_int>(Err(libc::ENOLCK));
+    if let Some(o) = remote_fd(fd) {
+        return ret(enter(|| crate::locks::lockf(fd, &o, cmd, len)));
     }
     pass!(lockf64(fd, cmd, len))
 }

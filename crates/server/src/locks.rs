@@ -1,0 +1,306 @@
+//! Record locks, shared by every connection of a server.
+//!
+//! Locks are kept per file identity (`dev`, `ino`), so locks taken through
+//! different handles or connections on one file see each other. An owner is
+//! a connection plus either a client-chosen process id (POSIX locks) or a
+//! handle (OFD and `flock` locks); the connection part is where a future
+//! session id goes. Requests never wait here: a conflict is answered at once
+//! and the client retries (see PROTOCOL.md, "Waiting for a lock"), so no
+//! connection thread is ever parked on a lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A file's identity on the server: `(dev, ino)`.
+pub type FileKey = (u64, u64);
+
+/// Who holds a lock, within one connection.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum OwnerId {
+    /// A POSIX lock owner chosen by the client (a process).
+    Process(u64),
+    /// An OFD or `flock` lock: the handle (open file description).
+    Handle(u64),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct Owner {
+    pub conn: u64,
+    pub id: OwnerId,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Read,
+    Write,
+}
+
+/// One held lock over `start..=end` (`end = u64::MAX`: to the end of file).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Lock {
+    pub owner: Owner,
+    pub mode: Mode,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
+
+impl Lock {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start <= end && start <= self.end
+    }
+
+    fn conflicts(&self, owner: Owner, mode: Mode, start: u64, end: u64) -> bool {
+        self.owner != owner && self.overlaps(start, end) && (mode == Mode::Write || self.mode == Mode::Write)
+    }
+}
+
+/// Every lock held on the server.
+#[derive(Default, Debug)]
+pub struct LockTable {
+    files: Mutex<HashMap<FileKey, Vec<Lock>>>,
+}
+
+/// Connection ids for lock owners, unique for the server's life.
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+pub fn new_conn_id() -> u64 {
+    NEXT_CONN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The inclusive byte range of `start`/`len` (`len` 0: to the end of file),
+/// or `None` beyond the largest file offset, as `fcntl` gives `EINVAL`.
+pub fn range(start: u64, len: u64) -> Option<(u64, u64)> {
+    const MAX: u64 = i64::MAX as u64;
+    if start > MAX {
+        return None;
+    }
+    if len == 0 {
+        return Some((start, u64::MAX));
+    }
+    let end = start.checked_add(len - 1)?;
+    (end <= MAX).then_some((start, end))
+}
+
+/// `start`/`len` of an inclusive range, `len` 0 reaching the end of file.
+pub fn start_len(start: u64, end: u64) -> (u64, u64) {
+    if end == u64::MAX {
+        (start, 0)
+    } else {
+        (start, end - start + 1)
+    }
+}
+
+impl LockTable {
+    fn files(&self) -> std::sync::MutexGuard<'_, HashMap<FileKey, Vec<Lock>>> {
+        // A panic while holding the table cannot leave it half-changed in a
+        // way that matters more than losing every lock: keep going.
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The first lock of another owner that conflicts with `mode` over the range.
+    pub fn test(&self, file: FileKey, owner: Owner, mode: Mode, start: u64, end: u64) -> Option<Lock> {
+        let files = self.files();
+        files.get(&file)?.iter().find(|l| l.conflicts(owner, mode, start, end)).copied()
+    }
+
+    /// Sets the owner's lock over the range to `mode` (`None` unlocks),
+    /// replacing, splitting and merging what it held there as `fcntl` does.
+    /// A conflict with another owner changes nothing and returns that lock.
+    pub fn set(
+        &self,
+        file: FileKey,
+        owner: Owner,
+        mode: Option<Mode>,
+        start: u64,
+        end: u64,
+        pid: u32,
+    ) -> Result<(), Lock> {
+        let mut files = self.files();
+        let locks = files.entry(file).or_default();
+        if let Some(m) = mode {
+            if let Some(c) = locks.iter().find(|l| l.conflicts(owner, m, start, end)) {
+                return Err(*c);
+            }
+        }
+        carve(locks, owner, start, end);
+        if let Some(mode) = mode {
+            let (mut s, mut e) = (start, end);
+            // After carving, the owner's same-mode locks can only touch the
+            // new range at its edges: absorb them.
+            locks.retain(|l| {
+                if l.owner != owner || l.mode != mode {
+                    return true;
+                }
+                if l.end.checked_add(1) == Some(s) {
+                    s = l.start;
+                    false
+                } else if e.checked_add(1) == Some(l.start) {
+                    e = l.end;
+                    false
+                } else {
+                    true
+                }
+            });
+            locks.push(Lock { owner, mode, start: s, end: e, pid });
+        }
+        if locks.is_empty() {
+            files.remove(&file);
+        }
+        Ok(())
+    }
+
+    /// Releases every lock of `owner` on `file`.
+    pub fn release(&self, file: FileKey, owner: Owner) {
+        let mut files = self.files();
+        if let Some(locks) = files.get_mut(&file) {
+            locks.retain(|l| l.owner != owner);
+            if locks.is_empty() {
+                files.remove(&file);
+            }
+        }
+    }
+
+    /// Releases every lock of a connection (it ended).
+    pub fn release_conn(&self, conn: u64) {
+        self.files().retain(|_, locks| {
+            locks.retain(|l| l.owner.conn != conn);
+            !locks.is_empty()
+        });
+    }
+
+    /// The locks held on `file`, for tests.
+    #[cfg(test)]
+    pub fn held(&self, file: FileKey) -> Vec<Lock> {
+        self.files().get(&file).cloned().unwrap_or_default()
+    }
+}
+
+/// Removes the owner's hold on `start..=end`, keeping the parts of its
+/// locks outside the range.
+fn carve(locks: &mut Vec<Lock>, owner: Owner, start: u64, end: u64) {
+    let mut kept = Vec::new();
+    locks.retain(|l| {
+        if l.owner != owner || !l.overlaps(start, end) {
+            return true;
+        }
+        if l.start < start {
+            kept.push(Lock { end: start - 1, ..*l });
+        }
+        if l.end > end {
+            kept.push(Lock { start: end + 1, ..*l });
+        }
+        false
+    });
+    locks.extend(kept);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const F: FileKey = (1, 2);
+
+    fn p(n: u64) -> Owner {
+        Owner { conn: 1, id: OwnerId::Process(n) }
+    }
+
+    fn sorted(t: &LockTable) -> Vec<(Owner, Mode, u64, u64)> {
+        let mut v: Vec<_> = t.held(F).iter().map(|l| (l.owner, l.mode, l.start, l.end)).collect();
+        v.sort_by_key(|x| (x.2, x.3));
+        v
+    }
+
+    #[test]
+    fn split_merge_upgrade_and_unlock() {
+        let t = LockTable::default();
+        t.set(F, p(1), Some(Mode::Read), 0, 99, 1).unwrap();
+        // A write lock in the middle splits the read lock in three.
+        t.set(F, p(1), Some(Mode::Write), 10, 19, 1).unwrap();
+        assert_eq!(sorted(&t), vec![(p(1), Mode::Read, 0, 9), (p(1), Mode::Write, 10, 19), (p(1), Mode::Read, 20, 99)]);
+        // Downgrading it again merges everything back into one lock.
+        t.set(F, p(1), Some(Mode::Read), 10, 19, 1).unwrap();
+        assert_eq!(sorted(&t), vec![(p(1), Mode::Read, 0, 99)]);
+        // Another owner may share a read lock but not write over it.
+        t.set(F, p(2), Some(Mode::Read), 50, u64::MAX, 2).unwrap();
+        let c = t.set(F, p(2), Some(Mode::Write), 90, 95, 2).unwrap_err();
+        assert_eq!((c.owner, c.start, c.end), (p(1), 0, 99));
+        assert_eq!(t.test(F, p(3), Mode::Write, 200, 300).map(|l| l.owner), Some(p(2)));
+        t.set(F, p(1), None, 0, u64::MAX, 1).unwrap();
+        t.set(F, p(2), Some(Mode::Write), 90, 95, 2).unwrap();
+        t.release(F, p(2));
+        assert!(t.held(F).is_empty());
+    }
+
+    #[test]
+    fn a_connection_ending_releases_its_locks_only() {
+        let t = LockTable::default();
+        let other = Owner { conn: 2, id: OwnerId::Handle(7) };
+        t.set(F, p(1), Some(Mode::Write), 0, 0, 1).unwrap();
+        t.set(F, other, Some(Mode::Write), 5, 5, 9).unwrap();
+        t.release_conn(1);
+        assert_eq!(sorted(&t), vec![(other, Mode::Write, 5, 5)]);
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(range(5, 0), Some((5, u64::MAX)));
+        assert_eq!(range(5, 1), Some((5, 5)));
+        assert_eq!(range(i64::MAX as u64, 2), None);
+        assert_eq!(range(u64::MAX, 0), None);
+        assert_eq!(start_len(5, u64::MAX), (5, 0));
+        assert_eq!(start_len(5, 9), (5, 5));
+    }
+
+    /// Bytes 0..N of three owners, each byte unlocked, read- or write-locked.
+    const N: usize = 24;
+    type Model = [[Option<Mode>; N]; 3];
+
+    fn model_of(t: &LockTable) -> Model {
+        let mut m: Model = [[None; N]; 3];
+        for l in t.held(F) {
+            let OwnerId::Process(o) = l.owner.id else { unreachable!() };
+            for b in l.start..=l.end.min(N as u64 - 1) {
+                assert!(m[o as usize][b as usize].is_none(), "owner {o} holds byte {b} twice");
+                m[o as usize][b as usize] = Some(l.mode);
+            }
+        }
+        m
+    }
+
+    proptest! {
+        /// The table against a byte-by-byte model: same conflicts, same
+        /// bytes held, and an owner's locks never overlap and are merged.
+        #[test]
+        fn matches_a_byte_model(ops in proptest::collection::vec((0u64..3, 0u8..3, 0u64..N as u64 - 1, 0u64..8), 1..40)) {
+            let t = LockTable::default();
+            let mut model: Model = [[None; N]; 3];
+            for (o, kind, start, len) in ops {
+                let mode = match kind { 0 => Some(Mode::Read), 1 => Some(Mode::Write), _ => None };
+                // len 0 is "to the end": the model's last byte stands for
+                // everything from there on, which only such locks reach.
+                let end = if len == 0 { u64::MAX } else { (start + len - 1).min(N as u64 - 2) };
+                let last = end.min(N as u64 - 1) as usize;
+                let conflict = mode.is_some() && (0..3).any(|other| other != o as usize && (start as usize..=last).any(|b| {
+                    matches!((model[other][b], mode), (Some(Mode::Write), _) | (Some(_), Some(Mode::Write)))
+                }));
+                let got = t.set(F, p(o), mode, start, end, 0);
+                prop_assert_eq!(got.is_err(), conflict);
+                if !conflict {
+                    model[o as usize][start as usize..=last].fill(mode);
+                }
+                prop_assert_eq!(model_of(&t), model);
+                let mine: Vec<_> = t.held(F).into_iter().filter(|l| l.owner == p(o)).collect();
+                for a in &mine {
+                    for b in &mine {
+                        if a != b && a.mode == b.mode {
+                            prop_assert!(a.end.checked_add(1) != Some(b.start), "unmerged {:?} {:?}", a, b);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
