@@ -176,14 +176,15 @@ class FerryFileSystem(AbstractFileSystem):
         self.client.rmdir(self._strip_protocol(path))
 
     def rm_file(self, path: Any) -> None:
-        self.client.remove(self._strip_protocol(path))
-
-    def _rm(self, path: Any) -> None:
+        # fsspec's rm passes the directories of an expanded tree here too
+        # (deepest first), so an empty directory is removed as well.
         path = self._strip_protocol(path)
-        if self.isdir(path):
-            self.client.rmdir(path)
-        else:
+        try:
             self.client.remove(path)
+        except IsADirectoryError:
+            self.client.rmdir(path)
+
+    _rm = rm_file
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: Optional[int] = None) -> None:
         # A whole tree goes in one pass on the client (no listing first).
