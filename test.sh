@@ -51,6 +51,9 @@ echo "== tests"
 # Release build: the end-to-end tests move hundreds of MiB.
 cargo test --workspace --release
 
+echo "== python package (virtualenv in target/pyvenv, pip install ./python, pytest)"
+./python/test.sh
+
 echo "== benchmark (quick mode)"
 ./target/release/ferry bench --quick
 

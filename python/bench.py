@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Benchmark of the Python package against the Rust library, same run.
+
+1. Sequential read of a file (1 GiB by default) from Python: ``readinto``
+   into a preallocated 1 MiB buffer (the block ``ferry bench`` uses), and one
+   ``readinto`` filling a buffer the size of the file; beside ``ferry bench``'s
+   "ferry sequential read" (the Rust library), run by this script.
+2. ``cat_ranges`` of 1,000 random 64 KiB ranges against one ``seek`` +
+   ``read`` per range on an open file.
+
+Medians of ``--runs`` (3). Client pinned to CPU 0 and server to CPU 1, as
+``ferry bench`` does. Usage (after ``pip install ./python``):
+
+    python python/bench.py [--size-mib 1024] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import sys
+
+# The installed package, not the source directory beside this script (which
+# lacks the compiled module).
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import ferry  # noqa: E402
+from ferry.fs import FerryFileSystem  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pin(cpu: int) -> None:
+    if len(os.sched_getaffinity(0)) > 1 and os.cpu_count() and os.cpu_count() > cpu:
+        os.sched_setaffinity(0, {cpu})
+
+
+def start_server(ferry_bin: str, root: str) -> "tuple[subprocess.Popen, str]":
+    p = subprocess.Popen(
+        [ferry_bin, "serve", "--no-auth", "--listen", "127.0.0.1:0", root],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: pin(1),
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line.startswith("listening on "):
+        p.kill()
+        raise SystemExit(f"ferry serve did not start: {line!r}")
+    return p, line.split()[-1]
+
+
+def median_mbs(size: int, times: "list[float]") -> str:
+    rates = [size / t / 1e6 for t in times]
+    return f"{statistics.median(rates):8.1f} MB/s  ({min(rates):.1f}..{max(rates):.1f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--ranges", type=int, default=1000)
+    ap.add_argument("--range-kib", type=int, default=64)
+    ap.add_argument("--ferry", default=os.environ.get("FERRY_BIN", str(REPO / "target/release/ferry")))
+    a = ap.parse_args()
+    size = a.size_mib * 1024 * 1024
+    root = tempfile.mkdtemp(prefix="ferry-pybench-")
+    proc = None
+    try:
+        with open(os.path.join(root, "big"), "wb") as f:
+            block = os.urandom(1024 * 1024)
+            for _ in range(a.size_mib):
+                f.write(block)
+        proc, addr = start_server(a.ferry, root)
+        pin(0)
+        c = ferry.Client(addr)
+        buf = bytearray(1024 * 1024)
+        whole = bytearray(size)
+        t_block, t_whole = [], []
+        for _ in range(a.runs):
+            with c.open("/big", "rb", buffering=0) as f:
+                t0 = time.perf_counter()
+                n = 0
+                while True:
+                    k = f.readinto(buf)
+                    if not k:
+                        break
+                    n += k
+                t_block.append(time.perf_counter() - t0)
+                assert n == size
+            with c.open("/big", "rb", buffering=0) as f:
+                t0 = time.perf_counter()
+                assert f.readinto(whole) == size
+                t_whole.append(time.perf_counter() - t0)
+        del whole
+
+        # The Rust library, measured by `ferry bench` (its own server, same pinning).
+        out = subprocess.run(
+            [a.ferry, "bench", "--size-mib", str(a.size_mib), "--runs", str(a.runs), "--rtts", "100"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        m = re.search(r"ferry sequential read\s+([\d.]+) MB/s\s+([\d.]+)\.\.([\d.]+)", out)
+        rust = float(m.group(1)) if m else float("nan")
+
+        fs = FerryFileSystem(host=addr.rsplit(":", 1)[0], port=int(addr.rsplit(":", 1)[1]))
+        rng = random.Random(7)
+        rlen = a.range_kib * 1024
+        starts = [rng.randrange(0, size - rlen) for _ in range(a.ranges)]
+        ends = [s + rlen for s in starts]
+        paths = ["/big"] * a.ranges
+        t_ranges, t_loop = [], []
+        for _ in range(a.runs):
+            t0 = time.perf_counter()
+            got = fs.cat_ranges(paths, starts, ends)
+            t_ranges.append(time.perf_counter() - t0)
+            assert all(len(g) == rlen for g in got)
+            with c.open("/big", "rb", buffering=0) as f:
+                t0 = time.perf_counter()
+                for s in starts:
+                    f.seek(s)
+                    assert len(f.read(rlen)) == rlen
+                t_loop.append(time.perf_counter() - t0)
+
+        py = statistics.median(size / t / 1e6 for t in t_block)
+        print(f"ferry Python benchmark: {a.size_mib} MiB file, {a.runs} runs, medians (min..max)")
+        print(f"Python readinto, 1 MiB buffer        {median_mbs(size, t_block)}   {py / rust * 100:.0f} % of the Rust library")
+        print(f"Python readinto, one {a.size_mib} MiB buffer  {median_mbs(size, t_whole)}")
+        print(f"Rust library (ferry bench)           {rust:8.1f} MB/s  ({m.group(2) if m else '?'}..{m.group(3) if m else '?'})")
+        tr, tl = statistics.median(t_ranges), statistics.median(t_loop)
+        print(f"cat_ranges, {a.ranges} x {a.range_kib} KiB          {tr * 1000:8.1f} ms  ({rlen * a.ranges / tr / 1e6:.0f} MB/s)")
+        print(f"seek + read per range               {tl * 1000:8.1f} ms  ({rlen * a.ranges / tl / 1e6:.0f} MB/s)  cat_ranges {tl / tr:.1f}x faster")
+    finally:
+        if proc is not None:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
