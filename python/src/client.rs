@@ -2,6 +2,8 @@
 //! run with the GIL released, and a connection that is made again in a
 //! forked child (the parent's socket is not the child's to use).
 
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
@@ -85,7 +87,7 @@ impl PyClient {
 
     fn run<T, F>(&self, py: Python<'_>, path: &RemotePath, f: F) -> PyResult<T>
     where
-        F: FnOnce(&Client, &str) -> ferry_client::Result<T> + Send,
+        F: FnOnce(&Client, &Path) -> ferry_client::Result<T> + Send,
         T: Send,
     {
         py.detach(|| {
@@ -96,9 +98,9 @@ impl PyClient {
 
     fn target<'a>(path: &'a RemotePath, follow: bool) -> Target<'a> {
         if follow {
-            Target::Path(path.api())
+            Target::Path(path.bytes())
         } else {
-            Target::PathNoFollow(path.api())
+            Target::PathNoFollow(path.bytes())
         }
     }
 }
@@ -164,7 +166,7 @@ impl PyClient {
         let out = PyList::empty(py);
         for e in entries {
             let attr = e.attr.as_ref().map(stat_tuple);
-            out.append((name_to_py(py, &e.name), e.kind, attr))?;
+            out.append((name_to_py(py, &e.name)?, e.kind, attr))?;
         }
         Ok(out)
     }
@@ -222,9 +224,9 @@ impl PyClient {
         self.run(py, &p, |c, p| c.symlink(t.api(), p).map(|_| ()))
     }
 
-    fn readlink(&self, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<String> {
+    fn readlink(&self, py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<std::ffi::OsString> {
         let p = RemotePath::from_py(path)?;
-        self.run(py, &p, |c, p| c.read_link(p))
+        self.run(py, &p, |c, p| c.read_link(p).map(std::path::PathBuf::into_os_string))
     }
 
     #[pyo3(signature = (path, mode, follow_symlinks=true))]
@@ -272,7 +274,7 @@ impl PyClient {
 
     fn truncate(&self, py: Python<'_>, path: &Bound<'_, PyAny>, length: u64) -> PyResult<()> {
         let p = RemotePath::from_py(path)?;
-        self.run(py, &p, |c, p| c.truncate(Target::Path(p), length).map(|_| ()))
+        self.run(py, &p, |c, p| c.truncate(Target::Path(p.as_os_str().as_bytes()), length).map(|_| ()))
     }
 
     /// bsize, frsize, blocks, bfree, bavail, files, ffree, favail, flags,
@@ -335,7 +337,12 @@ impl PyClient {
     }
 
     #[pyo3(signature = (path, follow_symlinks=true))]
-    fn listxattr(&self, py: Python<'_>, path: &Bound<'_, PyAny>, follow_symlinks: bool) -> PyResult<Vec<String>> {
+    fn listxattr(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        follow_symlinks: bool,
+    ) -> PyResult<Vec<std::ffi::OsString>> {
         let p = RemotePath::from_py(path)?;
         let t = Self::target(&p, follow_symlinks);
         self.run(py, &p, |c, _| c.list_xattr(t))

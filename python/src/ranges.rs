@@ -32,7 +32,7 @@ pub fn read_ranges(
     starts: &[Option<i64>],
     ends: &[Option<i64>],
 ) -> Vec<ferry_client::Result<Vec<u8>>> {
-    let mut files: HashMap<&str, ferry_client::Result<File>> = HashMap::new();
+    let mut files: HashMap<&std::path::Path, ferry_client::Result<File>> = HashMap::new();
     for p in paths {
         files.entry(p.api()).or_insert_with(|| client.open(p.api(), OpenOptions::new().read(true)));
     }

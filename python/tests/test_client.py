@@ -47,6 +47,19 @@ def test_paths_accept_str_bytes_pathlike(client: ferry.Client, rdir: str) -> Non
         client.stat(3)  # type: ignore[arg-type]
 
 
+def test_names_that_are_not_utf8_round_trip(client: ferry.Client, server: Server, rdir: str) -> None:
+    # Linux names are bytes: as with os.listdir, undecodable bytes come back
+    # as surrogate escapes, and either spelling reaches the same file.
+    raw = rdir.encode() + b"/caf\xe9"
+    client.write_bytes(raw, b"latin-1 name")
+    assert (server.root / rdir[1:] / os.fsdecode(b"caf\xe9")).exists()
+    names = client.listdir(rdir)
+    assert names == [os.fsdecode(b"caf\xe9")]
+    assert client.read_bytes(f"{rdir}/{names[0]}") == b"latin-1 name"
+    client.rename(raw, rdir.encode() + b"/\xff\xfe")
+    assert client.listdir(rdir) == [os.fsdecode(b"\xff\xfe")]
+
+
 def test_names(client: ferry.Client, server: Server, rdir: str) -> None:
     client.makedirs(f"{rdir}/a/b/c")
     client.makedirs(f"{rdir}/a/b/c", exist_ok=True)
