@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// Seconds a connection may stay silent before it is closed.
     #[arg(long, default_value_t = 3600)]
     idle_timeout: u64,
+    /// Seconds a client's session (open files, offsets, locks) outlives its
+    /// last connection, so the client can reconnect and go on.
+    #[arg(long, default_value_t = 60.0)]
+    session_lease: f64,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks), to test
     /// how clients degrade.
     #[arg(long, hide = true, value_delimiter = ',')]
@@ -48,6 +52,8 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         allow_devices: a.allow_devices,
         max_connections: a.max_connections,
         idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
+        session_lease: Duration::try_from_secs_f64(a.session_lease)
+            .map_err(|_| format!("--session-lease {}: expected seconds >= 0", a.session_lease))?,
         ..Config::default()
     };
     for c in &a.disable_caps {
@@ -56,6 +62,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "xattr" => ferry_proto::caps::XATTR,
             "rename-flags" => ferry_proto::caps::RENAME_FLAGS,
             "locks" => ferry_proto::caps::LOCKS,
+            "sessions" => ferry_proto::caps::SESSIONS,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

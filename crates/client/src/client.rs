@@ -18,6 +18,22 @@ pub struct Client {
     engine: Arc<Engine>,
 }
 
+/// What it takes to rejoin a session from another connection: its id and
+/// secret (derived at both ends, never sent). Keep it private.
+#[derive(Clone)]
+pub struct SessionTicket {
+    pub id: u64,
+    secret: [u8; 32],
+    /// How long the server keeps the session after its last connection.
+    pub lease: std::time::Duration,
+}
+
+impl std::fmt::Debug for SessionTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTicket").field("id", &self.id).field("lease", &self.lease).finish_non_exhaustive()
+    }
+}
+
 /// Directory batch size asked of the server.
 const DIR_BATCH: u32 = 1024;
 
@@ -38,6 +54,44 @@ impl Client {
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// Makes this connection's state (open files, offsets, locks) a session
+    /// that outlives the connection for the server's lease, and returns the
+    /// ticket another connection joins it with. Needs the `SESSIONS`
+    /// capability (`ENOSYS` without it).
+    pub fn new_session(&self) -> Result<SessionTicket> {
+        if !self.engine.has_cap(caps::SESSIONS) {
+            return Err(Error::remote(libc::ENOSYS));
+        }
+        let f = self.engine.call(&Request::SessionNew)?;
+        match f.reply()? {
+            Reply::Session { id, lease_ms } => Ok(SessionTicket {
+                id,
+                secret: self.engine.session_secret(),
+                lease: std::time::Duration::from_millis(lease_ms.into()),
+            }),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Joins the session of `ticket`: from now on this connection shares its
+    /// open files, offsets and locks (whatever it had of its own is
+    /// closed). `ESTALE` if the session is gone (lease over, server
+    /// restarted), `EACCES` for a ticket of another secret.
+    pub fn attach(&self, ticket: &SessionTicket) -> Result<()> {
+        if !self.engine.has_cap(caps::SESSIONS) {
+            return Err(Error::remote(libc::ENOSYS));
+        }
+        let proof = self.engine.attach_proof(&ticket.secret, ticket.id);
+        self.empty_or_session(&Request::SessionAttach { id: ticket.id, proof })
+    }
+
+    fn empty_or_session(&self, req: &Request<'_>) -> Result<()> {
+        match self.engine.call(req)?.reply()? {
+            Reply::Session { .. } => Ok(()),
+            r => Err(unexpected(r)),
+        }
     }
 
     fn attr_call(&self, req: &Request<'_>) -> Result<Attr> {

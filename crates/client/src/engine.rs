@@ -99,6 +99,10 @@ pub struct Engine {
     st: Mutex<State>,
     cv: Condvar,
     welcome: Welcome,
+    /// This connection's client nonce (the server's is in `welcome`) and
+    /// the token: a session's secret derives from them.
+    client_nonce: Nonce,
+    token: Option<Vec<u8>>,
     max_frame: u32,
     /// The process that connected: after `fork` the child shares the socket
     /// with the parent and must not read its replies.
@@ -168,12 +172,24 @@ impl Engine {
             cv: Condvar::new(),
             max_frame: welcome.max_frame.min(CLIENT_MAX_FRAME),
             welcome,
+            client_nonce: nonce,
+            token: opts.token.clone(),
             pid: rustix::process::getpid(),
         })
     }
 
     pub fn welcome(&self) -> &Welcome {
         &self.welcome
+    }
+
+    /// The secret of a session this connection creates (never sent).
+    pub fn session_secret(&self) -> [u8; 32] {
+        ferry_proto::session_secret(self.token.as_deref().unwrap_or_default(), &self.welcome.nonce, &self.client_nonce)
+    }
+
+    /// The proof that joins session `id` from this connection.
+    pub fn attach_proof(&self, secret: &[u8; 32], id: u64) -> [u8; 32] {
+        ferry_proto::attach_proof(secret, id, &self.welcome.nonce, &self.client_nonce)
     }
 
     pub fn has_cap(&self, bit: u64) -> bool {

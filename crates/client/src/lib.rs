@@ -19,7 +19,7 @@ mod lock;
 pub mod token;
 pub mod url;
 
-pub use client::{join, Client};
+pub use client::{join, Client, SessionTicket};
 pub use engine::{Engine, Frame, Options};
 pub use error::{Error, Result};
 pub use ferry_proto::{caps, Attr, DirEntry, StatFs, Target, Time};

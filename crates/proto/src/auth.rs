@@ -28,3 +28,22 @@ pub fn server_proof(token: &[u8], server_nonce: &Nonce, client_nonce: &Nonce) ->
 pub fn proofs_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
+
+/// A session's secret, known to both ends and never sent: derived from the
+/// token (empty without authentication) and the nonces of the connection
+/// that created the session.
+pub fn session_secret(token: &[u8], server_nonce: &Nonce, client_nonce: &Nonce) -> [u8; 32] {
+    mac(token, b"ferry v1 session", server_nonce, client_nonce)
+}
+
+/// What a connection sends to join session `id`: the secret proven over
+/// this connection's own nonces, so an attach seen on the wire cannot be
+/// replayed on another connection.
+pub fn attach_proof(secret: &[u8; 32], id: u64, server_nonce: &Nonce, client_nonce: &Nonce) -> [u8; 32] {
+    let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts any key length");
+    m.update(b"ferry v1 attach");
+    m.update(&id.to_le_bytes());
+    m.update(server_nonce);
+    m.update(client_nonce);
+    m.finalize().into_bytes().into()
+}

@@ -186,6 +186,10 @@ pub struct Accepted {
     pub caps: u64,
     /// Largest reply body the client accepts.
     pub client_max_frame: u32,
+    /// Both nonces of this connection (sessions derive their secrets and
+    /// proofs from them).
+    pub server_nonce: Nonce,
+    pub client_nonce: Nonce,
 }
 
 /// Why the server ends a handshake; `out` already holds the error reply
@@ -258,7 +262,13 @@ impl ServerHandshake {
         if max_frame < MIN_MAX_FRAME {
             return Err(refuse(h, out, EPROTO, format!("client frame limit {max_frame} below the minimum")));
         }
-        let accepted = Accepted { version, caps: caps & self.offer.caps, client_max_frame: max_frame };
+        let accepted = Accepted {
+            version,
+            caps: caps & self.offer.caps,
+            client_max_frame: max_frame,
+            server_nonce: self.nonce,
+            client_nonce,
+        };
         let welcome = Welcome {
             version,
             caps: accepted.caps,

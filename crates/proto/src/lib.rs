@@ -14,7 +14,7 @@ mod msg;
 mod types;
 mod wire;
 
-pub use auth::{client_proof, proofs_equal, server_proof, Nonce};
+pub use auth::{attach_proof, client_proof, proofs_equal, server_proof, session_secret, Nonce};
 pub use frame::{Header, FLAG_ERROR, HEADER_LEN};
 pub use msg::*;
 pub use types::{Attr, DirEntry, StatFs, Target, Time, UTIME_NOW, UTIME_OMIT};
@@ -69,8 +69,11 @@ pub mod caps {
     /// Record locks (`Lock`, `GetLock`). Without it clients fail lock calls
     /// locally with `ENOLCK`.
     pub const LOCKS: u64 = 1 << 3;
+    /// Sessions that outlive their connection (`SessionNew`,
+    /// `SessionAttach`).
+    pub const SESSIONS: u64 = 1 << 4;
     /// Everything this implementation offers.
-    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS;
+    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

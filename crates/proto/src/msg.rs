@@ -40,6 +40,8 @@ pub mod op {
     pub const MKNOD: u16 = 37;
     pub const LOCK: u16 = 38;
     pub const GETLOCK: u16 = 39;
+    pub const SESSION_NEW: u16 = 40;
+    pub const SESSION_ATTACH: u16 = 41;
 }
 
 /// Record-lock constants of `Lock` and `GetLock` (capability `LOCKS`).
@@ -226,6 +228,16 @@ pub enum Request<'a> {
         kind: u8,
         typ: u8,
     },
+    /// Makes the connection's state a session that outlives it for the
+    /// lease (capability `SESSIONS`); answered with `Session`.
+    SessionNew,
+    /// Joins this connection to an existing session: its handles, offsets
+    /// and locks become this connection's too. `proof` is
+    /// [`attach_proof`](crate::attach_proof) of the session's secret.
+    SessionAttach {
+        id: u64,
+        proof: [u8; 32],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -264,6 +276,8 @@ impl<'a> Request<'a> {
             Request::ReadDir { .. } => op::READDIR,
             Request::Lock { .. } => op::LOCK,
             Request::GetLock { .. } => op::GETLOCK,
+            Request::SessionNew => op::SESSION_NEW,
+            Request::SessionAttach { .. } => op::SESSION_ATTACH,
         }
     }
 
@@ -298,7 +312,11 @@ impl<'a> Request<'a> {
                 w.raw(nonce);
             }
             Request::Auth { proof } => w.raw(proof),
-            Request::Ping => {}
+            Request::Ping | Request::SessionNew => {}
+            Request::SessionAttach { id, proof } => {
+                w.u64(*id);
+                w.raw(proof);
+            }
             Request::Open { path, flags, mode } => {
                 w.u32(*flags);
                 w.u32(*mode);
@@ -522,6 +540,10 @@ impl<'a> Request<'a> {
                 max_entries: r.u32("readdir.max_entries")?,
                 plus: r.bool("readdir.plus")?,
             },
+            op::SESSION_NEW => Request::SessionNew,
+            op::SESSION_ATTACH => {
+                Request::SessionAttach { id: r.u64("session_attach.id")?, proof: r.array32("session_attach.proof")? }
+            }
             op::LOCK | op::GETLOCK => {
                 let handle = r.u64("lock.handle")?;
                 let owner = r.u64("lock.owner")?;
@@ -601,6 +623,12 @@ pub enum Reply<'a> {
         eof: bool,
         entries: Vec<DirEntry>,
     },
+    /// Answer to `SessionNew` and `SessionAttach`: the session's id and how
+    /// long it outlives its last connection.
+    Session {
+        id: u64,
+        lease_ms: u32,
+    },
     /// Answer to `GetLock`: the conflicting lock, or `typ` = `UNLCK` (and
     /// zeros) when there is none. `len` 0 reaches the end of the file.
     Lock {
@@ -668,6 +696,10 @@ impl<'a> Reply<'a> {
                     e.put(w);
                 }
             }
+            Reply::Session { id, lease_ms } => {
+                w.u64(*id);
+                w.u32(*lease_ms);
+            }
             Reply::Lock { typ, start, len, pid } => {
                 w.u8(*typ);
                 w.u64(*start);
@@ -729,6 +761,9 @@ impl<'a> Reply<'a> {
             | op::SETXATTR
             | op::REMOVEXATTR
             | op::LOCK => Reply::Empty,
+            op::SESSION_NEW | op::SESSION_ATTACH => {
+                Reply::Session { id: r.u64("session.id")?, lease_ms: r.u32("session.lease_ms")? }
+            }
             op::GETLOCK => {
                 let typ = r.u8("lock.type")?;
                 if typ > lock::UNLCK {

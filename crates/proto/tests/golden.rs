@@ -179,6 +179,7 @@ fn goldens() -> Vec<Golden> {
         ),
         g("lock", 18, Req(Request::Lock { handle: 1, owner: 4242, start: 100, len: 0, pid: 4242, kind: 0, typ: 1 })),
         g("getlock_reply", 19, Rep(op::GETLOCK, Reply::Lock { typ: 0, start: 0, len: 10, pid: 77 })),
+        g("session_reply", 20, Rep(op::SESSION_NEW, Reply::Session { id: 0x0102030405060708, lease_ms: 60_000 })),
         g("enosys", 17, Err(99, ErrorReply { errno: 38, message: "unknown operation 99" })),
     ]
 }

@@ -12,10 +12,12 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 33] = [
+const ALL_OPS: [u16; 35] = [
     op::MKNOD,
     op::LOCK,
     op::GETLOCK,
+    op::SESSION_NEW,
+    op::SESSION_ATTACH,
     op::HELLO,
     op::AUTH,
     op::PING,
@@ -51,7 +53,7 @@ const ALL_OPS: [u16; 33] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 33;
+const REQUEST_VARIANTS: usize = 35;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -90,6 +92,8 @@ fn request_index(r: &Request) -> usize {
         Request::Mknod { .. } => 30,
         Request::Lock { .. } => 31,
         Request::GetLock { .. } => 32,
+        Request::SessionNew => 33,
+        Request::SessionAttach { .. } => 34,
     }
 }
 
@@ -186,6 +190,8 @@ fn build_request(r: &RawRequest) -> Request<'_> {
             kind: (r.d % 3) as u8,
             typ: (r.c % 2) as u8,
         },
+        33 => Request::SessionNew,
+        34 => Request::SessionAttach { id: r.a, proof: [r.c as u8; 32] },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -274,7 +280,7 @@ fn split(frame: &[u8]) -> (Header, &[u8]) {
 // ---------------------------------------------------------------------------
 // Replies.
 
-const REPLY_VARIANTS: usize = 13;
+const REPLY_VARIANTS: usize = 14;
 
 /// Index of a reply's variant; no wildcard, as for `request_index`.
 fn reply_index(r: &Reply) -> usize {
@@ -292,6 +298,7 @@ fn reply_index(r: &Reply) -> usize {
         Reply::Xattr { .. } => 10,
         Reply::Dir { .. } => 11,
         Reply::Lock { .. } => 12,
+        Reply::Session { .. } => 13,
     }
 }
 
@@ -322,6 +329,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         10 => &[op::GETXATTR, op::LISTXATTR],
         11 => &[op::READDIR],
         12 => &[op::GETLOCK],
+        13 => &[op::SESSION_NEW, op::SESSION_ATTACH],
         n => unreachable!("reply variant {n}"),
     }
 }
@@ -360,6 +368,7 @@ fn build_reply(r: &RawReply) -> (u16, Reply<'_>) {
         10 => Reply::Xattr { size: r.c, value: &r.data },
         11 => Reply::Dir { eof: r.flag, entries: r.entries.clone() },
         12 => Reply::Lock { typ: (r.c % 3) as u8, start: r.a, len: r.a.rotate_left(11), pid: r.c },
+        13 => Reply::Session { id: r.a, lease_ms: r.c },
         n => unreachable!("reply variant {n}"),
     };
     (op, reply)
@@ -676,7 +685,7 @@ fn longest_string_round_trips() {
 
 #[test]
 fn unknown_ops_are_errors() {
-    for op in [0u16, 4, 9, 37, 40, 99, u16::MAX] {
+    for op in [0u16, 4, 9, 37, 42, 99, u16::MAX] {
         assert!(Request::decode(op, &[]).is_err());
         assert!(Reply::decode(op, &[]).is_err());
     }

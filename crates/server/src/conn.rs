@@ -5,15 +5,19 @@
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::bufpool::{BufPool, Lent};
 use crate::locks::LockTable;
 use crate::session::HandleBudget;
+use crate::sessions::{Sessions, Shared};
 
 use ferry_proto::handshake::{Refusal, ServerHandshake, ServerOffer, HANDSHAKE_MAX_FRAME};
-use ferry_proto::{op, DecodeError, ErrorReply, Header, Nonce, Reply, Request, HEADER_LEN};
+use ferry_proto::{
+    attach_proof, caps, op, proofs_equal, session_secret, DecodeError, ErrorReply, Header, Nonce, Reply, Request,
+    HEADER_LEN,
+};
 
 use crate::backend::{Backend, Errno, ReadData};
 use crate::session::{Answer, Policy, Session};
@@ -43,6 +47,11 @@ pub struct Conn<B: Backend> {
     budget: Arc<HandleBudget>,
     pool: Arc<BufPool>,
     locks: Arc<LockTable>,
+    sessions: Arc<Sessions<B>>,
+    /// This connection's (server, client) nonces, for session proofs.
+    nonces: (Nonce, Nonce),
+    /// The registered session this connection belongs to, if any.
+    session_id: Option<u64>,
     body: Vec<u8>,
     /// The body of the current frame when it is larger than `OWN_MAX`;
     /// returned to the pool as soon as its request is answered.
@@ -50,16 +59,19 @@ pub struct Conn<B: Backend> {
     out: Vec<u8>,
 }
 
+/// What every connection of a server shares.
+pub struct Common<B: Backend> {
+    pub cfg: Arc<Config>,
+    pub backend: Arc<B>,
+    pub budget: Arc<HandleBudget>,
+    pub pool: Arc<BufPool>,
+    pub locks: Arc<LockTable>,
+    pub sessions: Arc<Sessions<B>>,
+}
+
 impl<B: Backend> Conn<B> {
-    pub fn new(
-        stream: TcpStream,
-        peer: SocketAddr,
-        cfg: Arc<Config>,
-        backend: Arc<B>,
-        budget: Arc<HandleBudget>,
-        pool: Arc<BufPool>,
-        locks: Arc<LockTable>,
-    ) -> io::Result<Self> {
+    pub fn new(stream: TcpStream, peer: SocketAddr, common: &Common<B>) -> io::Result<Self> {
+        let cfg = Arc::clone(&common.cfg);
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(cfg.idle_timeout))?;
         let tx = stream.try_clone()?;
@@ -68,10 +80,13 @@ impl<B: Backend> Conn<B> {
             tx,
             peer,
             cfg,
-            backend,
-            budget,
-            pool,
-            locks,
+            backend: Arc::clone(&common.backend),
+            budget: Arc::clone(&common.budget),
+            pool: Arc::clone(&common.pool),
+            locks: Arc::clone(&common.locks),
+            sessions: Arc::clone(&common.sessions),
+            nonces: ([0; 32], [0; 32]),
+            session_id: None,
             body: Vec::new(),
             big: None,
             out: Vec::with_capacity(OUT_FLUSH),
@@ -88,14 +103,21 @@ impl<B: Backend> Conn<B> {
             Ok(p) => p,
             Err(e) => return e,
         };
-        let mut session = Session::new(Arc::clone(&self.backend), policy);
-        loop {
-            let r = self.serve_one(&mut session);
+        let caps = policy.caps;
+        let mut session: Shared<B> = Arc::new(Mutex::new(Session::new(Arc::clone(&self.backend), policy)));
+        let end = loop {
+            let r = self.serve_one(&mut session, caps);
             self.big = None;
             if let Err(e) = r {
-                return e;
+                break e;
             }
+        };
+        // A registered session lives on for its lease; an unregistered one
+        // ends here with the connection (its handles close, locks go).
+        if let Some(id) = self.session_id {
+            self.sessions.detach(id);
         }
+        end
     }
 
     /// Reads one frame header and body into `self.body`.
@@ -163,6 +185,7 @@ impl<B: Backend> Conn<B> {
                 Ok(None) => self.flush()?,
                 Ok(Some(a)) => {
                     self.flush()?;
+                    self.nonces = (a.server_nonce, a.client_nonce);
                     break a;
                 }
                 Err(refusal) => {
@@ -186,7 +209,39 @@ impl<B: Backend> Conn<B> {
         })
     }
 
-    fn serve_one(&mut self, session: &mut Session<B>) -> Result<(), End> {
+    /// `SessionNew`: registers this connection's session (or names the one
+    /// it already belongs to).
+    fn session_new(&self, session: &Shared<B>, caps: u64) -> Result<u64, Errno> {
+        if caps & caps::SESSIONS == 0 {
+            return Err(Errno::NOSYS);
+        }
+        if let Some(id) = self.session_id {
+            return Ok(id);
+        }
+        let (sn, cn) = &self.nonces;
+        let secret = session_secret(self.cfg.token.as_deref().unwrap_or_default(), sn, cn);
+        Ok(self.sessions.create(Arc::clone(session), secret, caps))
+    }
+
+    /// `SessionAttach`: this connection joins session `id`; whatever it had
+    /// of its own is dropped.
+    fn session_attach(&self, session: &mut Shared<B>, caps: u64, id: u64, proof: &[u8; 32]) -> Result<u64, Errno> {
+        if caps & caps::SESSIONS == 0 {
+            return Err(Errno::NOSYS);
+        }
+        if self.session_id == Some(id) {
+            return Ok(id);
+        }
+        let (sn, cn) = &self.nonces;
+        let joined = self.sessions.attach(id, caps, |secret| proofs_equal(proof, &attach_proof(secret, id, sn, cn)))?;
+        if let Some(old) = self.session_id {
+            self.sessions.detach(old);
+        }
+        *session = joined;
+        Ok(id)
+    }
+
+    fn serve_one(&mut self, session: &mut Shared<B>, caps: u64) -> Result<(), End> {
         let h = self.read_frame(self.cfg.max_frame)?;
         let body = match &self.big {
             Some(b) => b.as_slice(),
@@ -202,9 +257,32 @@ impl<B: Backend> Conn<B> {
         if matches!(req, Request::Hello { .. } | Request::Auth { .. }) {
             return self.queue_error(h, Errno::INVAL, "handshake already done");
         }
+        let control = match req {
+            Request::SessionNew => Some(self.session_new(session, caps)),
+            Request::SessionAttach { id, proof } => Some(self.session_attach(session, caps, id, &proof)),
+            _ => None,
+        };
+        if let Some(r) = control {
+            match r {
+                Ok(id) => {
+                    self.session_id = Some(id);
+                    let lease_ms = u32::try_from(self.sessions.lease().as_millis()).unwrap_or(u32::MAX);
+                    Reply::Session { id, lease_ms }.encode(h.op, h.id, &mut self.out);
+                }
+                Err(e) => {
+                    let msg = io::Error::from_raw_os_error(e.0).to_string();
+                    ErrorReply { errno: e.0 as u32, message: &msg }.encode(h.op, h.id, &mut self.out);
+                }
+            }
+            return self.maybe_flush();
+        }
         // The request borrows `self.body`; the answer may borrow the session.
         // Encode everything that needs `req` before touching `self` mutably.
-        let answer = session.execute(&req);
+        // One request of a session runs at a time, whichever connection
+        // brought it.
+        let shared = Arc::clone(session);
+        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let answer = guard.execute(&req);
         let mut out = std::mem::take(&mut self.out);
         let res = match answer {
             Ok(Answer::Data(data)) => {

@@ -13,6 +13,7 @@ mod locks;
 pub mod memory;
 pub mod posix;
 mod session;
+mod sessions;
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,6 +43,8 @@ pub struct Config {
     /// than 1 MiB (big writes wait their turn beyond it).
     pub frame_pool_bytes: usize,
     pub idle_timeout: Duration,
+    /// How long a session outlives its last connection.
+    pub session_lease: Duration,
     /// Time allowed for the whole handshake, authentication included.
     pub handshake_timeout: Duration,
     /// Capabilities offered (tests turn some off to check degradation).
@@ -66,6 +69,7 @@ impl Default for Config {
             frame_pool_bytes: 512 * 1024 * 1024,
             idle_timeout: Duration::from_secs(3600),
             handshake_timeout: Duration::from_secs(10),
+            session_lease: Duration::from_secs(60),
             caps: ferry_proto::caps::ALL,
             boot_id: u64::from_le_bytes(id),
         }
@@ -82,10 +86,24 @@ fn handle_budget(max_connections: usize) -> usize {
 
 /// Accepts connections forever, one thread each.
 pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
-    let budget = Arc::new(HandleBudget::new(handle_budget(cfg.max_connections)));
-    let pool = Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes));
-    let locks = Arc::new(locks::LockTable::default());
-    let cfg = Arc::new(cfg);
+    let sessions = Arc::new(sessions::Sessions::new(cfg.session_lease));
+    {
+        let sessions = Arc::clone(&sessions);
+        let tick = (cfg.session_lease / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        std::thread::Builder::new().name("ferry-lease".into()).spawn(move || loop {
+            std::thread::sleep(tick);
+            sessions.reap(std::time::Instant::now());
+        })?;
+    }
+    let common = conn::Common {
+        budget: Arc::new(HandleBudget::new(handle_budget(cfg.max_connections))),
+        pool: Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes)),
+        locks: Arc::new(locks::LockTable::default()),
+        sessions,
+        backend,
+        cfg: Arc::new(cfg),
+    };
+    let cfg = Arc::clone(&common.cfg);
     let live = Arc::new(AtomicUsize::new(0));
     loop {
         let (stream, peer) = match listener.accept() {
@@ -108,15 +126,7 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
                 .spawn(move || conn::refuse(stream, libc::EBUSY, &msg));
             continue;
         }
-        let conn = match conn::Conn::new(
-            stream,
-            peer,
-            Arc::clone(&cfg),
-            Arc::clone(&backend),
-            Arc::clone(&budget),
-            Arc::clone(&pool),
-            Arc::clone(&locks),
-        ) {
+        let conn = match conn::Conn::new(stream, peer, &common) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("ferry serve: {peer}: {e}");

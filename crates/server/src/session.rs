@@ -151,7 +151,10 @@ impl<B: Backend> Session<B> {
     pub fn execute<'s>(&'s mut self, req: &Request<'_>) -> Result<Answer<'s>> {
         let b = Arc::clone(&self.backend);
         match *req {
-            Request::Hello { .. } | Request::Auth { .. } => Err(Errno::INVAL),
+            // Connection-level requests: the connection answers them itself.
+            Request::Hello { .. } | Request::Auth { .. } | Request::SessionNew | Request::SessionAttach { .. } => {
+                Err(Errno::INVAL)
+            }
             Request::Ping => Ok(Answer::Empty),
             Request::Open { path, flags, mode } => self.open(path, flags, mode),
             Request::Close { handle } => {

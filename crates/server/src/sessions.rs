@@ -1,0 +1,155 @@
+//! Sessions that outlive connections. A connection's state (open handles,
+//! their offsets, record locks) is a [`Session`]; a client that asks for it
+//! (`SessionNew`) gets it registered here under an id, and any later
+//! connection that proves the session's secret (`SessionAttach`) shares it.
+//! A session with no connection is kept for the lease, then dropped, which
+//! closes its handles and releases its locks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, Errno};
+use crate::session::Session;
+
+/// A session as connections hold it: one request at a time runs on it.
+pub type Shared<B> = Arc<Mutex<Session<B>>>;
+
+pub struct Sessions<B: Backend> {
+    lease: Duration,
+    st: Mutex<HashMap<u64, Entry<B>>>,
+}
+
+struct Entry<B: Backend> {
+    session: Shared<B>,
+    secret: [u8; 32],
+    /// Capabilities the session was created with: a connection that joins
+    /// must have negotiated the same, so every request means the same.
+    caps: u64,
+    attached: usize,
+    /// When the last connection left.
+    idle_since: Option<Instant>,
+}
+
+impl<B: Backend> Sessions<B> {
+    pub fn new(lease: Duration) -> Self {
+        Sessions { lease, st: Mutex::new(HashMap::new()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Entry<B>>> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Registers a connection's session; it counts as attached once.
+    pub fn create(&self, session: Shared<B>, secret: [u8; 32], caps: u64) -> u64 {
+        let mut st = self.lock();
+        let id = loop {
+            let mut b = [0u8; 8];
+            // A weak id only makes a collision likelier; the secret guards it.
+            let _ = getrandom::getrandom(&mut b);
+            let id = u64::from_le_bytes(b);
+            if id != 0 && !st.contains_key(&id) {
+                break id;
+            }
+        };
+        st.insert(id, Entry { session, secret, caps, attached: 1, idle_since: None });
+        id
+    }
+
+    /// Joins session `id` if `proves(secret)` holds: `ESTALE` for a session
+    /// that does not exist (never, or no longer: lease over, server
+    /// restarted), `EACCES` for a wrong proof, `EINVAL` for other caps.
+    pub fn attach(&self, id: u64, caps: u64, proves: impl Fn(&[u8; 32]) -> bool) -> Result<Shared<B>, Errno> {
+        let mut st = self.lock();
+        let e = st.get_mut(&id).ok_or(Errno(libc::ESTALE))?;
+        if !proves(&e.secret) {
+            return Err(Errno::ACCES);
+        }
+        if e.caps != caps {
+            return Err(Errno::INVAL);
+        }
+        e.attached += 1;
+        e.idle_since = None;
+        Ok(Arc::clone(&e.session))
+    }
+
+    /// A connection of session `id` ended.
+    pub fn detach(&self, id: u64) {
+        let mut st = self.lock();
+        if let Some(e) = st.get_mut(&id) {
+            e.attached = e.attached.saturating_sub(1);
+            if e.attached == 0 {
+                e.idle_since = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Drops sessions whose lease ran out; returns how many.
+    pub fn reap(&self, now: Instant) -> usize {
+        let expired: Vec<Entry<B>> = {
+            let mut st = self.lock();
+            let ids: Vec<u64> = st
+                .iter()
+                .filter(|(_, e)| e.idle_since.is_some_and(|t| now.saturating_duration_since(t) >= self.lease))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| st.remove(id)).collect()
+        };
+        // Closing handles happens here, outside the table's lock.
+        expired.len()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+    use crate::session::{HandleBudget, Policy};
+
+    fn session() -> Shared<MemoryBackend> {
+        let policy = Policy {
+            budget: Arc::new(HandleBudget::new(100)),
+            read_only: false,
+            allow_devices: false,
+            max_handles: 10,
+            caps: 0,
+            max_read: 1 << 20,
+            locks: Arc::default(),
+        };
+        Arc::new(Mutex::new(Session::new(Arc::new(MemoryBackend::new()), policy)))
+    }
+
+    #[test]
+    fn attach_needs_the_secret_and_the_same_caps() {
+        let t = Sessions::new(Duration::from_secs(60));
+        let id = t.create(session(), [7; 32], 3);
+        assert_eq!(t.attach(id, 3, |s| s == &[7; 32]).map(|_| ()), Ok(()));
+        assert_eq!(t.attach(id, 3, |s| s == &[8; 32]).map(|_| ()), Err(Errno::ACCES));
+        assert_eq!(t.attach(id, 1, |_| true).map(|_| ()), Err(Errno::INVAL));
+        assert_eq!(t.attach(id ^ 1, 3, |_| true).map(|_| ()), Err(Errno(libc::ESTALE)));
+    }
+
+    #[test]
+    fn a_session_outlives_its_connections_for_the_lease_only() {
+        let t = Sessions::new(Duration::from_secs(60));
+        let id = t.create(session(), [1; 32], 0);
+        let now = Instant::now();
+        assert_eq!(t.reap(now + Duration::from_secs(3600)), 0, "attached sessions never expire");
+        t.detach(id);
+        assert_eq!(t.reap(now + Duration::from_secs(30)), 0);
+        assert!(t.attach(id, 0, |_| true).is_ok(), "within the lease the session is there");
+        t.detach(id);
+        assert_eq!(t.reap(Instant::now() + Duration::from_secs(61)), 1);
+        assert_eq!(t.len(), 0);
+        assert_eq!(t.attach(id, 0, |_| true).map(|_| ()), Err(Errno(libc::ESTALE)));
+    }
+}
