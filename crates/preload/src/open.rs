@@ -9,8 +9,8 @@
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use ferry_client::{Attr, File, OpenOptions, Target};
 use crate::sync::Mutex;
+use ferry_client::{Attr, File, OpenOptions, Target};
 
 use crate::state;
 

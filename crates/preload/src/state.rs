@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
-use ferry_client::{Client, Error, Options};
 use crate::sync::{Mutex, RwLock};
+use ferry_client::{Client, Error, Options};
 
 use crate::mounts::{self, Mount, Remote};
 use crate::open::Open;
@@ -286,9 +286,15 @@ pub fn place_high(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::f
     Err(last)
 }
 
+/// A lock-free first look for the hot path: false for every number below
+/// ferry's lowest own descriptor (all of a program's usual ones).
+pub fn may_be_internal(fd: i32) -> bool {
+    fd >= LOWEST_INTERNAL.load(Relaxed)
+}
+
 /// Is `fd` one of ferry's connections (not the program's)?
 pub fn is_internal(fd: i32) -> bool {
-    if fd < LOWEST_INTERNAL.load(Relaxed) {
+    if !may_be_internal(fd) {
         return false;
     }
     CONNS.lock().all().any(|c| c.engine().raw_fd() == fd)

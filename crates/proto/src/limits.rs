@@ -118,7 +118,10 @@ mod tests {
         let set = Request::SetXattr { target: Target::Handle(1), name: b"user.x", value: &big, flags: 0 };
         assert_eq!(set.check_limits(), Err(Limit::XattrValue));
         let name = vec![b'n'; 256];
-        assert_eq!(Request::RemoveXattr { target: Target::Handle(1), name: &name }.check_limits(), Err(Limit::XattrName));
+        assert_eq!(
+            Request::RemoveXattr { target: Target::Handle(1), name: &name }.check_limits(),
+            Err(Limit::XattrName)
+        );
         assert_eq!(
             Request::Symlink { target: &vec![b'x'; 300], path: b"/l" }.check_limits(),
             Ok(()),

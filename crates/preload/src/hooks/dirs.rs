@@ -5,8 +5,8 @@
 use std::ffi::CString;
 use std::sync::Arc;
 
-use libc::{c_char, c_int, c_long};
 use crate::sync::Mutex;
+use libc::{c_char, c_int, c_long};
 
 use super::{remote_fd, remote_path};
 use crate::guard::{enter, set_errno};

@@ -166,7 +166,7 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off6
 /// Is `fd` one of ferry's own (a connection), which the program never
 /// opened? Inside our own logic every fd is ours to use.
 fn internal(fd: c_int) -> bool {
-    !crate::guard::busy() && state::owner() && guarded(|| state::is_internal(fd))
+    state::may_be_internal(fd) && !crate::guard::busy() && state::owner() && guarded(|| state::is_internal(fd))
 }
 
 /// Runs a check with the guard held; a panic counts as "no".

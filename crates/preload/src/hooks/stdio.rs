@@ -6,8 +6,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use libc::{c_char, c_int, c_void, size_t, ssize_t, FILE};
 use crate::sync::Mutex;
+use libc::{c_char, c_int, c_void, size_t, ssize_t, FILE};
 
 use super::{bytes, remote_fd, remote_path};
 use crate::{guard, state};
