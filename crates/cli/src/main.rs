@@ -74,6 +74,13 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// The papers' experiments, side by side with NFS, 9P, SMB and sshfs.
     Compare(compare::CompareArgs),
+    /// Internal: `ferry run`'s trampoline for a program stored under a
+    /// mount (runs with the library loaded).
+    #[command(hide = true)]
+    RunExec {
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Internal: the other end of the raw TCP measurements.
     #[command(hide = true)]
     BenchPeer { mode: String, addr: String, bytes: u64, path: Option<PathBuf> },
@@ -94,6 +101,7 @@ fn main() -> ExitCode {
         Cmd::Mount(a) => mount::mount(a, tf),
         Cmd::Umount { mountpoint } => mount::umount(&mountpoint),
         Cmd::Run(a) => run::run(a, tf),
+        Cmd::RunExec { command } => run::exec(&command),
         Cmd::Bench(a) => bench::run(a, tf),
         Cmd::Compare(a) => compare::run(a, tf),
         Cmd::BenchPeer { mode, addr, bytes, path } => bench::peer(&mode, &addr, bytes, path.as_deref()),

@@ -2,9 +2,13 @@
 //!
 //! The library finds its mounts in `FERRY_MOUNTS` and its token as every
 //! client does; this command only sets those, `LD_PRELOAD`, and `exec`s.
+//! A program stored under a mount (`ferry run -- /remote/prog`, or a `#!`
+//! script there) is something only the library can run: then `ferry`
+//! execs itself, library loaded, as a trampoline (`run-exec`) whose own
+//! `exec` of the program goes through the library's `execve`.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use ferry_client::Url;
@@ -64,12 +68,69 @@ pub fn run(a: RunArgs, token_file: Option<&Path>) -> Result<(), String> {
         Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
         _ => lib.display().to_string(),
     };
-    let mut cmd = Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).env("LD_PRELOAD", preload).env("FERRY_MOUNTS", table.join(";")).env_remove("FERRY_CWD");
+    let mut cmd = if under_mount(&a.command[0], &table) {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find the ferry binary: {e}"))?;
+        let mut c = Command::new(exe);
+        c.arg("run-exec").arg("--").args(&a.command);
+        c
+    } else {
+        let mut c = Command::new(&a.command[0]);
+        c.args(&a.command[1..]);
+        c
+    };
+    cmd.env("LD_PRELOAD", preload).env("FERRY_MOUNTS", table.join(";")).env_remove("FERRY_CWD");
     if let Some(t) = token_file {
         cmd.env("FERRY_TOKEN_FILE", t);
     }
     // Only returns on failure.
     let e = cmd.exec();
     Err(format!("{}: {e}", a.command[0]))
+}
+
+/// The trampoline: runs in a `ferry` process with the library loaded, so
+/// this `exec` (std's `execvp`) is the library's, which runs remote
+/// programs. Only returns on failure.
+pub fn exec(command: &[String]) -> Result<(), String> {
+    let (prog, args) = command.split_first().ok_or("run-exec: no command")?;
+    let e = Command::new(prog).args(args).exec();
+    Err(format!("{prog}: {e}"))
+}
+
+/// Is `prog` a path under one of the table's prefixes (`PREFIX=URL`)?
+fn under_mount(prog: &str, table: &[String]) -> bool {
+    if !prog.contains('/') {
+        return false;
+    }
+    let abs = match std::env::current_dir() {
+        Ok(cwd) => cwd.join(prog),
+        Err(_) => PathBuf::from(prog),
+    };
+    // Lexically, as the library resolves paths.
+    let mut norm = PathBuf::from("/");
+    for c in abs.components() {
+        match c {
+            Component::Normal(n) => norm.push(n),
+            Component::ParentDir => {
+                norm.pop();
+            }
+            _ => {}
+        }
+    }
+    table.iter().filter_map(|e| e.split_once('=')).any(|(prefix, _)| norm.starts_with(prefix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under_mount;
+
+    #[test]
+    fn programs_under_a_mount() {
+        let t = vec!["/remote=ferry://h:1/".to_string()];
+        assert!(under_mount("/remote/prog", &t));
+        assert!(under_mount("/remote", &t));
+        assert!(under_mount("/x/../remote/bin/p", &t));
+        assert!(!under_mount("/remotex/p", &t));
+        assert!(!under_mount("/remote/../bin/sh", &t));
+        assert!(!under_mount("bash", &t));
+    }
 }

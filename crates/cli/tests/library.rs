@@ -1180,3 +1180,27 @@ fn non_utf8_names(server: &Server) {
     c.remove_file(&cafe).unwrap();
     assert!(c.read_dir("/").unwrap().is_empty());
 }
+
+/// Requests over Linux's limits fail before they are encoded, with the
+/// errno Linux gives, and hold no window slot: far more of them than the
+/// window holds leave the connection working.
+#[test]
+fn over_long_requests_fail_locally_and_free_their_slot() {
+    let server = Server::start(&[]);
+    let c = server.client();
+    c.write("/f", b"x").unwrap();
+    let huge = format!("/{}", "a/".repeat(35_000));
+    let component = format!("/{}", "n".repeat(256));
+    let max = format!("/{}", "d/".repeat(2047) + "z");
+    assert_eq!(max.len(), 4096);
+    for _ in 0..100 {
+        assert_eq!(errno(c.metadata(&huge)), libc::ENAMETOOLONG);
+        assert_eq!(errno(c.rename("/f", &huge)), libc::ENAMETOOLONG);
+        assert_eq!(errno(c.metadata(&component)), libc::ENAMETOOLONG);
+        assert_eq!(errno(c.metadata(&max)), libc::ENAMETOOLONG);
+        assert_eq!(errno(c.set_xattr(Target::Path(b"/f"), "user.big", &vec![0u8; 65537], 0)), libc::E2BIG);
+        assert_eq!(errno(c.set_xattr(Target::Path(b"/f"), "n".repeat(256), b"v", 0)), libc::ERANGE);
+    }
+    c.ping().unwrap();
+    assert_eq!(c.read("/f").unwrap(), b"x");
+}

@@ -10,7 +10,9 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufReader, IoSlice, Read};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ferry_proto::handshake::{ClientError, ClientHandshake, ClientOffer};
@@ -40,7 +42,16 @@ pub struct Options {
     pub handshake_timeout: Duration,
     /// Versions to offer (tests use it to play an incompatible peer).
     pub versions: (u16, u16),
+    /// Where the connection's descriptor goes, before the handshake: given
+    /// the socket, returns the descriptor to use instead (the preload
+    /// library moves it to a high, close-on-exec number, out of the
+    /// program's way). `None` keeps the number `socket` gave.
+    pub place_fd: Option<PlaceFd>,
 }
+
+/// Moves a descriptor: given the current one, returns a new descriptor for
+/// the same socket (the old one is closed afterwards).
+pub type PlaceFd = fn(BorrowedFd<'_>) -> io::Result<OwnedFd>;
 
 impl Default for Options {
     fn default() -> Self {
@@ -51,6 +62,7 @@ impl Default for Options {
             connect_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             versions: (VERSION_MIN, VERSION_MAX),
+            place_fd: None,
         }
     }
 }
@@ -92,10 +104,22 @@ struct State {
     dead: Option<Error>,
 }
 
+/// The connection's one socket, shared by the send and receive sides.
+struct Sock(Arc<TcpStream>);
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
 pub struct Engine {
     /// The socket and a frame buffer reused for every request's header.
-    tx: Mutex<(TcpStream, Vec<u8>)>,
-    rx: Mutex<BufReader<TcpStream>>,
+    tx: Mutex<(Arc<TcpStream>, Vec<u8>)>,
+    rx: Mutex<BufReader<Sock>>,
+    /// The socket's descriptor number, readable without a lock (the
+    /// preload library asks it on every `close` of a high descriptor).
+    fd: AtomicI32,
     st: Mutex<State>,
     cv: Condvar,
     welcome: Welcome,
@@ -118,7 +142,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Engine {
     /// Connects, negotiates and authenticates.
     pub fn connect(addr: &str, opts: &Options) -> Result<Engine> {
-        let stream = connect_tcp(addr, opts.connect_timeout)?;
+        let mut stream = connect_tcp(addr, opts.connect_timeout)?;
+        if let Some(place) = opts.place_fd {
+            stream = TcpStream::from(place(stream.as_fd()).map_err(Error::from_io)?);
+        }
         stream.set_nodelay(true).map_err(Error::from_io)?;
         // Bounded while we wait for the server's first words; cleared once
         // the handshake is done (requests then wait as long as they need).
@@ -126,8 +153,9 @@ impl Engine {
         stream.set_read_timeout(limit).map_err(Error::from_io)?;
         stream.set_write_timeout(limit).map_err(Error::from_io)?;
         let secs = opts.handshake_timeout.as_secs_f64();
-        let mut rx = BufReader::with_capacity(RX_BUF, stream.try_clone().map_err(Error::from_io)?);
-        let mut tx = stream;
+        let fd = stream.as_raw_fd();
+        let tx = Arc::new(stream);
+        let mut rx = BufReader::with_capacity(RX_BUF, Sock(tx.clone()));
         let mut nonce: Nonce = [0; 32];
         getrandom::getrandom(&mut nonce).map_err(|e| Error::Auth(format!("no randomness: {e}")))?;
         let offer = ClientOffer {
@@ -140,7 +168,7 @@ impl Engine {
         let mut out = Vec::new();
         let mut hs = ClientHandshake::start(offer, nonce, &mut out);
         let welcome = loop {
-            write_all_vectored(&mut tx, &out, &[]).map_err(|e| handshake_io(e, secs))?;
+            write_all_vectored(&tx, &out, &[]).map_err(|e| handshake_io(e, secs))?;
             out.clear();
             let mut hb = [0u8; HEADER_LEN];
             let got = read_full(&mut rx, &mut hb).map_err(|e| handshake_io(e, secs))?;
@@ -157,6 +185,7 @@ impl Engine {
         Ok(Engine {
             tx: Mutex::new((tx, Vec::with_capacity(4096))),
             rx: Mutex::new(rx),
+            fd: AtomicI32::new(fd),
             st: Mutex::new(State {
                 next_id: 16,
                 outstanding: HashMap::new(),
@@ -176,6 +205,27 @@ impl Engine {
             token: opts.token.clone(),
             pid: rustix::process::getpid(),
         })
+    }
+
+    /// The connection's descriptor number.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.load(Relaxed)
+    }
+
+    /// Moves the connection to the descriptor `place` makes from the current
+    /// one, then closes the old number: a program that wants that number
+    /// (`dup2` onto it) gets it, and the connection goes on. Waits for a
+    /// caller in the middle of a send or a receive. Returns the new number.
+    pub fn move_fd(&self, place: impl FnOnce(BorrowedFd<'_>) -> io::Result<OwnedFd>) -> io::Result<RawFd> {
+        let mut tx = lock(&self.tx);
+        let mut rx = lock(&self.rx);
+        let new = Arc::new(TcpStream::from(place(tx.0.as_fd())?));
+        let fd = new.as_raw_fd();
+        self.fd.store(fd, Relaxed);
+        rx.get_mut().0 = new.clone();
+        // The old stream, now unreferenced, closes the old number here.
+        tx.0 = new;
+        Ok(fd)
     }
 
     pub fn welcome(&self) -> &Welcome {
@@ -216,6 +266,9 @@ impl Engine {
     /// is what the reply will carry (the read size), for the byte window.
     pub fn start(&self, req: &Request<'_>, reply_bytes: u64) -> Result<u64> {
         self.same_process()?;
+        // Before taking a window slot: a request Linux would refuse never
+        // reaches the encoder, and never holds a slot.
+        req.check_limits().map_err(|l| Error::remote(l.errno()))?;
         let cost = req.bulk().len() as u64 + reply_bytes;
         let id = {
             let mut st = lock(&self.st);
@@ -245,6 +298,7 @@ impl Engine {
         };
         if let Err(e) = sent {
             let err = Error::from_io(e);
+            self.unsent(id);
             self.kill(err.clone());
             return Err(err);
         }
@@ -299,6 +353,14 @@ impl Engine {
         let mut st = lock(&self.st);
         if st.stored.remove(&id).is_none() && st.outstanding.contains_key(&id) {
             st.discard.insert(id);
+        }
+    }
+
+    /// Gives back the window slot of a request that never left.
+    fn unsent(&self, id: u64) {
+        let mut st = lock(&self.st);
+        if let Some(cost) = st.outstanding.remove(&id) {
+            st.bytes_outstanding -= cost;
         }
     }
 
@@ -500,12 +562,12 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// Sends head and bulk with `sendmsg(MSG_NOSIGNAL)`: a server that went
 /// away must give the caller an error, not kill it with SIGPIPE (the
 /// client runs inside other people's programs, via the preload library).
-fn write_all_vectored(w: &mut TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
+fn write_all_vectored(w: &TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
     let mut bufs = [IoSlice::new(head), IoSlice::new(bulk)];
     let mut slices: &mut [IoSlice<'_>] = if bulk.is_empty() { &mut bufs[..1] } else { &mut bufs[..] };
     while !slices.is_empty() {
         let sent = rustix::net::sendmsg(
-            &*w,
+            w,
             slices,
             &mut rustix::net::SendAncillaryBuffer::default(),
             rustix::net::SendFlags::NOSIGNAL,

@@ -20,7 +20,7 @@ pub mod token;
 pub mod url;
 
 pub use client::{join, Client, SessionTicket};
-pub use engine::{Engine, Frame, Options};
+pub use engine::{Engine, Frame, Options, PlaceFd};
 pub use error::{Error, Result};
 pub use ferry_proto::{caps, Attr, DirEntry, StatFs, Target, Time};
 pub use file::{File, OpenOptions};

@@ -19,6 +19,7 @@ pub mod ops;
 pub mod placeholder;
 pub mod real;
 pub mod state;
+pub mod sync;
 
 extern "C" fn on_load() {
     hooks::process::init();

@@ -7,16 +7,19 @@
 //! POSIX shares an open file description.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
 
+use crate::sync::Mutex;
 use ferry_client::{Attr, File, OpenOptions, Target};
-use parking_lot::Mutex;
 
 use crate::state;
 
 /// Writes smaller than half of this are gathered into requests of up to
 /// this size.
 pub const CHUNK: usize = 1024 * 1024;
+
+/// `Open::pos` when the offset lives in the placeholder's kernel offset.
+const SHARED: u64 = u64::MAX;
 
 /// Change counters, one per hash bucket of (mount, path): a write through
 /// one handle makes the read-ahead of other handles of the same file in
@@ -54,8 +57,8 @@ pub struct Open {
     io: Mutex<Io>,
     bucket: usize,
     /// The offset while only this process can use it (see `ops::offset`).
+    /// `SHARED` once the offset lives in the placeholder.
     pos: AtomicU64,
-    shared: AtomicBool,
 }
 
 #[derive(Default)]
@@ -90,30 +93,47 @@ impl Open {
             io: Mutex::new(io),
             bucket,
             pos: AtomicU64::new(0),
-            shared: AtomicBool::new(false),
         }
     }
 
     /// The in-process offset, unless the offset lives in the kernel.
     pub fn private_pos(&self) -> Option<u64> {
-        if self.shared.load(Relaxed) {
-            None
-        } else {
-            Some(self.pos.load(Relaxed))
-        }
+        Some(self.pos.load(Relaxed)).filter(|p| *p != SHARED)
     }
 
     /// Sets the in-process offset; false if it lives in the kernel.
     pub fn set_private_pos(&self, p: u64) -> bool {
-        if self.shared.load(Relaxed) {
-            return false;
+        let mut cur = self.pos.load(Relaxed);
+        loop {
+            if cur == SHARED {
+                return false;
+            }
+            match self.pos.compare_exchange_weak(cur, p, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
         }
-        self.pos.store(p, Relaxed);
-        true
     }
 
+    /// Moves the offset into the placeholder `fd` for good (another process
+    /// may share it from now on). The placeholder is set *before* the switch
+    /// and the switch only succeeds if no thread moved the offset meanwhile:
+    /// a thread that then finds the switch made writes the placeholder
+    /// itself, after us, so no update is lost.
+    pub fn share(&self, fd: i32) {
+        let mut cur = self.pos.load(Relaxed);
+        while cur != SHARED {
+            let _ = crate::placeholder::set_offset(fd, cur);
+            match self.pos.compare_exchange(cur, SHARED, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// For a placeholder inherited with its offset already in the kernel.
     pub fn make_shared(&self) {
-        self.shared.store(true, Relaxed);
+        self.pos.store(SHARED, Relaxed);
     }
 
     /// The path this file was opened by, for path calls on it.
@@ -132,15 +152,8 @@ impl Open {
     /// This process's handle, opened again by path after `fork` or `exec`
     /// (the server's handles belong to the connection that opened them).
     fn file<'a>(&self, io: &'a mut Io) -> Result<&'a mut File, i32> {
-        let epoch = state::EPOCH.load(Relaxed);
-        if io.epoch != epoch {
-            // The parent's handle, on the parent's connection: forget it.
-            std::mem::forget(io.file.take());
-            if !io.wbuf.is_empty() {
-                GATHERING[self.bucket].fetch_sub(1, Relaxed);
-                io.wbuf.clear();
-            }
-            io.epoch = epoch;
+        if io.epoch != state::EPOCH.load(Relaxed) {
+            self.forget_parent(io);
         }
         if io.file.is_none() {
             let client = state::client(self.mount)?;
@@ -150,6 +163,34 @@ impl Open {
             io.file = Some(f);
         }
         Ok(io.file.as_mut().expect("just opened"))
+    }
+
+    /// In a `fork` child: the handle is the parent's, on the parent's
+    /// connection (forgotten, never closed), and so are gathered writes.
+    fn forget_parent(&self, io: &mut Io) {
+        std::mem::forget(io.file.take());
+        if !io.wbuf.is_empty() {
+            GATHERING[self.bucket].fetch_sub(1, Relaxed);
+            io.wbuf.clear();
+        }
+        io.epoch = state::EPOCH.load(Relaxed);
+    }
+
+    /// Before `fork`: sends what is gathered and keeps this file's lock
+    /// held across the fork, so the child finds it free.
+    pub fn hold_for_fork(&self) {
+        let mut io = self.io.lock();
+        let _ = self.sync_locked(&mut io);
+        std::mem::forget(io);
+    }
+
+    /// After `fork`, in both processes.
+    ///
+    /// # Safety
+    /// Only after `hold_for_fork` in this thread.
+    pub unsafe fn release_after_fork(&self) {
+        // SAFETY: per the function's contract, this thread holds the lock.
+        unsafe { self.io.force_unlock() };
     }
 
     fn generation(&self) -> u32 {
@@ -183,6 +224,13 @@ impl Open {
     }
 
     fn sync_locked(&self, io: &mut Io) -> Result<(), i32> {
+        if io.epoch != state::EPOCH.load(Relaxed) {
+            // After `fork`: what is gathered is the parent's to send, and
+            // there is no handle of ours to flush (nor a reason to open one
+            // just to exit or exec).
+            self.forget_parent(io);
+            return Ok(());
+        }
         if io.file.is_none() && io.wbuf.is_empty() {
             return Ok(());
         }
@@ -318,7 +366,7 @@ impl Open {
     pub fn close(&self) -> Result<(), i32> {
         let mut io = self.io.lock();
         if io.epoch != state::EPOCH.load(Relaxed) {
-            std::mem::forget(io.file.take());
+            self.forget_parent(&mut io);
             return Ok(());
         }
         let sent = self.send_gathered(&mut io);

@@ -114,12 +114,7 @@ fn set_offset(fd: i32, o: &Open, pos: u64) -> R<()> {
 /// offset kept in-process goes to its placeholder, and stays there.
 pub fn share_offsets() {
     for (fd, o) in state::all_opens() {
-        if let Some(p) = o.private_pos() {
-            let _ = placeholder::set_offset(fd, p);
-        }
-    }
-    for (_, o) in state::all_opens() {
-        o.make_shared();
+        o.share(fd);
     }
 }
 

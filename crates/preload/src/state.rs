@@ -1,16 +1,19 @@
 //! Process-wide state: the mount table, one connection per server, the
 //! remote working directory, and the table of remote file descriptors.
 //!
-//! Locks are `parking_lot` so that the `fork` handlers can take them all
-//! before the fork and release them in both processes: a lock held by
+//! Locks are `sync`'s futex locks so that the `fork` handlers can take them
+//! all before the fork and release them in both processes: a lock held by
 //! another thread at `fork` would otherwise stay locked in the child.
+//! Order, everywhere: `TABLE`, an open file's `io`, `MOUNTS`, `CWD`,
+//! `CONNS`, `REPORTED` (a thread never takes an earlier one while holding
+//! a later one; `before_fork` takes them all in this order).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
+use crate::sync::{Mutex, RwLock};
 use ferry_client::{Client, Error, Options};
-use parking_lot::{Mutex, RwLock};
 
 use crate::mounts::{self, Mount, Remote};
 use crate::open::Open;
@@ -25,7 +28,26 @@ pub struct Config {
 static CONFIG: OnceLock<Config> = OnceLock::new();
 pub static MOUNTS: RwLock<Vec<Mount>> = RwLock::new(Vec::new());
 /// One connection per server address, made on first use.
-static CONNS: Mutex<Vec<(String, Client)>> = Mutex::new(Vec::new());
+static CONNS: Mutex<Conns> = Mutex::new(Conns { live: Vec::new(), retired: Vec::new() });
+
+struct Conns {
+    live: Vec<(String, Client)>,
+    /// Connections dropped after an error, still referenced by open files.
+    /// Kept for good: their descriptors stay ours (registered, never closed
+    /// under a number the program may have reused). One per lost
+    /// connection, so a flaky server costs one descriptor per failure.
+    retired: Vec<Client>,
+}
+
+impl Conns {
+    fn all(&self) -> impl Iterator<Item = &Client> {
+        self.live.iter().map(|(_, c)| c).chain(self.retired.iter())
+    }
+}
+
+/// The lowest descriptor number ferry ever used for itself: a `close` or
+/// `dup2` below it needs no look at the connections.
+static LOWEST_INTERNAL: AtomicI32 = AtomicI32::new(i32::MAX);
 /// Addresses already reported as unreachable (one message each).
 static REPORTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// The remote working directory (local view), if `chdir` went remote.
@@ -127,13 +149,14 @@ pub fn all_opens() -> Vec<(i32, Arc<Open>)> {
 pub fn client(mount: usize) -> Result<Client, i32> {
     let addr = MOUNTS.read().get(mount).map(|m| m.url.addr.clone()).ok_or(libc::EIO)?;
     let mut conns = CONNS.lock();
-    if let Some((_, c)) = conns.iter().find(|(a, _)| *a == addr) {
+    if let Some((_, c)) = conns.live.iter().find(|(a, _)| *a == addr) {
         return Ok(c.clone());
     }
     let opts = config().map(|c| c.options.clone()).unwrap_or_default();
     match Client::connect(&addr, &opts) {
         Ok(c) => {
-            conns.push((addr, c.clone()));
+            LOWEST_INTERNAL.fetch_min(c.engine().raw_fd(), Relaxed);
+            conns.live.push((addr, c.clone()));
             Ok(c)
         }
         Err(e) => {
@@ -166,7 +189,12 @@ pub fn errno_of(mount: usize, e: &Error) -> i32 {
         Error::Io { .. } | Error::Protocol(_) => {
             let addr = MOUNTS.read().get(mount).map(|m| m.url.addr.clone());
             if let Some(addr) = addr {
-                CONNS.lock().retain(|(a, _)| *a != addr);
+                let mut conns = CONNS.lock();
+                if let Some(i) = conns.live.iter().position(|(a, _)| *a == addr) {
+                    let (_, c) = conns.live.remove(i);
+                    conns.retired.push(c);
+                }
+                drop(conns);
                 report(&addr, &e.to_string());
             }
             libc::EIO
@@ -192,7 +220,9 @@ pub fn resolve(path: &[u8], dir: Option<&str>) -> Option<Remote> {
     if let Some(d) = dir {
         return mounts::resolve(&mounts, &mounts::join(d, path));
     }
-    let cwd = CWD.read();
+    // A copy, not the guard: `current_dir` below runs our `getcwd` hook,
+    // which reads `CWD` again (a nested read could wait on a writer).
+    let cwd = CWD.read().clone();
     match cwd.as_deref() {
         Some(cwd) => mounts::resolve(&mounts, &mounts::join(cwd, path)),
         // A local working directory: only `..` can climb into a mount
@@ -203,6 +233,15 @@ pub fn resolve(path: &[u8], dir: Option<&str>) -> Option<Remote> {
         }
         None => None,
     }
+}
+
+/// Could a path relative to a *local* directory lead into a mount? Only if
+/// it names a mount point's last component, or climbs with `..`.
+pub fn may_enter_mount(rel: &[u8]) -> bool {
+    let mounts = MOUNTS.read();
+    rel.split(|c| *c == b'/').any(|c| {
+        c == b".." || mounts.iter().any(|m| m.prefix.rsplit('/').next().is_some_and(|last| last.as_bytes() == c))
+    })
 }
 
 /// Finds or adds the mount for `prefix=url` (an fd inherited from a
@@ -217,36 +256,141 @@ pub fn mount_index(prefix: &str, url: &str) -> Option<usize> {
     Some(mounts.len() - 1)
 }
 
+// ---- ferry's own descriptors ----
+
+/// Where a new connection's descriptor goes: near the top of the
+/// descriptor limit, close-on-exec, where programs do not reach (shells
+/// use 3-9 and 10-255, `dup2` targets are small numbers). Lower if the top
+/// is full; any free number as a last resort.
+pub fn place_high(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we pass.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 { rl.rlim_cur } else { 1024 };
+    // A huge limit would make the kernel grow the descriptor table to it.
+    let top = limit.min(1 << 16) as i32;
+    let mut last = std::io::Error::from_raw_os_error(libc::EMFILE);
+    for min in [top - 16, top - 256, top / 2, 10, 3] {
+        if min < 3 {
+            continue;
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on a descriptor we hold; the new one is ours.
+        let r = unsafe { crate::real::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min as usize) };
+        if r >= 0 {
+            LOWEST_INTERNAL.fetch_min(r, Relaxed);
+            // SAFETY: r was just made by fcntl and belongs to no one else.
+            return Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r) });
+        }
+        last = std::io::Error::last_os_error();
+    }
+    Err(last)
+}
+
+/// A lock-free first look for the hot path: false for every number below
+/// ferry's lowest own descriptor (all of a program's usual ones).
+pub fn may_be_internal(fd: i32) -> bool {
+    fd >= LOWEST_INTERNAL.load(Relaxed)
+}
+
+/// Is `fd` one of ferry's connections (not the program's)?
+pub fn is_internal(fd: i32) -> bool {
+    if !may_be_internal(fd) {
+        return false;
+    }
+    CONNS.lock().all().any(|c| c.engine().raw_fd() == fd)
+}
+
+/// ferry's descriptors in `first..=last`, sorted.
+pub fn internal_in(first: u32, last: u32) -> Vec<i32> {
+    if (last as i64) < LOWEST_INTERNAL.load(Relaxed) as i64 {
+        return Vec::new();
+    }
+    let mut v: Vec<i32> = CONNS
+        .lock()
+        .all()
+        .map(|c| c.engine().raw_fd())
+        .filter(|fd| *fd >= 0 && (first..=last).contains(&(*fd as u32)))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The program is about to put its own file at `fd` (`dup2`): if a
+/// connection lives there, it moves to another number first. Err if no
+/// number is free.
+pub fn make_room(fd: i32) -> Result<(), i32> {
+    let here: Vec<Client> = CONNS.lock().all().filter(|c| c.engine().raw_fd() == fd).cloned().collect();
+    for c in here {
+        c.engine().move_fd(place_high).map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
+    }
+    Ok(())
+}
+
 // ---- fork ----
 
+/// Open files whose locks `before_fork` holds, for the handlers after.
+static FORK_HELD: Mutex<Vec<Arc<Open>>> = Mutex::new(Vec::new());
+
 /// Before `fork`: everything written reaches the server (the child may read
-/// it, through its own connection), and no lock stays held across.
+/// it, through its own connection), and every lock the child may need is
+/// held by this thread, so none is left locked by a thread the child does
+/// not have. Taken in the order of the module's comment.
 pub fn before_fork() {
-    crate::ops::sync_all();
+    let table = TABLE.lock();
+    let mut opens: Vec<Arc<Open>> = Vec::new();
+    for (fd, o) in table.iter().flatten() {
+        // The child and the parent share these offsets from now on.
+        o.share(*fd);
+        if !opens.iter().any(|x| Arc::ptr_eq(x, o)) {
+            opens.push(o.clone());
+        }
+    }
+    std::mem::forget(table);
+    for o in &opens {
+        o.hold_for_fork();
+    }
+    std::mem::forget(MOUNTS.write());
+    std::mem::forget(CWD.write());
     std::mem::forget(CONNS.lock());
-    std::mem::forget(TABLE.lock());
+    std::mem::forget(REPORTED.lock());
+    crate::hooks::hold_for_fork();
+    *FORK_HELD.lock() = opens;
+}
+
+/// Releases what `before_fork` took (in the parent and in the child alike).
+fn release_after_fork() {
+    let opens = std::mem::take(&mut *FORK_HELD.lock());
+    // SAFETY: each lock was taken by `before_fork` in this thread and its
+    // guard forgotten; in the child this thread is the only one.
+    unsafe {
+        crate::hooks::release_after_fork();
+        REPORTED.force_unlock();
+        CONNS.force_unlock();
+        CWD.force_unlock_write();
+        MOUNTS.force_unlock_write();
+        for o in &opens {
+            o.release_after_fork();
+        }
+        TABLE.force_unlock();
+    }
 }
 
 pub fn after_fork_parent() {
-    // SAFETY: both locks were taken (and their guards forgotten) by
-    // `before_fork` in this thread.
-    unsafe {
-        CONNS.force_unlock();
-        TABLE.force_unlock();
-    }
+    release_after_fork();
 }
 
 pub fn after_fork_child() {
-    // SAFETY: as in the parent: locked by `before_fork` in this thread,
-    // which is the only thread of the child.
-    unsafe {
-        CONNS.force_unlock();
-        TABLE.force_unlock();
-    }
+    release_after_fork();
     OWNER.store(getpid(), Relaxed);
     EPOCH.fetch_add(1, Relaxed);
-    // The parent's connections are the parent's: never use, never close.
-    for (_, c) in std::mem::take(&mut *CONNS.lock()) {
-        std::mem::forget(c);
+    // The parent's connections are the parent's: never used here. Their
+    // descriptors are closed (the parent's stay open, so the server sees
+    // nothing) and the connections forgotten, never dropped.
+    let conns = std::mem::replace(&mut *CONNS.lock(), Conns { live: Vec::new(), retired: Vec::new() });
+    for c in conns.all() {
+        // SAFETY: our own descriptor, in our own (new) descriptor table.
+        unsafe { crate::real::close(c.engine().raw_fd()) };
     }
+    std::mem::forget(conns);
 }

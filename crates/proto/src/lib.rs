@@ -10,12 +10,14 @@
 mod auth;
 mod frame;
 pub mod handshake;
+mod limits;
 mod msg;
 mod types;
 mod wire;
 
 pub use auth::{attach_proof, client_proof, proofs_equal, server_proof, session_secret, Nonce};
 pub use frame::{Header, FLAG_ERROR, HEADER_LEN};
+pub use limits::{Limit, NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 pub use msg::*;
 pub use types::{Attr, DirEntry, StatFs, Target, Time, UTIME_NOW, UTIME_OMIT};
 

@@ -107,15 +107,21 @@ impl Writer<'_> {
     pub fn raw(&mut self, v: &[u8]) {
         self.out.extend_from_slice(v);
     }
-    /// Names longer than u16::MAX are a caller bug: paths are checked against
-    /// `MAX_PATH` before they reach the encoder.
+    /// Names longer than u16::MAX are a caller bug: senders check requests
+    /// with `Request::check_limits` before they reach the encoder.
     pub fn name(&mut self, v: &[u8]) {
         let n = u16::try_from(v.len()).expect("name longer than 65535 bytes");
         self.u16(n);
         self.raw(v);
     }
+    /// Text (error messages): cut at a character boundary to what the
+    /// length field holds, so no message can make the encoder fail.
     pub fn str(&mut self, v: &str) {
-        self.name(v.as_bytes());
+        let mut end = v.len().min(u16::MAX as usize);
+        while !v.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.name(&v.as_bytes()[..end]);
     }
     pub fn bytes(&mut self, v: &[u8]) {
         let n = u32::try_from(v.len()).expect("byte field longer than 4 GiB");

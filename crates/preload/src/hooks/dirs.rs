@@ -5,8 +5,8 @@
 use std::ffi::CString;
 use std::sync::Arc;
 
+use crate::sync::Mutex;
 use libc::{c_char, c_int, c_long};
-use parking_lot::Mutex;
 
 use super::{remote_fd, remote_path};
 use crate::guard::{enter, set_errno};
@@ -214,4 +214,17 @@ pub unsafe extern "C" fn seekdir(d: *mut libc::DIR, loc: c_long) {
         return pass!(seekdir(d, loc));
     }
     with_dir(d, |rd| rd.pos = (loc.max(0) as usize).min(rd.entries.len()))
+}
+
+/// `fork`: the list of streams is held across, as `state::before_fork`
+/// holds the rest.
+pub(crate) fn hold_for_fork() {
+    std::mem::forget(DIRS.lock());
+}
+
+/// # Safety
+/// Only after `hold_for_fork` in this thread.
+pub(crate) unsafe fn release_after_fork() {
+    // SAFETY: per the function's contract.
+    unsafe { DIRS.force_unlock() };
 }

@@ -163,8 +163,24 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off6
 
 // ---- descriptors ----
 
+/// Is `fd` one of ferry's own (a connection), which the program never
+/// opened? Inside our own logic every fd is ours to use.
+fn internal(fd: c_int) -> bool {
+    state::may_be_internal(fd) && !crate::guard::busy() && state::owner() && guarded(|| state::is_internal(fd))
+}
+
+/// Runs a check with the guard held; a panic counts as "no".
+fn guarded(f: impl FnOnce() -> bool) -> bool {
+    enter(|| Ok(f())).unwrap_or(false)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // The program never opened ferry's connection: to it, that number is
+    // not open.
+    if internal(fd) {
+        return ret::<c_int>(Err(libc::EBADF));
+    }
     // A vfork child shares our memory: it closes its fd and nothing else.
     if crate::guard::busy() || !state::is_remote_fd(fd) || !state::owner() {
         return pass!(close(fd));
@@ -175,7 +191,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !crate::guard::busy() && state::owner() {
+    if crate::guard::busy() || !state::owner() || first > last {
+        return pass!(close_range(first, last, flags));
+    }
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         for (fd, _) in state::all_opens() {
             if fd as c_uint >= first && fd as c_uint <= last {
                 super::stdio::fd_changing(fd);
@@ -183,7 +202,26 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
             }
         }
     }
-    pass!(close_range(first, last, flags))
+    // ferry's connections are skipped: the range is closed around them.
+    let ours = enter(|| Ok(state::internal_in(first, last))).unwrap_or_default();
+    let mut from = first;
+    for fd in ours {
+        let fd = fd as c_uint;
+        if fd > from {
+            let r = pass!(close_range(from, fd - 1, flags));
+            if r < 0 {
+                return r;
+            }
+        }
+        if fd == c_uint::MAX {
+            return 0;
+        }
+        from = fd + 1;
+    }
+    if from > last {
+        return 0;
+    }
+    pass!(close_range(from, last, flags))
 }
 
 #[no_mangle]
@@ -223,10 +261,25 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     after_dup(fd, new, false)
 }
 
+/// The program puts a file at `new`: a connection of ours there moves
+/// away first. Err is the errno for the caller (no free number left).
+fn make_room(new: c_int) -> Result<(), i32> {
+    if !internal(new) {
+        return Ok(());
+    }
+    enter(|| state::make_room(new))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     if old == new {
         return pass!(dup2(old, new));
+    }
+    if internal(old) {
+        return ret::<c_int>(Err(libc::EBADF));
+    }
+    if let Err(e) = make_room(new) {
+        return ret::<c_int>(Err(e));
     }
     let replaced = state::is_remote_fd(new);
     if !crate::guard::busy() && state::owner() {
@@ -241,6 +294,14 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if internal(old) {
+        return ret::<c_int>(Err(libc::EBADF));
+    }
+    if old != new {
+        if let Err(e) = make_room(new) {
+            return ret::<c_int>(Err(e));
+        }
+    }
     let replaced = state::is_remote_fd(new) && old != new;
     if !crate::guard::busy() && state::owner() {
         super::stdio::fd_changing(new);

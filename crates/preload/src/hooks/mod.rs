@@ -41,6 +41,28 @@ pub mod process;
 pub mod stdio;
 pub mod temp;
 
+/// A hook's decision must not panic into C (that aborts the program): a
+/// panic while deciding means "not ours", and libc gets the call.
+fn no_panic<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok().flatten()
+}
+
+/// `fork`: the hooks' own tables, held across (after `state`'s locks).
+pub(crate) fn hold_for_fork() {
+    dirs::hold_for_fork();
+    stdio::hold_for_fork();
+}
+
+/// # Safety
+/// Only after `hold_for_fork` in this thread.
+pub(crate) unsafe fn release_after_fork() {
+    // SAFETY: per the function's contract.
+    unsafe {
+        stdio::release_after_fork();
+        dirs::release_after_fork();
+    }
+}
+
 /// The remote open file behind `fd`, unless we are inside our own logic.
 pub fn remote_fd(fd: c_int) -> Option<std::sync::Arc<Open>> {
     if guard::busy() {
@@ -66,6 +88,13 @@ pub unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
 /// # Safety
 /// As for `bytes`.
 pub unsafe fn remote_path(p: *const c_char) -> Option<Remote> {
+    // SAFETY: per the function's contract.
+    no_panic(|| unsafe { remote_path_inner(p) })
+}
+
+/// # Safety
+/// As for `bytes`.
+unsafe fn remote_path_inner(p: *const c_char) -> Option<Remote> {
     if guard::busy() || !state::ACTIVE.load(Relaxed) {
         return None;
     }
@@ -79,6 +108,13 @@ pub unsafe fn remote_path(p: *const c_char) -> Option<Remote> {
 /// # Safety
 /// As for `bytes`.
 pub unsafe fn remote_at(dirfd: c_int, p: *const c_char) -> Option<Remote> {
+    // SAFETY: per the function's contract.
+    no_panic(|| unsafe { remote_at_inner(dirfd, p) })
+}
+
+/// # Safety
+/// As for `bytes`.
+unsafe fn remote_at_inner(dirfd: c_int, p: *const c_char) -> Option<Remote> {
     if guard::busy() || !state::ACTIVE.load(Relaxed) {
         return None;
     }
@@ -87,8 +123,29 @@ pub unsafe fn remote_at(dirfd: c_int, p: *const c_char) -> Option<Remote> {
     if b.first() == Some(&b'/') || dirfd == libc::AT_FDCWD {
         return state::resolve(b, None);
     }
-    let o = state::get(dirfd)?;
-    state::resolve(b, Some(&o.local))
+    if let Some(o) = state::get(dirfd) {
+        return state::resolve(b, Some(&o.local));
+    }
+    // A local directory above a mount (rsync opens `/` and asks for
+    // `remote/dir/...`): the path can only get there through the mount
+    // point's own name, or `..`. Only then is the directory's path read.
+    if !state::may_enter_mount(b) {
+        return None;
+    }
+    let dir = local_dir(dirfd)?;
+    state::resolve(b, Some(&dir))
+}
+
+/// The path of a local directory fd, from `/proc/self/fd`.
+fn local_dir(fd: c_int) -> Option<String> {
+    let link = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
+    let mut buf = [0u8; 4096];
+    // SAFETY: link is a C string; buf is writable for its length.
+    let n = unsafe { crate::real::readlink(link.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 || n as usize >= buf.len() || buf[0] != b'/' {
+        return None;
+    }
+    String::from_utf8(buf[..n as usize].to_vec()).ok()
 }
 
 /// An absolute path that names a mount but leaves it with `..`
@@ -113,6 +170,13 @@ fn escaped_mount(s: &str) -> Option<std::ffi::CString> {
 /// # Safety
 /// As for `bytes`.
 pub unsafe fn local_fix(p: *const c_char) -> Option<std::ffi::CString> {
+    // SAFETY: per the function's contract.
+    no_panic(|| unsafe { local_fix_inner(p) })
+}
+
+/// # Safety
+/// As for `bytes`.
+unsafe fn local_fix_inner(p: *const c_char) -> Option<std::ffi::CString> {
     if guard::busy() || !state::ACTIVE.load(Relaxed) {
         return None;
     }
@@ -135,10 +199,17 @@ pub unsafe fn local_fix(p: *const c_char) -> Option<std::ffi::CString> {
 /// As for `bytes`.
 pub unsafe fn local_fix_at(d: c_int, p: *const c_char) -> Option<std::ffi::CString> {
     // SAFETY: per the function's contract.
+    no_panic(|| unsafe { local_fix_at_inner(d, p) })
+}
+
+/// # Safety
+/// As for `bytes`.
+unsafe fn local_fix_at_inner(d: c_int, p: *const c_char) -> Option<std::ffi::CString> {
+    // SAFETY: per the function's contract.
     let b = unsafe { bytes(p) }?;
     if d == libc::AT_FDCWD || b.first() == Some(&b'/') {
         // SAFETY: per the function's contract.
-        return unsafe { local_fix(p) };
+        return unsafe { local_fix_inner(p) };
     }
     // From a remote directory fd, `..` can lead out of the mount; the
     // kernel cannot walk from the placeholder, so it gets the full path.

@@ -406,6 +406,10 @@ extern "C" fn atfork_child() {
 /// Runs when the library is loaded, before `main`.
 pub fn init() {
     state::OWNER.store(state::getpid(), Relaxed);
+    // A panic inside the library becomes an errno (`guard::enter`); its
+    // message and backtrace must not land on the program's stderr. This is
+    // the library's own std: a Rust program keeps its own hook.
+    std::panic::set_hook(Box::new(|_| {}));
     let _ = enter(|| {
         let Ok(table) = std::env::var("FERRY_MOUNTS") else { return Ok(()) };
         let mounts = match crate::mounts::parse_table(&table) {
@@ -430,7 +434,10 @@ pub fn init() {
                 keep_env.push((k.to_string(), v));
             }
         }
-        state::set_config(state::Config { options: ferry_client::Options { token, ..Default::default() }, keep_env });
+        // Connections live on high, close-on-exec descriptors, out of the
+        // program's way (`exec 3>file` in a shell, `dup2(x, 4)`).
+        let options = ferry_client::Options { token, place_fd: Some(state::place_high), ..Default::default() };
+        state::set_config(state::Config { options, keep_env });
         // SAFETY: umask has no preconditions; read it by setting it back.
         let m = pass!(umask(0o022));
         // SAFETY: as above.

@@ -6,8 +6,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+use crate::sync::Mutex;
 use libc::{c_char, c_int, c_void, size_t, ssize_t, FILE};
-use parking_lot::Mutex;
 
 use super::{bytes, remote_fd, remote_path};
 use crate::{guard, state};
@@ -265,4 +265,17 @@ pub unsafe extern "C" fn fileno(s: *mut FILE) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn fileno_unlocked(s: *mut FILE) -> c_int {
     cookie_fd(s).unwrap_or_else(|| pass!(fileno_unlocked(s)))
+}
+
+/// `fork`: the list of streams is held across, as `state::before_fork`
+/// holds the rest.
+pub(crate) fn hold_for_fork() {
+    std::mem::forget(COOKIES.lock());
+}
+
+/// # Safety
+/// Only after `hold_for_fork` in this thread.
+pub(crate) unsafe fn release_after_fork() {
+    // SAFETY: per the function's contract.
+    unsafe { COOKIES.force_unlock() };
 }
