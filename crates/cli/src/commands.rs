@@ -7,6 +7,7 @@ use std::io::{self, IsTerminal, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ferry_client::{Attr, Client, Error, OpenOptions, Options, Url};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -14,15 +15,26 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Bytes moved per call: big enough that every call fills the window.
 const COPY_BUF: usize = 8 * 1024 * 1024;
 
+/// How long the CLI and the mount try to reconnect to a server that went
+/// away before giving up (`EIO`).
+pub const RECONNECT_FOR: Duration = Duration::from_secs(60);
+
 /// One connection per server for the whole command.
 pub struct Clients {
     token_file: Option<PathBuf>,
     conns: HashMap<String, Client>,
+    reconnect: Duration,
 }
 
 impl Clients {
     pub fn new(token_file: Option<&Path>) -> Self {
-        Clients { token_file: token_file.map(Path::to_path_buf), conns: HashMap::new() }
+        Clients { token_file: token_file.map(Path::to_path_buf), conns: HashMap::new(), reconnect: RECONNECT_FOR }
+    }
+
+    /// Reconnects for up to `bound` (`Duration::MAX`: for ever).
+    pub fn reconnecting_for(mut self, bound: Duration) -> Self {
+        self.reconnect = bound;
+        self
     }
 
     pub fn get(&mut self, url: &Url) -> Result<Client, String> {
@@ -30,7 +42,7 @@ impl Clients {
             return Ok(c.clone());
         }
         let token = ferry_client::token::find_client_token(self.token_file.as_deref())?;
-        let opts = Options { token, ..Options::default() };
+        let opts = Options { token, reconnect: Some(self.reconnect), ..Options::default() };
         let c = Client::connect(&url.addr, &opts).map_err(|e| format!("ferry://{}: {e}", url.addr))?;
         self.conns.insert(url.addr.clone(), c.clone());
         Ok(c)

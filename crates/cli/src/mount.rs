@@ -12,7 +12,7 @@ use ferry_fuse::{FerryFs, FsOptions, MountConfig};
 use rustix::io::Errno;
 use rustix::mount::UnmountFlags;
 
-use crate::commands::Clients;
+use crate::commands::{Clients, RECONNECT_FOR};
 
 #[derive(Args)]
 pub struct MountArgs {
@@ -41,6 +41,10 @@ pub struct MountArgs {
     /// Extra mount options, comma-separated (e.g. -o default_permissions,noexec).
     #[arg(short = 'o', value_delimiter = ',', value_name = "OPT")]
     options: Vec<String>,
+    /// When the server goes away, retry for ever (as an NFS hard mount)
+    /// instead of giving up with EIO after 60 s.
+    #[arg(long)]
+    hard: bool,
     /// Return once the mount is ready, leaving the daemon running.
     #[arg(long)]
     background: bool,
@@ -83,7 +87,7 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         Ok(_) => return Err(format!("{}: Not a directory", mp.display())),
         Err(e) => return Err(format!("{}: {}", mp.display(), strip(&e))),
     }
-    let client = Clients::new(tf).get(&url)?;
+    let client = Clients::new(tf).reconnecting_for(if a.hard { Duration::MAX } else { RECONNECT_FOR }).get(&url)?;
     match client.metadata(&url.path) {
         Ok(attr) if attr.is_dir() => {}
         Ok(_) => return Err(format!("{url}: Not a directory")),
@@ -206,7 +210,9 @@ fn background(a: &MountArgs, tf: Option<&Path>) -> Result<(), String> {
     cmd.arg("--attr-timeout").arg(a.attr_timeout.to_string());
     cmd.arg("--entry-timeout").arg(a.entry_timeout.to_string());
     cmd.arg("--threads").arg(a.threads.to_string());
-    for (on, flag) in [(a.read_only, "--read-only"), (a.allow_other, "--allow-other"), (a.cache, "--cache")] {
+    for (on, flag) in
+        [(a.read_only, "--read-only"), (a.allow_other, "--allow-other"), (a.cache, "--cache"), (a.hard, "--hard")]
+    {
         if on {
             cmd.arg(flag);
         }

@@ -3,19 +3,26 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferry_proto::{caps, Attr, DirEntry, Reply, Request, StatFs, Target, Time};
 
-use crate::engine::{Engine, Options};
+use crate::engine::{Engine, Frame, Options};
 use crate::error::{Error, Result};
 use crate::file::{File, OpenOptions};
+use crate::redial::{self, is_lost, Redial};
 
 /// A connection to one server. Cheap to clone: clones share the connection
-/// and its window.
+/// and its window (and, with `Options::reconnect`, its replacement).
 #[derive(Clone)]
 pub struct Client {
-    engine: Arc<Engine>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The connection in use; replaced by a reconnect.
+    engine: Mutex<Arc<Engine>>,
+    redial: Option<Redial>,
 }
 
 /// What it takes to rejoin a session from another connection: its id and
@@ -26,6 +33,16 @@ pub struct SessionTicket {
     secret: [u8; 32],
     /// How long the server keeps the session after its last connection.
     pub lease: std::time::Duration,
+}
+
+impl SessionTicket {
+    pub(crate) fn new(id: u64, secret: [u8; 32], lease: std::time::Duration) -> SessionTicket {
+        SessionTicket { id, secret, lease }
+    }
+
+    pub(crate) fn secret(&self) -> &[u8; 32] {
+        &self.secret
+    }
 }
 
 impl std::fmt::Debug for SessionTicket {
@@ -47,13 +64,126 @@ fn unexpected(r: Reply<'_>) -> Error {
     Error::Protocol(format!("unexpected reply {r:?}"))
 }
 
+/// Whether a request names an open handle: after a reconnect that could
+/// not rejoin the session, such a request is stale and must not be sent
+/// (the handle may mean nothing, or, on an old server, something else).
+fn names_handle(req: &Request<'_>) -> bool {
+    match req {
+        Request::Close { .. }
+        | Request::Read { .. }
+        | Request::Pread { .. }
+        | Request::Write { .. }
+        | Request::Pwrite { .. }
+        | Request::Seek { .. }
+        | Request::Fsync { .. }
+        | Request::ReadDir { .. }
+        | Request::Lock { .. }
+        | Request::GetLock { .. } => true,
+        Request::Stat { target }
+        | Request::Truncate { target, .. }
+        | Request::Chmod { target, .. }
+        | Request::Chown { target, .. }
+        | Request::Utimens { target, .. }
+        | Request::GetXattr { target, .. }
+        | Request::SetXattr { target, .. }
+        | Request::ListXattr { target, .. }
+        | Request::RemoveXattr { target, .. } => matches!(target, Target::Handle(_)),
+        _ => false,
+    }
+}
+
+/// What a request does if sent twice. Requests that change the name space,
+/// and `Write` at the handle's offset, must not run twice: after a lost
+/// connection they fail unless they were certainly never sent.
+fn repeatable(req: &Request<'_>) -> bool {
+    match req {
+        Request::Mkdir { .. }
+        | Request::Rmdir { .. }
+        | Request::Unlink { .. }
+        | Request::Rename { .. }
+        | Request::Link { .. }
+        | Request::Symlink { .. }
+        | Request::Mknod { .. }
+        | Request::Write { .. }
+        | Request::Read { .. }
+        | Request::Seek { .. } => false,
+        Request::Open { flags, .. } => flags & libc::O_EXCL as u32 == 0,
+        _ => true,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Client {
     pub fn connect(addr: &str, opts: &Options) -> Result<Client> {
-        Ok(Client { engine: Arc::new(Engine::connect(addr, opts)?) })
+        let engine = Engine::connect(addr, opts)?;
+        let redial = opts.reconnect.map(|bound| Redial::new(addr, opts, bound, &engine));
+        Ok(Client { inner: Arc::new(Inner { engine: Mutex::new(Arc::new(engine)), redial }) })
     }
 
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    /// The connection in use now (a reconnect replaces it).
+    pub fn engine(&self) -> Arc<Engine> {
+        Arc::clone(&lock(&self.inner.engine))
+    }
+
+    /// Changes each time a reconnect could not rejoin the client's session
+    /// (the server restarted): handles obtained before are stale.
+    pub fn epoch(&self) -> u64 {
+        self.inner.redial.as_ref().map_or(0, Redial::epoch)
+    }
+
+    /// Sends a request and waits for its reply. With `Options::reconnect`, a
+    /// lost connection is replaced and the request sent again if that is
+    /// safe: always when it was never sent, otherwise if sending it twice
+    /// does no harm (see `repeatable`); a `Close` whose handle the server no
+    /// longer has is done.
+    pub fn call(&self, req: &Request<'_>) -> Result<Frame> {
+        let e = self.engine();
+        let Some(r) = &self.inner.redial else {
+            return e.call(req);
+        };
+        let mut e = e;
+        let epoch = r.epoch();
+        loop {
+            // Before something that must not run twice, make sure the
+            // connection is not already known gone: then it surely never
+            // ran, and can go on a new connection.
+            let unsent = if repeatable(req) { e.is_dead() } else { !e.check_alive() };
+            let err = if unsent {
+                e.dead_error()
+            } else {
+                match e.call(req) {
+                    Err(err) if is_lost(&err) => err,
+                    Err(err) if err.errno() == libc::EBADF && matches!(req, Request::Close { .. }) => {
+                        return Ok(Frame { op: req.op(), body: Vec::new(), data_len: 0 })
+                    }
+                    other => return other,
+                }
+            };
+            r.redial(&self.inner.engine, &e, &err)?;
+            if r.epoch() != epoch && names_handle(req) {
+                // The server forgot the session: there is nothing to close,
+                // and nothing else to do with the handle.
+                return match req {
+                    Request::Close { .. } => Ok(Frame { op: req.op(), body: Vec::new(), data_len: 0 }),
+                    _ => Err(Error::remote(libc::ESTALE)),
+                };
+            }
+            if !unsent && !repeatable(req) {
+                return Err(Error::Io {
+                    kind: std::io::ErrorKind::Interrupted,
+                    errno: Some(libc::EIO),
+                    message: format!(
+                        "the connection was lost during a request (op {}) that must not run twice; it may or may not \
+                         have been done",
+                        req.op()
+                    ),
+                });
+            }
+            e = self.engine();
+        }
     }
 
     /// Makes this connection's state (open files, offsets, locks) a session
@@ -61,18 +191,7 @@ impl Client {
     /// ticket another connection joins it with. Needs the `SESSIONS`
     /// capability (`ENOSYS` without it).
     pub fn new_session(&self) -> Result<SessionTicket> {
-        if !self.engine.has_cap(caps::SESSIONS) {
-            return Err(Error::remote(libc::ENOSYS));
-        }
-        let f = self.engine.call(&Request::SessionNew)?;
-        match f.reply()? {
-            Reply::Session { id, lease_ms } => Ok(SessionTicket {
-                id,
-                secret: self.engine.session_secret(),
-                lease: std::time::Duration::from_millis(lease_ms.into()),
-            }),
-            r => Err(unexpected(r)),
-        }
+        redial::new_session(&self.engine())
     }
 
     /// Joins the session of `ticket`: from now on this connection shares its
@@ -80,22 +199,11 @@ impl Client {
     /// closed). `ESTALE` if the session is gone (lease over, server
     /// restarted), `EACCES` for a ticket of another secret.
     pub fn attach(&self, ticket: &SessionTicket) -> Result<()> {
-        if !self.engine.has_cap(caps::SESSIONS) {
-            return Err(Error::remote(libc::ENOSYS));
-        }
-        let proof = self.engine.attach_proof(&ticket.secret, ticket.id);
-        self.empty_or_session(&Request::SessionAttach { id: ticket.id, proof })
-    }
-
-    fn empty_or_session(&self, req: &Request<'_>) -> Result<()> {
-        match self.engine.call(req)?.reply()? {
-            Reply::Session { .. } => Ok(()),
-            r => Err(unexpected(r)),
-        }
+        redial::attach(&self.engine(), ticket)
     }
 
     fn attr_call(&self, req: &Request<'_>) -> Result<Attr> {
-        let f = self.engine.call(req)?;
+        let f = self.call(req)?;
         match f.reply()? {
             Reply::Attr(a) => Ok(a),
             r => Err(unexpected(r)),
@@ -103,7 +211,7 @@ impl Client {
     }
 
     fn empty_call(&self, req: &Request<'_>) -> Result<()> {
-        self.engine.call(req)?;
+        self.call(req)?;
         Ok(())
     }
 
@@ -130,12 +238,11 @@ impl Client {
     pub fn read_dir(&self, path: impl AsRef<Path>) -> Result<Vec<DirEntry>> {
         let path = path.as_ref();
         let dir = self.open(path, OpenOptions::new().read(true).directory(true))?;
-        let plus = self.engine.has_cap(caps::READDIRPLUS);
+        let plus = self.engine().has_cap(caps::READDIRPLUS);
         let mut out = Vec::new();
         let mut cookie = 0;
         loop {
-            let f =
-                self.engine.call(&Request::ReadDir { handle: dir.handle(), cookie, max_entries: DIR_BATCH, plus })?;
+            let f = self.call(&Request::ReadDir { handle: dir.handle(), cookie, max_entries: DIR_BATCH, plus })?;
             let (eof, entries) = match f.reply()? {
                 Reply::Dir { eof, entries } => (eof, entries),
                 r => return Err(unexpected(r)),
@@ -217,7 +324,7 @@ impl Client {
 
     /// `renameat2` flags: `RENAME_NOREPLACE` (1), `RENAME_EXCHANGE` (2).
     pub fn rename_with_flags(&self, from: impl AsRef<Path>, to: impl AsRef<Path>, flags: u32) -> Result<()> {
-        if flags != 0 && !self.engine.has_cap(caps::RENAME_FLAGS) {
+        if flags != 0 && !self.engine().has_cap(caps::RENAME_FLAGS) {
             return Err(Error::remote(libc::EINVAL));
         }
         self.empty_call(&Request::Rename { from: bytes(from.as_ref()), to: bytes(to.as_ref()), flags })
@@ -233,7 +340,7 @@ impl Client {
     }
 
     pub fn read_link(&self, path: impl AsRef<Path>) -> Result<PathBuf> {
-        match self.engine.call(&Request::Readlink { path: bytes(path.as_ref()) })?.reply()? {
+        match self.call(&Request::Readlink { path: bytes(path.as_ref()) })?.reply()? {
             Reply::Name(n) => Ok(PathBuf::from(OsStr::from_bytes(n))),
             r => Err(unexpected(r)),
         }
@@ -257,7 +364,7 @@ impl Client {
     }
 
     pub fn statfs(&self, path: impl AsRef<Path>) -> Result<StatFs> {
-        match self.engine.call(&Request::Statfs { path: bytes(path.as_ref()) })?.reply()? {
+        match self.call(&Request::Statfs { path: bytes(path.as_ref()) })?.reply()? {
             Reply::StatFs(s) => Ok(s),
             r => Err(unexpected(r)),
         }
@@ -268,7 +375,7 @@ impl Client {
     }
 
     fn xattr_cap(&self) -> Result<()> {
-        if self.engine.has_cap(caps::XATTR) {
+        if self.engine().has_cap(caps::XATTR) {
             Ok(())
         } else {
             Err(Error::remote(libc::EOPNOTSUPP))
@@ -277,7 +384,7 @@ impl Client {
 
     fn xattr_value(&self, req: &Request<'_>) -> Result<Vec<u8>> {
         self.xattr_cap()?;
-        match self.engine.call(req)?.reply()? {
+        match self.call(req)?.reply()? {
             Reply::Xattr { value, .. } => Ok(value.to_vec()),
             r => Err(unexpected(r)),
         }

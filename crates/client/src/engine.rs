@@ -47,6 +47,11 @@ pub struct Options {
     /// library moves it to a high, close-on-exec number, out of the
     /// program's way). `None` keeps the number `socket` gave.
     pub place_fd: Option<PlaceFd>,
+    /// Reconnect when the connection is lost, for at most this long, then
+    /// give up with `EIO`; `None`: a lost connection stays lost (errors).
+    /// With it the client keeps its state in a session, so a reconnect to
+    /// the same server instance finds its open files again.
+    pub reconnect: Option<Duration>,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
@@ -63,6 +68,7 @@ impl Default for Options {
             handshake_timeout: Duration::from_secs(10),
             versions: (VERSION_MIN, VERSION_MAX),
             place_fd: None,
+            reconnect: None,
         }
     }
 }
@@ -133,6 +139,15 @@ pub struct Engine {
     pid: rustix::process::Pid,
 }
 
+/// A random first request id in [2^32, 2^62): far from the handshake's ids
+/// and from every other connection's.
+fn id_base() -> u64 {
+    let mut b = [0u8; 8];
+    // Weak randomness only makes a coincidence of ids likelier.
+    let _ = getrandom::getrandom(&mut b);
+    (u64::from_le_bytes(b) >> 2) | (1 << 32)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere cannot leave these structures half-updated in a way
     // that matters more than losing the connection, so poison is ignored.
@@ -187,7 +202,10 @@ impl Engine {
             rx: Mutex::new(rx),
             fd: AtomicI32::new(fd),
             st: Mutex::new(State {
-                next_id: 16,
+                // Ids of a client's successive connections never meet: a
+                // reply still awaited from a lost connection cannot be
+                // taken for a request of the new one.
+                next_id: id_base(),
                 outstanding: HashMap::new(),
                 bytes_outstanding: 0,
                 window,
@@ -226,6 +244,46 @@ impl Engine {
         // The old stream, now unreferenced, closes the old number here.
         tx.0 = new;
         Ok(fd)
+    }
+
+    /// Whether the connection already failed (nothing sent on it now
+    /// would arrive).
+    pub fn is_dead(&self) -> bool {
+        lock(&self.st).dead.is_some()
+    }
+
+    /// Looks, without waiting, whether the server already closed the
+    /// connection (a restarted server did): if so the engine is marked dead,
+    /// and a request not yet sent is known never to have reached anyone.
+    /// Costs one non-blocking `recv(MSG_PEEK)`.
+    pub fn check_alive(&self) -> bool {
+        if self.is_dead() {
+            return false;
+        }
+        let gone = {
+            let tx = lock(&self.tx);
+            let mut b = [0u8; 1];
+            let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+            match rustix::net::recv(&*tx.0, &mut b, flags) {
+                Ok((0, _)) => true,
+                Ok(_) => false,
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => false,
+                Err(_) => true,
+            }
+        };
+        if gone {
+            self.kill(Error::Io {
+                kind: io::ErrorKind::ConnectionReset,
+                errno: Some(libc::ECONNRESET),
+                message: "server closed the connection".into(),
+            });
+        }
+        !gone
+    }
+
+    /// Why the connection failed (`is_dead`).
+    pub fn dead_error(&self) -> Error {
+        lock(&self.st).dead.clone().unwrap_or_else(|| Error::Protocol("connection not dead".into()))
     }
 
     pub fn welcome(&self) -> &Welcome {

@@ -144,6 +144,9 @@ struct Prefetch {
 pub struct File {
     client: Client,
     handle: u64,
+    /// The client's epoch at open: after a reconnect that could not rejoin
+    /// the session, the handle is stale (`ESTALE`), never another file's.
+    epoch: u64,
     attr: Attr,
     pos: u64,
     append: bool,
@@ -173,7 +176,8 @@ pub struct File {
 impl File {
     pub(crate) fn open(client: Client, path: &[u8], opts: &OpenOptions) -> Result<File> {
         let flags = opts.flags();
-        let f = client.engine().call(&Request::Open { path, flags, mode: opts.mode })?;
+        let f = client.call(&Request::Open { path, flags, mode: opts.mode })?;
+        let epoch = client.epoch();
         let (handle, attr) = match f.reply()? {
             Reply::Opened { handle, attr } => (handle, attr),
             r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
@@ -181,6 +185,7 @@ impl File {
         Ok(File {
             client,
             handle,
+            epoch,
             attr,
             pos: 0,
             append: flags & libc::O_APPEND as u32 != 0,
@@ -202,6 +207,16 @@ impl File {
     /// The server's handle id.
     pub fn handle(&self) -> u64 {
         self.handle
+    }
+
+    /// `ESTALE` once the server has forgotten this handle (a reconnect
+    /// found a restarted server).
+    fn live(&self) -> Result<()> {
+        if self.client.epoch() == self.epoch {
+            Ok(())
+        } else {
+            Err(Error::remote(libc::ESTALE))
+        }
     }
 
     /// Attributes as of `open`.
@@ -231,6 +246,7 @@ impl File {
     /// (short only at end of file). Large buffers go as several requests
     /// in flight, each reply landing in its part of `buf`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.live()?;
         let engine = self.client.engine();
         let chunk = self.chunk_for(buf.len());
         let depth = self.depth();
@@ -268,6 +284,7 @@ impl File {
 
     /// Writes all of `buf` at `offset` and waits for the server.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.live()?;
         self.drop_prefetch();
         let engine = self.client.engine();
         let mut ids = VecDeque::new();
@@ -333,7 +350,7 @@ impl File {
     fn top_up(&mut self, n: usize) -> Result<()> {
         let want = (PREFETCH_BYTES / n).clamp(1, PREFETCH_MAX).min(self.depth().saturating_sub(1).max(1));
         let (handle, pos) = (self.handle, self.pos);
-        let engine = std::sync::Arc::clone(self.client.engine());
+        let engine = self.client.engine();
         let q = self.queue();
         let mut next = q.back().map_or(pos, |p| p.offset + p.len as u64);
         while q.len() < want {
@@ -449,7 +466,7 @@ impl File {
     fn write_seq(&mut self, buf: &[u8]) -> Result<usize> {
         self.take_error()?;
         self.drop_prefetch();
-        let engine = std::sync::Arc::clone(self.client.engine());
+        let engine = self.client.engine();
         for part in buf.chunks(self.chunk_for(buf.len())) {
             let req = if self.append {
                 Request::Write { handle: self.handle, data: part }
@@ -479,11 +496,13 @@ impl File {
     }
 
     pub fn metadata(&mut self) -> Result<Attr> {
+        self.live()?;
         self.flush_writes()?;
         self.client.stat(Target::Handle(self.handle))
     }
 
     pub fn set_len(&mut self, size: u64) -> Result<()> {
+        self.live()?;
         self.flush_writes()?;
         self.drop_prefetch();
         self.client.truncate(Target::Handle(self.handle), size).map(|_| ())
@@ -500,8 +519,9 @@ impl File {
     }
 
     fn sync(&mut self, datasync: bool) -> Result<()> {
+        self.live()?;
         self.flush_writes()?;
-        self.client.engine().call(&Request::Fsync { handle: self.handle, datasync })?;
+        self.client.call(&Request::Fsync { handle: self.handle, datasync })?;
         Ok(())
     }
 
@@ -575,7 +595,8 @@ impl File {
         self.closed = true;
         self.drop_prefetch();
         let flushed = self.flush_writes();
-        let closed = self.client.engine().call(&Request::Close { handle: self.handle });
+        // A stale handle has nothing left to close on the server.
+        let closed = self.live().and_then(|()| self.client.call(&Request::Close { handle: self.handle }));
         flushed?;
         closed.map(|_| ())
     }
@@ -590,6 +611,7 @@ impl Drop for File {
 
 impl io::Read for File {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.live()?;
         if buf.len() < SMALL_READ {
             return Ok(self.read_small(buf)?);
         }
@@ -599,6 +621,7 @@ impl io::Read for File {
 
 impl io::Write for File {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.live()?;
         Ok(self.write_seq(buf)?)
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -16,6 +16,7 @@ mod engine;
 mod error;
 mod file;
 mod lock;
+mod redial;
 pub mod token;
 pub mod url;
 

@@ -110,12 +110,29 @@ pub struct Session<B: Backend> {
     locked: bool,
 }
 
+/// A random first handle id below 2^47: a client that reconnects to a new
+/// session (the server restarted, or its lease ran out) and still sends an
+/// old handle meets `EBADF`, never another file that took the same number.
+fn first_handle() -> u64 {
+    let mut b = [0u8; 8];
+    // Weak randomness only makes a coincidence likelier.
+    let _ = getrandom::getrandom(&mut b);
+    (u64::from_le_bytes(b) >> 17).max(1)
+}
+
 /// Largest directory batch, whatever the client asks for.
 const READDIR_MAX: usize = 4096;
 
 impl<B: Backend> Session<B> {
     pub fn new(backend: Arc<B>, policy: Policy) -> Self {
-        Session { backend, policy, handles: HashMap::new(), next_handle: 1, conn: locks::new_conn_id(), locked: false }
+        Session {
+            backend,
+            policy,
+            handles: HashMap::new(),
+            next_handle: first_handle(),
+            conn: locks::new_conn_id(),
+            locked: false,
+        }
     }
 
     fn handle(&self, h: u64) -> Result<&Handle<B::File>> {

@@ -1,0 +1,236 @@
+//! Clients that outlive their connection: a cut connection is replaced and
+//! the session rejoined (open files go on); a restarted server is reached
+//! again (paths work, files open before are stale, and nothing runs twice).
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use common::fuse::{is_live, wait_for, Detach};
+use common::{random_bytes, TempDir, FERRY};
+use ferry_client::{Client, OpenOptions, Options};
+
+/// A `ferry serve` of `dir` on a given port (0: any), killed on drop.
+struct Serve {
+    child: Child,
+    port: u16,
+}
+
+impl Serve {
+    fn start(dir: &Path, port: u16, token_file: &Path) -> Serve {
+        let mut child = Command::new(FERRY)
+            .arg("serve")
+            .arg(dir)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+            .arg(token_file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).expect("listening line");
+        Serve { child, port }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn options(token_file: &Path) -> Options {
+    let token = fs::read_to_string(token_file).unwrap().trim().as_bytes().to_vec();
+    Options { token: Some(token), reconnect: Some(Duration::from_secs(20)), ..Options::default() }
+}
+
+/// A TCP proxy whose connections can be cut at once.
+struct Proxy {
+    port: u16,
+    socks: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn to(port: u16) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let me = l.local_addr().unwrap().port();
+        let socks = Arc::new(Mutex::new(Vec::new()));
+        let s2 = Arc::clone(&socks);
+        thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let Ok(s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
+                s2.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
+                let (c2, s3) = (c.try_clone().unwrap(), s.try_clone().unwrap());
+                thread::spawn(move || pump(c, s));
+                thread::spawn(move || pump(s3, c2));
+            }
+        });
+        Proxy { port: me, socks }
+    }
+
+    fn cut(&self) {
+        for s in self.socks.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+#[test]
+fn a_cut_connection_is_replaced_and_open_files_go_on() {
+    let export = TempDir::new("rc-export");
+    let state = TempDir::new("rc-state");
+    let token = state.path().join("token");
+    let server = Serve::start(export.path(), 0, &token);
+    let proxy = Proxy::to(server.port);
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &options(&token)).unwrap();
+    let data = random_bytes(2 << 20, 3);
+    let mut f = c.open("/f", OpenOptions::new().read(true).write(true).create(true)).unwrap();
+    f.write_all(&data).unwrap();
+    f.flush_writes().unwrap();
+    for round in 0..3 {
+        proxy.cut();
+        // Path calls, and the file opened before the cut, both go on: the
+        // new connection rejoined the session.
+        assert_eq!(c.metadata("/f").unwrap().size, data.len() as u64, "round {round}");
+        let mut got = vec![0u8; data.len()];
+        assert_eq!(f.read_at(&mut got, 0).unwrap(), data.len(), "round {round}");
+        assert!(got == data, "round {round}: data differs");
+        c.create_dir(format!("/d{round}"), 0o755).unwrap();
+    }
+    assert_eq!(c.epoch(), 0, "every reconnect rejoined the session");
+    f.close().unwrap();
+    for round in 0..3 {
+        assert!(export.path().join(format!("d{round}")).is_dir());
+    }
+}
+
+#[test]
+fn a_restarted_server_is_reached_again_and_old_handles_are_stale() {
+    let export = TempDir::new("rs-export");
+    let state = TempDir::new("rs-state");
+    let token = state.path().join("token");
+    let mut server = Serve::start(export.path(), 0, &token);
+    let port = server.port;
+    let c = Client::connect(&format!("127.0.0.1:{port}"), &options(&token)).unwrap();
+    c.write("/before", b"written before the restart").unwrap();
+    let f = c.open("/before", OpenOptions::new().read(true)).unwrap();
+    server.kill();
+    let _server = Serve::start(export.path(), port, &token);
+    // The first call after the restart: a mkdir, which must not run twice.
+    // The old connection was already closed by the server, so it never went
+    // out on it: it runs once, on the new connection.
+    c.create_dir("/after", 0o755).unwrap();
+    assert!(export.path().join("after").is_dir());
+    assert_eq!(c.read("/before").unwrap(), b"written before the restart");
+    assert_eq!(c.epoch(), 1, "the restarted server could not know the old session");
+    let mut buf = [0u8; 8];
+    let e = f.read_at(&mut buf, 0).unwrap_err();
+    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+    // Closing it says so too (what was written through it since the last
+    // fsync may be gone with the old server).
+    assert_eq!(f.close().unwrap_err().errno(), libc::ESTALE);
+}
+
+#[test]
+fn without_reconnect_a_lost_connection_stays_an_error() {
+    let export = TempDir::new("nr-export");
+    let state = TempDir::new("nr-state");
+    let token = state.path().join("token");
+    let server = Serve::start(export.path(), 0, &token);
+    let proxy = Proxy::to(server.port);
+    let opts = Options { reconnect: None, ..options(&token) };
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &opts).unwrap();
+    c.ping().unwrap();
+    proxy.cut();
+    assert!(c.metadata("/").is_err());
+}
+
+#[test]
+fn giving_up_after_the_bound_is_eio_with_a_reason() {
+    let export = TempDir::new("gu-export");
+    let state = TempDir::new("gu-state");
+    let token = state.path().join("token");
+    let mut server = Serve::start(export.path(), 0, &token);
+    let opts = Options { reconnect: Some(Duration::from_millis(500)), ..options(&token) };
+    let c = Client::connect(&format!("127.0.0.1:{}", server.port), &opts).unwrap();
+    server.kill();
+    let e = c.metadata("/").unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(e.to_string().contains("could not reconnect within"), "{e}");
+}
+
+fn mount(url: &str, mp: &Path, token: &Path, log: &Path) -> Child {
+    let child = Command::new(FERRY)
+        .args(["mount", url])
+        .arg(mp)
+        .env("FERRY_TOKEN_FILE", token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(20), || is_live(mp)), "mount did not come up: {}", read(log));
+    child
+}
+
+fn read(p: &Path) -> String {
+    fs::read_to_string(p).unwrap_or_default()
+}
+
+#[test]
+fn the_mount_goes_on_after_the_server_restarts() {
+    assert!(
+        Path::new("/dev/fuse").exists() && rustix::process::geteuid().is_root(),
+        "FUSE tests need /dev/fuse and root"
+    );
+    let export = TempDir::new("mr-export");
+    let state = TempDir::new("mr-state");
+    let token = state.path().join("token");
+    let mut server = Serve::start(export.path(), 0, &token);
+    let port = server.port;
+    let mp: PathBuf = state.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let log = state.path().join("mount.log");
+    let mut daemon = mount(&format!("ferry://127.0.0.1:{port}/"), &mp, &token, &log);
+    let _detach = Detach(mp.clone());
+    fs::write(mp.join("a"), b"before").unwrap();
+    server.kill();
+    let _server = Serve::start(export.path(), port, &token);
+    // Everything after the restart works as before it: listing, reading,
+    // creating, writing.
+    let listing = fs::read_dir(&mp).unwrap_or_else(|e| panic!("{e}; log: {}", read(&log)));
+    let mut names: Vec<_> = listing.map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["a"], "log: {}", read(&log));
+    assert_eq!(fs::read(mp.join("a")).unwrap(), b"before");
+    fs::write(mp.join("b"), b"after").unwrap();
+    assert_eq!(fs::read(export.path().join("b")).unwrap(), b"after");
+    fs::create_dir(mp.join("dir")).unwrap();
+    assert!(export.path().join("dir").is_dir());
+    let st = Command::new(FERRY).args(["umount"]).arg(&mp).status().unwrap();
+    assert!(st.success());
+    let _ = daemon.wait();
+}

@@ -1,0 +1,150 @@
+//! Reconnecting after a lost connection: a new connection to the same
+//! address, which rejoins the client's session if the server still has it
+//! (same server instance, within the lease: open files, offsets and locks
+//! are all still there) or starts a new one (the server restarted: files
+//! opened before are stale, paths work again).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ferry_proto::{caps, Reply, Request};
+
+use crate::client::SessionTicket;
+use crate::engine::{Engine, Options};
+use crate::error::{Error, Result};
+
+pub(crate) struct Redial {
+    addr: String,
+    opts: Options,
+    bound: Duration,
+    ticket: Mutex<Option<SessionTicket>>,
+    /// Bumped when a reconnect could not rejoin the session: handles from
+    /// before name nothing on the server any more.
+    epoch: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether an error means the connection is gone (and a new one may do).
+/// Not for a connection used after `fork`: that one is fine, just not ours.
+pub(crate) fn is_lost(e: &Error) -> bool {
+    matches!(e, Error::Io { errno, .. } if *errno != Some(libc::ENOTCONN))
+}
+
+/// Registers the engine's state as a session (if the server can).
+pub(crate) fn new_session(e: &Engine) -> Result<SessionTicket> {
+    if !e.has_cap(caps::SESSIONS) {
+        return Err(Error::remote(libc::ENOSYS));
+    }
+    match e.call(&Request::SessionNew)?.reply()? {
+        Reply::Session { id, lease_ms } => {
+            Ok(SessionTicket::new(id, e.session_secret(), Duration::from_millis(lease_ms.into())))
+        }
+        r => Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+    }
+}
+
+pub(crate) fn attach(e: &Engine, t: &SessionTicket) -> Result<()> {
+    if !e.has_cap(caps::SESSIONS) {
+        return Err(Error::remote(libc::ENOSYS));
+    }
+    let proof = e.attach_proof(t.secret(), t.id);
+    match e.call(&Request::SessionAttach { id: t.id, proof })?.reply()? {
+        Reply::Session { .. } => Ok(()),
+        r => Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+    }
+}
+
+impl Redial {
+    /// For a client that reconnects: its first connection's state becomes a
+    /// session right away, so that there is something to rejoin.
+    pub(crate) fn new(addr: &str, opts: &Options, bound: Duration, first: &Engine) -> Redial {
+        // A server without sessions still gets reconnects, just never resumes.
+        let ticket = new_session(first).ok();
+        Redial {
+            addr: addr.to_string(),
+            opts: opts.clone(),
+            bound,
+            ticket: Mutex::new(ticket),
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Relaxed)
+    }
+
+    /// Replaces `failed` in `slot` with a new connection, trying for up to
+    /// the bound, saying so on stderr (once when it starts waiting, once
+    /// when it is back). Returns whether the session was rejoined. If
+    /// another thread already replaced it, returns at once.
+    pub(crate) fn redial(&self, slot: &Mutex<Arc<Engine>>, failed: &Arc<Engine>, why: &Error) -> Result<bool> {
+        let mut cur = lock(slot);
+        if !Arc::ptr_eq(&cur, failed) {
+            return Ok(true);
+        }
+        // `Duration::MAX` (a hard mount): no deadline at all.
+        let deadline = Instant::now().checked_add(self.bound);
+        let mut pause = Duration::from_millis(20);
+        let mut said = false;
+        loop {
+            match Engine::connect(&self.addr, &self.opts) {
+                Ok(e) => {
+                    let resumed = self.resume(&e);
+                    *cur = Arc::new(e);
+                    if !resumed {
+                        self.epoch.fetch_add(1, Relaxed);
+                    }
+                    if said {
+                        let how = if resumed { "session resumed" } else { "new session: files open before are stale" };
+                        eprintln!("ferry: {}: reconnected ({how})", self.addr);
+                    }
+                    return Ok(resumed);
+                }
+                // A server that answers but refuses us will go on refusing.
+                Err(e @ Error::Auth(_)) => return Err(e),
+                Err(e) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Err(Error::Io {
+                            kind: io::ErrorKind::TimedOut,
+                            errno: Some(libc::EIO),
+                            message: format!(
+                                "lost the connection to {} ({why}) and could not reconnect within {} s: {e}",
+                                self.addr,
+                                self.bound.as_secs_f64()
+                            ),
+                        });
+                    }
+                    if !said {
+                        let until = match deadline {
+                            Some(_) => format!("giving up after {} s", self.bound.as_secs_f64()),
+                            None => "for as long as it takes".into(),
+                        };
+                        eprintln!("ferry: {}: connection lost ({why}); reconnecting ({until})", self.addr);
+                        said = true;
+                    }
+                    std::thread::sleep(deadline.map_or(pause, |d| pause.min(d - now)));
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Rejoins the session, or starts a new one when the server no longer
+    /// has it (restarted, or the lease ran out).
+    fn resume(&self, e: &Engine) -> bool {
+        let mut t = lock(&self.ticket);
+        if let Some(ticket) = t.as_ref() {
+            if attach(e, ticket).is_ok() {
+                return true;
+            }
+        }
+        *t = new_session(e).ok();
+        false
+    }
+}
