@@ -77,19 +77,40 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     raise_fd_limit();
     // Clients send the modes they want; their own umask is already applied.
     rustix::process::umask(rustix::fs::Mode::empty());
-    let listener = TcpListener::bind(&a.listen).map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
+    // The export is opened before anything is printed: the first line is
+    // for scripts, and must only appear once the server can serve.
+    let export = if a.memory {
+        Export::Memory(MemoryBackend::new())
+    } else {
+        let dir = a.dir.unwrap_or_else(|| PathBuf::from("."));
+        Export::Dir(PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?)
+    };
+    let addr = listen_addr(&a.listen);
+    let listener = TcpListener::bind(&addr)
+        .map_err(|e| format!("cannot listen on {}: {e} (expected HOST:PORT or PORT, e.g. 127.0.0.1:7070)", a.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let mut out = std::io::stdout();
     // Scripts wait for this exact line.
     writeln!(out, "listening on {local}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;
-    let res = if a.memory {
-        ferry_server::serve(listener, Arc::new(MemoryBackend::new()), cfg)
-    } else {
-        let dir = a.dir.unwrap_or_else(|| PathBuf::from("."));
-        let backend = PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        ferry_server::serve(listener, Arc::new(backend), cfg)
+    let res = match export {
+        Export::Memory(b) => ferry_server::serve(listener, Arc::new(b), cfg),
+        Export::Dir(b) => ferry_server::serve(listener, Arc::new(b), cfg),
     };
     res.map_err(|e| e.to_string())
+}
+
+enum Export {
+    Memory(MemoryBackend),
+    Dir(PosixBackend),
+}
+
+/// `--listen`: `HOST:PORT`, or a bare port meaning that port on 127.0.0.1
+/// (loopback: serving beyond this machine is a choice to spell out).
+fn listen_addr(s: &str) -> String {
+    match s.parse::<u16>() {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => s.to_string(),
+    }
 }
 
 /// Open files on behalf of clients are descriptors: take all the kernel allows.

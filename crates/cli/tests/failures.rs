@@ -240,3 +240,55 @@ fn many_large_writes_at_once_all_arrive() {
         assert!(got[..data.len()] == data[..] && got[data.len()..] == data[..], "file w{i} differs");
     }
 }
+
+fn serve_first_line(args: &[&str]) -> (String, std::process::Output) {
+    let state = TempDir::new("serve-args");
+    let out = std::process::Command::new(common::FERRY)
+        .arg("serve")
+        .args(args)
+        .arg("--token-file")
+        .arg(state.path().join("token"))
+        .output()
+        .unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), out)
+}
+
+#[test]
+fn serve_of_a_missing_directory_fails_before_saying_it_listens() {
+    let (stdout, out) = serve_first_line(&["/nonexistent/ferry-export", "--listen", "127.0.0.1:0"]);
+    assert!(!out.status.success());
+    assert_eq!(stdout, "", "nothing on stdout: scripts wait for the listening line");
+    assert!(stderr(&out).contains("/nonexistent/ferry-export"), "{}", stderr(&out));
+    let file = TempDir::new("not-a-dir");
+    let f = file.path().join("f");
+    std::fs::write(&f, b"x").unwrap();
+    let (stdout, out) = serve_first_line(&[f.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+    assert!(!out.status.success() && stdout.is_empty(), "{}", stderr(&out));
+}
+
+#[test]
+fn listen_takes_a_bare_port_and_explains_a_bad_address() {
+    // A bare port is that port on loopback.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let export = TempDir::new("bare-port");
+    let state = TempDir::new("bare-port-state");
+    let mut child = std::process::Command::new(common::FERRY)
+        .arg("serve")
+        .arg(export.path())
+        .args(["--listen", &port.to_string(), "--token-file"])
+        .arg(state.path().join("token"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(line.trim(), format!("listening on 127.0.0.1:{port}"));
+    let (_, out) = serve_first_line(&[export.path().to_str().unwrap(), "--listen", "nowhere"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("expected HOST:PORT"), "{}", stderr(&out));
+}
