@@ -473,7 +473,6 @@ fn make_on(m: &Mount) {
 /// (sqlite's -shm then is a cached shared mapping) and no attribute or name
 /// caching, so every stat and lookup goes to the server.
 #[test]
-#[ignore = "known bug: with --cache and zero attribute timeouts, make/sqlite/exec intermittently read wrong file contents (about 1 run in 3, also on e32f140); run with --ignored while fixing it"]
 fn git_sqlite_and_make_with_page_cache_and_no_attr_cache() {
     if fuse_usable() {
         let m = Mount::start(&["--cache", "--attr-timeout", "0", "--entry-timeout", "0"]);

@@ -306,12 +306,27 @@ impl Nodes {
         }
         if let Some(k) = key {
             if let Some(&ino) = self.by_key.get(&k) {
-                if let Some(n) = self.by_ino.get_mut(&ino) {
-                    if n.fmt == fmt {
-                        n.lookups += 1;
-                        n.paths.push(path.to_owned());
-                        self.by_path.insert(path.to_owned(), ino);
-                        return ino;
+                // Only a file with several links can be a node we know under
+                // another name. With one link, the node that had this
+                // (dev, ino) is another file that had the number before
+                // (removed, its inode number reused: git's index replaced
+                // by a rename, then a new file) or this file under a name
+                // that is gone: either way not a node to reuse, or the
+                // kernel would serve the old file's cached pages for it.
+                if attr.nlink > 1 {
+                    if let Some(n) = self.by_ino.get_mut(&ino) {
+                        if n.fmt == fmt {
+                            n.lookups += 1;
+                            n.paths.push(path.to_owned());
+                            self.by_path.insert(path.to_owned(), ino);
+                            return ino;
+                        }
+                    }
+                } else if let Some(n) = self.by_ino.get_mut(&ino) {
+                    for p in std::mem::take(&mut n.paths) {
+                        if self.by_path.get(&p) == Some(&ino) {
+                            self.by_path.remove(&p);
+                        }
                     }
                 }
             }
@@ -1184,6 +1199,34 @@ mod tests {
         Attr { mode: libc::S_IFREG | 0o644, dev: 1, ino, ..Attr::default() }
     }
 
+    fn with_links(mut a: Attr, nlink: u64) -> Attr {
+        a.nlink = nlink;
+        a
+    }
+
+    #[test]
+    fn a_reused_inode_number_is_a_new_node() {
+        // git replaces .git/index by a rename; the old file's inode number
+        // then comes back for a new file. Reusing the old node would let the
+        // kernel serve the old file's cached pages for the new one.
+        let mut n = Nodes::new(OsStr::new("/"));
+        let old = n.remember(OsStr::new("/index"), &with_links(file(7), 1));
+        let lock = n.remember(OsStr::new("/index.lock"), &with_links(file(8), 1));
+        n.rename(OsStr::new("/index.lock"), OsStr::new("/index"));
+        assert_eq!(n.by_path.get(OsStr::new("/index")), Some(&lock));
+        let new = n.remember(OsStr::new("/util.h"), &with_links(file(7), 1));
+        assert_ne!(new, old, "inode 7 with one link is a new file");
+        // A stale name of the number is forgotten too.
+        let other = n.remember(OsStr::new("/a"), &with_links(file(9), 1));
+        let moved = n.remember(OsStr::new("/b"), &with_links(file(9), 1));
+        assert_ne!(other, moved);
+        assert_eq!(n.by_path.get(OsStr::new("/a")), None, "one link: /a is no longer its name");
+        // Hard links (more than one link) are one node.
+        let x = n.remember(OsStr::new("/x"), &with_links(file(10), 2));
+        let y = n.remember(OsStr::new("/y"), &with_links(file(10), 2));
+        assert_eq!(x, y);
+    }
+
     #[test]
     fn rename_moves_subtree_and_detaches_target() {
         let mut n = Nodes::new(OsStr::new("/"));
@@ -1232,8 +1275,8 @@ mod tests {
     fn hard_links_share_one_node() {
         let mut n = Nodes::new(OsStr::new("/"));
         let d = n.remember(OsStr::new("/d"), &dir());
-        let a = n.remember(OsStr::new("/a"), &file(10));
-        assert_eq!(n.remember(OsStr::new("/d/b"), &file(10)), a);
+        let a = n.remember(OsStr::new("/a"), &with_links(file(10), 2));
+        assert_eq!(n.remember(OsStr::new("/d/b"), &with_links(file(10), 2)), a);
         assert_ne!(n.remember(OsStr::new("/c"), &file(11)), a);
         // Removing one name leaves the other.
         n.detach(OsStr::new("/a"));
@@ -1246,12 +1289,12 @@ mod tests {
         // With no name left, another link looked up finds the node again.
         n.detach(OsStr::new("/e/b"));
         assert!(n.path(a).is_err());
-        assert_eq!(n.remember(OsStr::new("/f"), &file(10)), a);
+        assert_eq!(n.remember(OsStr::new("/f"), &with_links(file(10), 2)), a);
         assert_eq!(n.path(a).unwrap(), "/f");
         // Three lookups counted (/a, /d/b, /f); all forgotten, all gone.
         n.forget(a, 3);
         assert!(n.path(a).is_err() && !n.by_key.contains_key(&(1, 10)) && !n.by_path.contains_key(OsStr::new("/f")));
-        assert_ne!(n.remember(OsStr::new("/f"), &file(10)), a);
+        assert_ne!(n.remember(OsStr::new("/f"), &with_links(file(10), 2)), a);
     }
 
     #[test]
