@@ -87,6 +87,13 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Ba
     for o in &cfg.options {
         opts.push(parse_option(o));
     }
+    // The server acts for every request with its own rights (it knows no
+    // per-user identity yet): a mount open to other users must have the
+    // kernel check their permissions, or any local user could read and
+    // change what only the mount's owner may.
+    if cfg.allow_other && !opts.contains(&MountOption::DefaultPermissions) {
+        opts.push(MountOption::DefaultPermissions);
+    }
     let mut config = Config::default();
     config.mount_options = opts;
     // fuser wants an ACL other than owner-only for auto_unmount (fusermount
