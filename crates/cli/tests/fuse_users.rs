@@ -83,3 +83,87 @@ fn other_users_of_an_allow_other_mount_get_their_own_rights() {
     let (ok, err) = as_nobody(&format!("echo hi > {}/open/mine && cat {}/open/mine", mp.display(), mp.display()));
     assert!(ok, "{err}");
 }
+
+/// `ferry serve` run by `nobody`, on a directory `nobody` owns.
+struct NobodyServer {
+    child: Child,
+    url: String,
+    token: std::path::PathBuf,
+}
+
+impl Drop for NobodyServer {
+    fn drop(&mut self) {
+        // runuser forwards the signal to the server it started.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_as_nobody(export: &Path, state: &Path) -> NobodyServer {
+    use std::io::BufRead;
+    let token = state.join("token");
+    let mut child = Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(FERRY)
+        .arg("serve")
+        .arg(export)
+        .args(["--listen", "127.0.0.1:0", "--token-file"])
+        .arg(&token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("runuser (util-linux) is needed for this test");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("{line:?}")).to_string();
+    NobodyServer { child, url: format!("ferry://{addr}/"), token }
+}
+
+#[test]
+fn creating_through_a_server_that_is_not_root_succeeds_and_leaves_nothing_half_done() {
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        Path::new("/dev/fuse").exists() && rustix::process::geteuid().is_root(),
+        "this test needs /dev/fuse and root (CI has both)"
+    );
+    let base = common::TempDir::new("nonroot");
+    fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let (export, state) = (base.path().join("export"), base.path().join("state"));
+    for d in [&export, &state] {
+        fs::create_dir(d).unwrap();
+        rustix::fs::chown(d.as_path(), Some(rustix::fs::Uid::from_raw(65534)), Some(rustix::fs::Gid::from_raw(65534)))
+            .unwrap();
+    }
+    let server = serve_as_nobody(&export, &state);
+    let mp = base.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let child = Command::new(FERRY)
+        .args(["mount", &server.url])
+        .arg(&mp)
+        .env("FERRY_TOKEN_FILE", &server.token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _m = Mounted { child };
+    assert!(wait_for(Duration::from_secs(20), || is_live(&mp)), "mount did not come up");
+    let _d = Detach(mp.clone());
+    // root creates through the mount: every kind of node works, and belongs
+    // to the server's user (who cannot give it away).
+    fs::write(mp.join("f"), b"data").unwrap();
+    fs::create_dir(mp.join("d")).unwrap();
+    std::os::unix::fs::symlink("f", mp.join("l")).unwrap();
+    let st = Command::new("mkfifo").arg(mp.join("p")).status().unwrap();
+    assert!(st.success());
+    let st = Command::new("touch").arg(mp.join("t")).status().unwrap();
+    assert!(st.success());
+    for n in ["f", "d", "l", "p", "t"] {
+        let m = fs::symlink_metadata(export.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+        assert_eq!(m.uid(), 65534, "{n} is the server user's");
+    }
+    assert_eq!(fs::read(export.join("f")).unwrap(), b"data");
+    let mut names: Vec<_> = fs::read_dir(&export).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["d", "f", "l", "p", "t"]);
+}

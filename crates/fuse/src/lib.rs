@@ -705,12 +705,26 @@ impl FerryFs {
             return Ok(attr);
         }
         let target = ferry_client::Target::PathNoFollow(path.as_bytes());
-        let mut a = self.client.chown(target, req.uid(), gid).map_err(errno)?;
+        let mut a = match self.client.chown(target, req.uid(), gid) {
+            Ok(a) => a,
+            // A server that is not root cannot give files away: the node
+            // stays its user's, as files on an NFS export with root squash
+            // stay the squashed user's. The create itself succeeded.
+            Err(e) if e.errno() == libc::EPERM => return Ok(attr),
+            Err(e) => return Err(errno(e)),
+        };
         // chown clears set-user/group-ID bits; a new node keeps what it asked.
         if a.mode & 0o7777 != attr.mode & 0o7777 && !attr.is_symlink() {
             a = self.client.set_permissions(target, attr.mode & 0o7777).map_err(errno)?;
         }
         Ok(a)
+    }
+
+    /// Removes a node just created whose creation then failed (best effort:
+    /// the error the caller gets is the one that made us undo).
+    fn undo_create(&self, path: &OsStr, is_dir: bool) {
+        let _ = if is_dir { self.client.remove_dir(path) } else { self.client.remove_file(path) };
+        lock(&self.nodes).detach(path);
     }
 
     fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
@@ -830,14 +844,14 @@ impl Filesystem for FerryFs {
     ) {
         let path = tri!(reply, self.child(parent, name));
         let a = tri!(reply, self.client.mknod(&path, mode, u64::from(rdev)).map_err(errno));
-        let a = tri!(reply, self.own(req, &path, a));
+        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)));
         self.entry(&path, &a, reply);
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
         let path = tri!(reply, self.child(parent, name));
         let a = tri!(reply, self.client.create_dir(&path, mode & 0o7777).map_err(errno));
-        let a = tri!(reply, self.own(req, &path, a));
+        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, true)));
         self.entry(&path, &a, reply);
     }
 
@@ -858,7 +872,7 @@ impl Filesystem for FerryFs {
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let path = tri!(reply, self.child(parent, link_name));
         let a = tri!(reply, self.client.symlink(target, &path).map_err(errno));
-        let a = tri!(reply, self.own(req, &path, a));
+        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)));
         self.entry(&path, &a, reply);
     }
 
@@ -1186,7 +1200,15 @@ impl Filesystem for FerryFs {
         reply: ReplyCreate,
     ) {
         let (ino, fh, attr) = tri!(reply, self.do_create(parent, name, mode, flags));
-        let attr = match self.child(parent, name).and_then(|p| self.own(req, &p, attr)) {
+        let attr = match self.child(parent, name).and_then(|p| {
+            self.own(req, &p, attr).inspect_err(|_| {
+                // A create either succeeds or leaves nothing: no file, no open
+                // handle, no node the kernel never heard of.
+                lock(&self.handles).remove(&fh.0);
+                lock(&self.nodes).forget(ino, 1);
+                self.undo_create(&p, false);
+            })
+        }) {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
