@@ -4,45 +4,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
+use common::preload::{bash, compile, library, ok};
 use common::{stderr, stdout, Server, TempDir, FERRY};
-
-/// The preload library, built beside the `ferry` binary.
-fn library() -> PathBuf {
-    let lib = Path::new(FERRY).with_file_name("libferry_preload.so");
-    assert!(lib.is_file(), "{} missing: build the workspace first (test.sh does)", lib.display());
-    lib
-}
 
 /// `ferry run --mount /remote=URL -- bash -c SCRIPT`, bounded in time.
 fn run_in(srv: &Server, cwd: &Path, script: &str) -> Output {
-    library();
-    Command::new("timeout")
-        .args(["120", FERRY, "run", "--mount"])
-        .arg(format!("/remote={}", srv.url("/")))
-        .args(["--", "bash", "-c", script])
-        .current_dir(cwd)
-        .env("FERRY_TOKEN_FILE", &srv.token_file)
-        .env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_MOUNTS")
-        .output()
-        .expect("run ferry run")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "failed: {:?}\nstdout:\n{}\nstderr:\n{}", o.status, stdout(o), stderr(o));
-    stdout(o)
-}
-
-fn compile(dir: &Path, name: &str, src: &str) -> PathBuf {
-    let c = dir.join(format!("{name}.c"));
-    std::fs::write(&c, src).unwrap();
-    let exe = dir.join(name);
-    let o = Command::new("gcc").args(["-O1", "-pthread", "-o"]).arg(&exe).arg(&c).output().expect("gcc");
-    assert!(o.status.success(), "gcc: {}", stderr(&o));
-    exe
+    bash(srv, cwd, script)
 }
 
 #[test]

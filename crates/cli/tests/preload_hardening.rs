@@ -7,51 +7,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 
-use common::{stderr, stdout, Server, TempDir, FERRY};
-
-fn library() -> PathBuf {
-    let lib = Path::new(FERRY).with_file_name("libferry_preload.so");
-    assert!(lib.is_file(), "{} missing: build the workspace first (test.sh does)", lib.display());
-    lib
-}
-
-/// `ferry run --mount /remote=URL -- ARGS...`, bounded by `secs`.
-fn run_cmd(srv: &Server, cwd: &Path, secs: u32, args: &[&str]) -> Output {
-    library();
-    Command::new("timeout")
-        .arg(secs.to_string())
-        .args([FERRY, "run", "--mount"])
-        .arg(format!("/remote={}", srv.url("/")))
-        .arg("--")
-        .args(args)
-        .current_dir(cwd)
-        .env("FERRY_TOKEN_FILE", &srv.token_file)
-        .env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_MOUNTS")
-        .output()
-        .expect("run ferry run")
-}
-
-fn bash(srv: &Server, cwd: &Path, script: &str) -> Output {
-    run_cmd(srv, cwd, 120, &["bash", "-c", script])
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "failed: {:?}\nstdout:\n{}\nstderr:\n{}", o.status, stdout(o), stderr(o));
-    stdout(o)
-}
-
-fn compile(dir: &Path, name: &str, src: &str) -> PathBuf {
-    let c = dir.join(format!("{name}.c"));
-    std::fs::write(&c, src).unwrap();
-    let exe = dir.join(name);
-    let o = Command::new("gcc").args(["-O1", "-pthread", "-o"]).arg(&exe).arg(&c).output().expect("gcc");
-    assert!(o.status.success(), "gcc: {}", stderr(&o));
-    exe
-}
+use common::preload::{bash, compile, ok, run_cmd};
+use common::{stderr, stdout, Server, TempDir};
 
 // ---------------------------------------------------------------- item 1
 

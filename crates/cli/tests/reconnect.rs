@@ -5,15 +5,13 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Duration;
 
 use common::fuse::{is_live, wait_for, Detach};
+use common::proxy::Proxy;
 use common::{random_bytes, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, Options};
 
@@ -57,54 +55,13 @@ fn options(token_file: &Path) -> Options {
     Options { token: Some(token), reconnect: Some(Duration::from_secs(20)), ..Options::default() }
 }
 
-/// A TCP proxy whose connections can be cut at once.
-struct Proxy {
-    port: u16,
-    socks: Arc<Mutex<Vec<TcpStream>>>,
-}
-
-impl Proxy {
-    fn to(port: u16) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let me = l.local_addr().unwrap().port();
-        let socks = Arc::new(Mutex::new(Vec::new()));
-        let s2 = Arc::clone(&socks);
-        thread::spawn(move || {
-            for c in l.incoming().flatten() {
-                let Ok(s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
-                s2.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
-                let (c2, s3) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-                thread::spawn(move || pump(c, s));
-                thread::spawn(move || pump(s3, c2));
-            }
-        });
-        Proxy { port: me, socks }
-    }
-
-    fn cut(&self) {
-        for s in self.socks.lock().unwrap().drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-fn pump(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(Shutdown::Both);
-}
-
 #[test]
 fn a_cut_connection_is_replaced_and_open_files_go_on() {
     let export = TempDir::new("rc-export");
     let state = TempDir::new("rc-state");
     let token = state.path().join("token");
     let server = Serve::start(export.path(), 0, &token);
-    let proxy = Proxy::to(server.port);
+    let proxy = Proxy::to(format!("127.0.0.1:{}", server.port));
     let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &options(&token)).unwrap();
     let data = random_bytes(2 << 20, 3);
     let mut f = c.open("/f", OpenOptions::new().read(true).write(true).create(true)).unwrap();
@@ -160,7 +117,7 @@ fn without_reconnect_a_lost_connection_stays_an_error() {
     let state = TempDir::new("nr-state");
     let token = state.path().join("token");
     let server = Serve::start(export.path(), 0, &token);
-    let proxy = Proxy::to(server.port);
+    let proxy = Proxy::to(format!("127.0.0.1:{}", server.port));
     let opts = Options { reconnect: None, ..options(&token) };
     let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &opts).unwrap();
     c.ping().unwrap();

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::proxy::Proxy;
 use common::{random_bytes, Server};
 use ferry_client::{Client, Frame, LockKind, LockSpec, LockType, OpenOptions};
 use ferry_proto::{Reply, Request};
@@ -68,47 +67,6 @@ fn attach_needs_the_right_secret_and_a_live_session() {
     let old = Server::start(&["--disable-caps", "sessions"]);
     let e = old.client().new_session().unwrap_err();
     assert_eq!(e.errno(), libc::ENOSYS, "{e}");
-}
-
-/// A TCP proxy whose connections can be cut at once, both ways.
-struct Proxy {
-    port: u16,
-    socks: Arc<Mutex<Vec<TcpStream>>>,
-}
-
-impl Proxy {
-    fn to(addr: String) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        let socks = Arc::new(Mutex::new(Vec::new()));
-        let s2 = Arc::clone(&socks);
-        thread::spawn(move || {
-            for c in l.incoming().flatten() {
-                let s = TcpStream::connect(&addr).unwrap();
-                s2.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
-                let (c2, s3) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-                thread::spawn(move || pump(c, s));
-                thread::spawn(move || pump(s3, c2));
-            }
-        });
-        Proxy { port, socks }
-    }
-
-    fn cut(&self) {
-        for s in self.socks.lock().unwrap().drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-fn pump(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(Shutdown::Both);
 }
 
 #[test]

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod fuse;
+pub mod preload;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
