@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+if [ "$(id -u)" != 0 ]; then
+  echo "test.sh: run as root: the suite installs packages (apt-get), adds a user for pjdfstest and mounts FUSE file systems" >&2
+  exit 1
+fi
+
 # Tools the suite needs. Rust comes from rustup; the rest is installed here.
 if ! command -v cargo >/dev/null; then
   echo "test.sh: cargo not found; install Rust (https://rustup.rs)" >&2
@@ -16,7 +21,7 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 # Debian packages: fusermount3 (FUSE auto-unmount) and the programs the
 # end-to-end tests run on the mount.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
