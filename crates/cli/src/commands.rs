@@ -379,28 +379,85 @@ pub fn cat(tf: Option<&Path>, url: &str) -> Result<(), String> {
     f.close().map_err(|e| fail(&u, e))
 }
 
-pub fn ls(tf: Option<&Path>, url: &str, long: bool) -> Result<(), String> {
+/// `ls`: files first, then each directory (with a `URL:` header when there
+/// are several operands, as ls does). An operand that fails is reported and
+/// the others are still listed; the command then fails.
+pub fn ls(tf: Option<&Path>, urls: &[String], long: bool, all: bool) -> Result<(), String> {
+    let mut clients = Clients::new(tf);
+    let mut out = io::stdout().lock();
+    let mut failed = Vec::new();
+    let mut dirs = Vec::new();
+    for url in urls {
+        match ls_one(&mut clients, url, long, &mut out) {
+            Ok(Some(dir)) => dirs.push(dir),
+            Ok(None) => {}
+            Err(e) => failed.push(e),
+        }
+    }
+    let headers = urls.len() > 1;
+    for (n, (u, client)) in dirs.iter().enumerate() {
+        if headers {
+            let gap = if n > 0 || dirs.len() < urls.len() { "\n" } else { "" };
+            writeln!(out, "{gap}{u}:").map_err(|e| e.to_string())?;
+        }
+        if let Err(e) = ls_dir(client, u, long, all, &mut out) {
+            failed.push(e);
+        }
+    }
+    match failed.len() {
+        0 => Ok(()),
+        1 => Err(failed.remove(0)),
+        _ => {
+            let last = failed.pop().unwrap_or_default();
+            for e in failed {
+                eprintln!("ferry: {e}");
+            }
+            Err(last)
+        }
+    }
+}
+
+/// Prints a file operand now; returns a directory operand for later.
+fn ls_one(c: &mut Clients, url: &str, long: bool, out: &mut impl Write) -> Result<Option<(Url, Client)>, String> {
     let u = parse(url)?;
-    let client = Clients::new(tf).get(&u)?;
+    let client = c.get(&u)?;
     let top = client.symlink_metadata(&u.path).map_err(|e| fail(&u, e))?;
     let follow = if top.is_symlink() { client.metadata(&u.path).ok() } else { None };
-    let mut out = io::stdout().lock();
-    let is_dir = top.is_dir() || follow.is_some_and(|a| a.is_dir());
-    if !is_dir {
-        let name = u.path.rsplit('/').next().unwrap_or("").to_string();
-        return print_entry(&mut out, &client, Path::new(&u.path), &name, &top, long);
+    if top.is_dir() || follow.is_some_and(|a| a.is_dir()) {
+        return Ok(Some((u, client)));
     }
-    let mut entries = client.read_dir(&u.path).map_err(|e| fail(&u, e))?;
+    let name = u.path.rsplit('/').next().unwrap_or("").to_string();
+    print_entry(out, &client, Path::new(&u.path), &name, &top, long)?;
+    Ok(None)
+}
+
+fn ls_dir(client: &Client, u: &Url, long: bool, all: bool, out: &mut impl Write) -> Result<(), String> {
+    let mut entries = client.read_dir(&u.path).map_err(|e| fail(u, e))?;
+    entries.retain(|e| all || !e.name.starts_with(b"."));
     entries.sort_by(|a, b| a.name.cmp(&b.name));
+    if all {
+        // `.` and `..` as ls -a shows them (the export's top is its own parent).
+        for (name, path) in [(".", u.path.clone()), ("..", parent_of(&u.path))] {
+            let a = client.metadata(&path).map_err(|e| fail(u, e))?;
+            print_entry(out, client, Path::new(&path), name, &a, long)?;
+        }
+    }
     for e in entries {
         let path = ferry_client::join(&u.path, e.file_name());
         let name = e.file_name().to_string_lossy();
         match e.attr {
-            Some(a) => print_entry(&mut out, &client, &path, &name, &a, long)?,
+            Some(a) => print_entry(out, client, &path, &name, &a, long)?,
             None => writeln!(out, "{name}").map_err(|e| e.to_string())?,
         }
     }
     Ok(())
+}
+
+fn parent_of(p: &str) -> String {
+    match p.trim_end_matches('/').rsplit_once('/') {
+        Some(("", _)) | None => "/".into(),
+        Some((d, _)) => d.into(),
+    }
 }
 
 /// Names that are not UTF-8 show lossily: the output edge is text.

@@ -39,12 +39,16 @@ enum Cmd {
     },
     /// Print a remote file.
     Cat { url: String },
-    /// List a remote directory.
+    /// List remote directories (or files), like ls.
     Ls {
         /// Long format: mode, links, owner, size, time.
         #[arg(short = 'l')]
         long: bool,
-        url: String,
+        /// Also names starting with '.', and . and .. themselves.
+        #[arg(short = 'a')]
+        all: bool,
+        #[arg(required = true, value_name = "URL")]
+        urls: Vec<String>,
     },
     /// Show a remote file's attributes.
     Stat { url: String },
@@ -93,7 +97,7 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => serve::run(a, tf),
         Cmd::Cp { recursive, src, dst } => commands::cp(tf, &src, &dst, recursive),
         Cmd::Cat { url } => commands::cat(tf, &url),
-        Cmd::Ls { long, url } => commands::ls(tf, &url, long),
+        Cmd::Ls { long, all, urls } => commands::ls(tf, &urls, long, all),
         Cmd::Stat { url } => commands::stat(tf, &url),
         Cmd::Mkdir { parents, url } => commands::mkdir(tf, &url, parents),
         Cmd::Rm { recursive, url } => commands::rm(tf, &url, recursive),

@@ -473,6 +473,26 @@ fn ls_long_shows_mode_and_size() {
 }
 
 #[test]
+fn ls_hides_dot_files_unless_a_and_takes_several_urls() {
+    let server = Server::start(&[]);
+    put(&server, "/.hidden", b"h");
+    put(&server, "/seen", b"s");
+    std::fs::create_dir(exported(&server, "/d")).unwrap();
+    put(&server, "/d/inner", b"i");
+    assert_eq!(ok(&server.ferry(&["ls", &server.url("/")])), "d\nseen\n");
+    assert_eq!(ok(&server.ferry(&["ls", "-a", &server.url("/")])), ".\n..\n.hidden\nd\nseen\n");
+    // Several operands: files first, then each directory under a header.
+    let out = ok(&server.ferry(&["ls", &server.url("/d"), &server.url("/seen"), &server.url("/")]));
+    let (d, root) = (server.url("/d"), server.url("/"));
+    assert_eq!(out, format!("seen\n\n{d}:\ninner\n\n{root}:\nd\nseen\n"));
+    // One missing operand: the others are listed, the command fails.
+    let o = server.ferry(&["ls", &server.url("/d"), &server.url("/missing")]);
+    assert!(!o.status.success());
+    assert!(stdout(&o).contains("inner"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("/missing: No such file or directory"), "{}", stderr(&o));
+}
+
+#[test]
 fn ls_missing_fails() {
     let server = Server::start(&[]);
     fails_with(&server.ferry(&["ls", &server.url("/missing")]), &enoent(&server, "/missing"));
