@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::fuse::{fuse_usable, is_live, is_mounted, wait_for, Detach};
+use common::fuse::{is_live, is_mounted, require_fuse, wait_for, Detach};
 use common::{random_bytes, Server, TempDir, FERRY};
 use rustix::mount::UnmountFlags;
 use rustix::process::{Pid, Signal};
@@ -130,9 +130,7 @@ fn errno_of(e: &std::io::Error) -> i32 {
 
 #[test]
 fn files_dirs_and_renames() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let m = Mount::start(&s, mpd.path(), &[]);
@@ -228,9 +226,7 @@ fn files_dirs_and_renames() {
 
 #[test]
 fn links_attributes_and_xattrs() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let m = Mount::start(&s, mpd.path(), &[]);
@@ -275,11 +271,9 @@ fn links_attributes_and_xattrs() {
     let out = sh("ls -l", m.p("").as_path());
     assert!(out.contains("sl -> file") && out.contains("hard"), "{out}");
 
-    // xattrs, if the export's file system takes user xattrs.
-    if rustix::fs::setxattr(exp.join("file"), "user.probe", b"1", rustix::fs::XattrFlags::empty()).is_err() {
-        eprintln!("skipping xattr checks: the export's file system refuses user xattrs");
-        return;
-    }
+    // xattrs: the export (under the temp dir) must take user xattrs.
+    let probe = rustix::fs::setxattr(exp.join("file"), "user.probe", b"1", rustix::fs::XattrFlags::empty());
+    assert!(probe.is_ok(), "the export's file system refuses user xattrs ({probe:?}): the xattr checks cannot run");
     let p = m.p("file");
     rustix::fs::setxattr(&p, "user.color", b"blue", rustix::fs::XattrFlags::empty()).unwrap();
     let mut buf = [0u8; 64];
@@ -301,9 +295,7 @@ fn links_attributes_and_xattrs() {
 
 #[test]
 fn programs_on_the_mount() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let m = Mount::start(&s, mpd.path(), &[]);
@@ -354,9 +346,7 @@ fn programs_on_the_mount() {
 
 #[test]
 fn umount_command_and_background_mode() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let mp = mpd.path().to_str().unwrap().to_string();
@@ -391,9 +381,7 @@ fn umount_command_and_background_mode() {
 
 #[test]
 fn killed_daemon_does_not_block_the_next_mount() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let mut m = Mount::start(&s, mpd.path(), &[]);
@@ -423,9 +411,7 @@ fn killed_daemon_does_not_block_the_next_mount() {
 
 #[test]
 fn cache_read_only_and_zero_timeouts() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let exp = s.export.path();
 
@@ -517,9 +503,7 @@ fn check_hard_links(m: &Mount) {
 
 #[test]
 fn hard_links_are_one_inode() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let m = Mount::start(&s, mpd.path(), &[]);
@@ -540,9 +524,7 @@ fn hard_links_are_one_inode() {
 /// must leave them on the server.
 #[test]
 fn write_behind_is_seen_by_later_calls() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let m = Mount::start(&s, mpd.path(), &["--attr-timeout", "0", "--entry-timeout", "0"]);
@@ -577,9 +559,7 @@ fn write_behind_is_seen_by_later_calls() {
 /// the mount fails, but the unmount itself works.
 #[test]
 fn umount_works_after_the_server_is_gone() {
-    if !fuse_usable() {
-        return;
-    }
+    require_fuse();
     let s = Server::start(&[]);
     let mpd = TempDir::new("mnt");
     let mp = mpd.path().to_str().unwrap().to_string();

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::fuse::{fuse_usable, is_live, is_mounted, wait_for};
+use common::fuse::{is_live, is_mounted, require_fuse, wait_for};
 use common::{random_bytes, Server, TempDir, FERRY};
 use rustix::mount::UnmountFlags;
 use rustix::process::{Pid, Signal};
@@ -159,9 +159,8 @@ fn sh(script: &str, dir: &Path) -> String {
 
 #[test]
 fn git_init_add_commit_status_log() {
-    if fuse_usable() {
-        git_on(&Mount::start(&[]));
-    }
+    require_fuse();
+    git_on(&Mount::start(&[]));
 }
 
 fn git_on(m: &Mount) {
@@ -238,9 +237,8 @@ fn diff(a: &Path, b: &Path) {
 
 #[test]
 fn tar_create_and_extract() {
-    if fuse_usable() {
-        tar_on(&Mount::start(&[]));
-    }
+    require_fuse();
+    tar_on(&Mount::start(&[]));
 }
 
 fn tar_on(m: &Mount) {
@@ -281,9 +279,8 @@ fn tar_on(m: &Mount) {
 
 #[test]
 fn sqlite3_creates_and_queries_a_database() {
-    if fuse_usable() {
-        sqlite_on(&Mount::start(&[]));
-    }
+    require_fuse();
+    sqlite_on(&Mount::start(&[]));
 }
 
 fn sqlite_on(m: &Mount) {
@@ -352,9 +349,8 @@ with zipfile.ZipFile(out, "w") as z:
 
 #[test]
 fn python_venv_and_pip_install() {
-    if fuse_usable() {
-        python_on(&Mount::start(&[]));
-    }
+    require_fuse();
+    python_on(&Mount::start(&[]));
 }
 
 fn python_on(m: &Mount) {
@@ -413,9 +409,8 @@ fn python_on(m: &Mount) {
 
 #[test]
 fn make_builds_and_runs_a_c_program() {
-    if fuse_usable() {
-        make_on(&Mount::start(&[]));
-    }
+    require_fuse();
+    make_on(&Mount::start(&[]));
 }
 
 fn make_on(m: &Mount) {
@@ -474,12 +469,11 @@ fn make_on(m: &Mount) {
 /// caching, so every stat and lookup goes to the server.
 #[test]
 fn git_sqlite_and_make_with_page_cache_and_no_attr_cache() {
-    if fuse_usable() {
-        let m = Mount::start(&["--cache", "--attr-timeout", "0", "--entry-timeout", "0"]);
-        git_on(&m);
-        sqlite_on(&m);
-        make_on(&m);
-    }
+    require_fuse();
+    let m = Mount::start(&["--cache", "--attr-timeout", "0", "--entry-timeout", "0"]);
+    git_on(&m);
+    sqlite_on(&m);
+    make_on(&m);
 }
 
 /// A local tree whose names are not UTF-8: Latin-1 as an old archive holds
@@ -523,9 +517,8 @@ fn same_bytes_tree(a: &Path, b: &Path) {
 
 #[test]
 fn non_utf8_names_with_cp_tar_and_git() {
-    if fuse_usable() {
-        non_utf8_on(&Mount::start(&[]));
-    }
+    require_fuse();
+    non_utf8_on(&Mount::start(&[]));
 }
 
 fn non_utf8_on(m: &Mount) {

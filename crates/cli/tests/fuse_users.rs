@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::fuse::{is_live, wait_for, Detach};
+use common::fuse::{is_live, require_fuse, wait_for, Detach};
 use common::{Server, FERRY};
 
 fn as_nobody(script: &str) -> (bool, String) {
@@ -51,10 +51,7 @@ fn mount(server: &Server, mp: &Path, extra: &[&str]) -> Mounted {
 
 #[test]
 fn other_users_of_an_allow_other_mount_get_their_own_rights() {
-    assert!(
-        Path::new("/dev/fuse").exists() && rustix::process::geteuid().is_root(),
-        "this test needs /dev/fuse and root (CI has both)"
-    );
+    require_fuse();
     let server = Server::start(&[]);
     // The export and the mount point must be reachable by `nobody`.
     fs::set_permissions(server.export.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -122,10 +119,7 @@ fn serve_as_nobody(export: &Path, state: &Path) -> NobodyServer {
 #[test]
 fn creating_through_a_server_that_is_not_root_succeeds_and_leaves_nothing_half_done() {
     use std::os::unix::fs::MetadataExt;
-    assert!(
-        Path::new("/dev/fuse").exists() && rustix::process::geteuid().is_root(),
-        "this test needs /dev/fuse and root (CI has both)"
-    );
+    require_fuse();
     let base = common::TempDir::new("nonroot");
     fs::set_permissions(base.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let (export, state) = (base.path().join("export"), base.path().join("state"));

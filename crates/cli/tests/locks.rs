@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fuse::{fuse_usable, Detach};
+use common::fuse::{require_fuse, Detach};
 use common::{stderr, stdout, Server, TempDir, FERRY};
 
 /// `ferry run --mount /remote=URL -- PROGRAM ARGS` (under `timeout 120`
@@ -255,7 +255,7 @@ fn mount(srv: &Server) -> (TempDir, Detach) {
 
 #[test]
 fn two_mounts_serialise_flock_counters_and_sqlite() {
-    assert!(fuse_usable(), "this test needs /dev/fuse and root");
+    require_fuse();
     let s = Server::start(&[]);
     let (m1, _g1) = mount(&s);
     let (m2, _g2) = mount(&s);

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::fuse::{is_live, wait_for, Detach};
+use common::fuse::{is_live, require_fuse, wait_for, Detach};
 use common::proxy::Proxy;
 use common::{random_bytes, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, Options};
@@ -159,10 +159,7 @@ fn read(p: &Path) -> String {
 
 #[test]
 fn the_mount_goes_on_after_the_server_restarts() {
-    assert!(
-        Path::new("/dev/fuse").exists() && rustix::process::geteuid().is_root(),
-        "FUSE tests need /dev/fuse and root"
-    );
+    require_fuse();
     let export = TempDir::new("mr-export");
     let state = TempDir::new("mr-state");
     let token = state.path().join("token");
