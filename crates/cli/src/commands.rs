@@ -66,6 +66,7 @@ fn local_fail(p: &Path, e: io::Error) -> String {
 /// Either side of a copy. A remote side is its server's URL and the exact
 /// path, whose names below the URL's own path are bytes (not always UTF-8),
 /// as local names are.
+#[derive(Clone)]
 enum Loc {
     Local(PathBuf),
     Remote(Url, PathBuf),
@@ -269,7 +270,7 @@ impl Sink {
                 (SinkFile::Remote(Box::new(f)), Some(client))
             }
         };
-        Ok(Sink { tmp, dst: clone_loc(dst), file: Some(file), client })
+        Ok(Sink { tmp, dst: dst.clone(), file: Some(file), client })
     }
 
     fn write(&mut self, b: &[u8]) -> Result<(), String> {
@@ -320,13 +321,6 @@ impl Drop for Sink {
 /// Errors on the temporary file are reported under the name the user gave.
 fn named(l: &Loc, e: String) -> String {
     format!("{}: {e}", display(l))
-}
-
-fn clone_loc(l: &Loc) -> Loc {
-    match l {
-        Loc::Local(p) => Loc::Local(p.clone()),
-        Loc::Remote(u, p) => Loc::Remote(u.clone(), p.clone()),
-    }
 }
 
 fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, bar: &ProgressBar) -> Result<(), String> {

@@ -5,10 +5,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::proxy::Proxy;
 use common::{random_bytes, stderr, Server, TempDir};
 use ferry_client::{Client, Options};
 
@@ -90,43 +91,6 @@ fn a_peer_sending_binary_garbage_is_not_a_ferry_server() {
     assert!(stderr(&out).contains("not a ferry server"), "{}", stderr(&out));
 }
 
-/// A TCP proxy to `to` that cuts every connection once `limit` bytes have
-/// gone from the server to the client (`down`) or the other way (`!down`).
-fn cutting_proxy(to: String, limit: usize, down: bool) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    thread::spawn(move || {
-        for c in l.incoming().flatten() {
-            let s = TcpStream::connect(&to).unwrap();
-            let (c2, s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-            let (up_limit, down_limit) = if down { (usize::MAX, limit) } else { (limit, usize::MAX) };
-            thread::spawn(move || pump(c, s, up_limit));
-            thread::spawn(move || pump(s2, c2, down_limit));
-        }
-    });
-    port
-}
-
-fn pump(mut from: TcpStream, mut to: TcpStream, mut limit: usize) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let n = n.min(limit);
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-        limit -= n;
-        if limit == 0 {
-            break;
-        }
-    }
-    let _ = from.shutdown(Shutdown::Both);
-    let _ = to.shutdown(Shutdown::Both);
-}
-
 fn names_in(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> =
         std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
@@ -139,7 +103,7 @@ fn an_interrupted_download_leaves_no_partial_file_and_says_why() {
     let server = Server::start(&[]);
     let data = random_bytes(64 << 20, 7);
     std::fs::write(server.export.path().join("big"), &data).unwrap();
-    let port = cutting_proxy(server.addr(), 8 << 20, true);
+    let port = Proxy::cutting(server.addr(), usize::MAX, 8 << 20).port;
     let local = TempDir::new("dl");
     // An older copy is there: an interrupted download must leave it alone.
     std::fs::write(local.path().join("big"), b"old contents").unwrap();
@@ -159,7 +123,7 @@ fn an_interrupted_upload_leaves_no_partial_file_at_the_destination() {
     let src = local.path().join("big");
     std::fs::write(&src, random_bytes(64 << 20, 8)).unwrap();
     std::fs::write(server.export.path().join("big"), b"old contents").unwrap();
-    let port = cutting_proxy(server.addr(), 8 << 20, false);
+    let port = Proxy::cutting(server.addr(), 8 << 20, usize::MAX).port;
     let out = server.ferry(&["cp", src.to_str().unwrap(), &format!("ferry://127.0.0.1:{port}/big")]);
     assert!(!out.status.success(), "the copy cannot have succeeded through the cut");
     assert!(!stderr(&out).contains("fill whole buffer"), "{}", stderr(&out));

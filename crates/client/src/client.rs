@@ -112,6 +112,12 @@ fn repeatable(req: &Request<'_>) -> bool {
     }
 }
 
+/// The empty reply of a request that needs nothing more done (a `Close` of
+/// a handle the server no longer has).
+fn done(req: &Request<'_>) -> Frame {
+    Frame { op: req.op(), body: Vec::new(), data_len: 0 }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -149,29 +155,30 @@ impl Client {
         loop {
             // Before something that must not run twice, make sure the
             // connection is not already known gone: then it surely never
-            // ran, and can go on a new connection.
-            let unsent = if repeatable(req) { e.is_dead() } else { !e.check_alive() };
-            let err = if unsent {
-                e.dead_error()
-            } else {
-                match e.call(req) {
+            // ran, and can go on a new connection. (Anything else is sent
+            // again anyway: no need to look first.)
+            let unsent = if repeatable(req) { None } else { e.gone() };
+            let was_unsent = unsent.is_some();
+            let err = match unsent {
+                Some(err) => err,
+                None => match e.call(req) {
                     Err(err) if is_lost(&err) => err,
                     Err(err) if err.errno() == libc::EBADF && matches!(req, Request::Close { .. }) => {
-                        return Ok(Frame { op: req.op(), body: Vec::new(), data_len: 0 })
+                        return Ok(done(req))
                     }
                     other => return other,
-                }
+                },
             };
             r.redial(&self.inner.engine, &e, &err)?;
             if r.epoch() != epoch && names_handle(req) {
                 // The server forgot the session: there is nothing to close,
                 // and nothing else to do with the handle.
                 return match req {
-                    Request::Close { .. } => Ok(Frame { op: req.op(), body: Vec::new(), data_len: 0 }),
+                    Request::Close { .. } => Ok(done(req)),
                     _ => Err(Error::remote(libc::ESTALE)),
                 };
             }
-            if !unsent && !repeatable(req) {
+            if !was_unsent && !repeatable(req) {
                 return Err(Error::Io {
                     kind: std::io::ErrorKind::Interrupted,
                     errno: Some(libc::EIO),

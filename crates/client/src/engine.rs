@@ -246,21 +246,16 @@ impl Engine {
         Ok(fd)
     }
 
-    /// Whether the connection already failed (nothing sent on it now
-    /// would arrive).
-    pub fn is_dead(&self) -> bool {
-        lock(&self.st).dead.is_some()
-    }
-
-    /// Looks, without waiting, whether the server already closed the
-    /// connection (a restarted server did): if so the engine is marked dead,
-    /// and a request not yet sent is known never to have reached anyone.
-    /// Costs one non-blocking `recv(MSG_PEEK)`.
-    pub fn check_alive(&self) -> bool {
-        if self.is_dead() {
-            return false;
+    /// Why the connection is gone, if it is: already known failed, or —
+    /// looked at without waiting, with one non-blocking `recv(MSG_PEEK)` —
+    /// closed by the server (a restarted server did). Then the engine is
+    /// dead, and a request not yet sent on it is known never to have reached
+    /// anyone.
+    pub fn gone(&self) -> Option<Error> {
+        if let Some(e) = &lock(&self.st).dead {
+            return Some(e.clone());
         }
-        let gone = {
+        let closed = {
             let tx = lock(&self.tx);
             let mut b = [0u8; 1];
             let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
@@ -271,19 +266,16 @@ impl Engine {
                 Err(_) => true,
             }
         };
-        if gone {
-            self.kill(Error::Io {
-                kind: io::ErrorKind::ConnectionReset,
-                errno: Some(libc::ECONNRESET),
-                message: "server closed the connection".into(),
-            });
+        if !closed {
+            return None;
         }
-        !gone
-    }
-
-    /// Why the connection failed (`is_dead`).
-    pub fn dead_error(&self) -> Error {
-        lock(&self.st).dead.clone().unwrap_or_else(|| Error::Protocol("connection not dead".into()))
+        let e = Error::Io {
+            kind: io::ErrorKind::ConnectionReset,
+            errno: Some(libc::ECONNRESET),
+            message: "server closed the connection".into(),
+        };
+        self.kill(e.clone());
+        Some(e)
     }
 
     pub fn welcome(&self) -> &Welcome {

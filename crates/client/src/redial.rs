@@ -80,12 +80,12 @@ impl Redial {
 
     /// Replaces `failed` in `slot` with a new connection, trying for up to
     /// the bound, saying so on stderr (once when it starts waiting, once
-    /// when it is back). Returns whether the session was rejoined. If
-    /// another thread already replaced it, returns at once.
-    pub(crate) fn redial(&self, slot: &Mutex<Arc<Engine>>, failed: &Arc<Engine>, why: &Error) -> Result<bool> {
+    /// when it is back); the epoch moves on if the session could not be
+    /// rejoined. If another thread already replaced it, returns at once.
+    pub(crate) fn redial(&self, slot: &Mutex<Arc<Engine>>, failed: &Arc<Engine>, why: &Error) -> Result<()> {
         let mut cur = lock(slot);
         if !Arc::ptr_eq(&cur, failed) {
-            return Ok(true);
+            return Ok(());
         }
         // `Duration::MAX` (a hard mount): no deadline at all.
         let deadline = Instant::now().checked_add(self.bound);
@@ -103,7 +103,7 @@ impl Redial {
                         let how = if resumed { "session resumed" } else { "new session: files open before are stale" };
                         eprintln!("ferry: {}: reconnected ({how})", self.addr);
                     }
-                    return Ok(resumed);
+                    return Ok(());
                 }
                 // A server that answers but refuses us will go on refusing.
                 Err(e @ Error::Auth(_)) => return Err(e),

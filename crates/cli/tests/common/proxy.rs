@@ -1,5 +1,6 @@
 //! A TCP proxy on 127.0.0.1 whose connections the test can cut at once,
-//! both ways: a network drop without a server restart.
+//! both ways (a network drop without a server restart), or that cuts each
+//! connection by itself once so many bytes went one way.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -14,6 +15,12 @@ pub struct Proxy {
 impl Proxy {
     /// Forwards every connection to `addr` (`HOST:PORT`).
     pub fn to(addr: String) -> Proxy {
+        Proxy::cutting(addr, usize::MAX, usize::MAX)
+    }
+
+    /// Like `to`, but each connection is cut once `up` bytes went from the
+    /// client to the server, or `down` bytes the other way.
+    pub fn cutting(addr: String, up: usize, down: usize) -> Proxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let socks = Arc::new(Mutex::new(Vec::new()));
@@ -23,8 +30,8 @@ impl Proxy {
                 let Ok(s) = TcpStream::connect(&addr) else { continue };
                 s2.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
                 let (c2, s3) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-                thread::spawn(move || pump(c, s));
-                thread::spawn(move || pump(s3, c2));
+                thread::spawn(move || pump(c, s, up));
+                thread::spawn(move || pump(s3, c2, down));
             }
         });
         Proxy { port, socks }
@@ -38,12 +45,20 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` to `to` until either ends or `limit` bytes went; then
+/// cuts both.
+fn pump(mut from: TcpStream, mut to: TcpStream, mut limit: usize) {
     let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
+    while limit > 0 {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n.min(limit),
+        };
+        if to.write_all(&buf[..n]).is_err() {
             break;
         }
+        limit -= n;
     }
+    let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
 }
