@@ -327,3 +327,48 @@ fn two_mounts_serialise_flock_counters_and_sqlite() {
         assert!(o.status.success(), "umount: {}", stderr(&o));
     }
 }
+
+/// A closed file's `release` reaches the mount in the background, after the
+/// kernel may have reused its `struct file` (the flock owner id) for the
+/// next open: that late release must not drop the newer file's flock. The
+/// race is timing-dependent; many rounds give it a chance to show.
+#[test]
+fn a_late_release_leaves_a_newer_flock_alone() {
+    use std::os::fd::AsRawFd;
+    require_fuse();
+    let s = Server::start(&[]);
+    let (m1, _g1) = mount(&s);
+    let (m2, _g2) = mount(&s);
+    std::fs::write(s.export.path().join("f"), "").unwrap();
+    let rw = |m: &TempDir| std::fs::OpenOptions::new().read(true).write(true).open(m.path().join("f")).unwrap();
+    let flock = |f: &std::fs::File, op: i32| {
+        // SAFETY: flock on a descriptor that `f` keeps open.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let other = rw(&m2);
+    let mut stolen = 0;
+    for _ in 0..400 {
+        let f = rw(&m1);
+        flock(&f, libc::LOCK_EX).unwrap();
+        flock(&f, libc::LOCK_UN).unwrap();
+        drop(f);
+        let g = rw(&m1);
+        flock(&g, libc::LOCK_EX).unwrap();
+        for _ in 0..3 {
+            match flock(&other, libc::LOCK_EX | libc::LOCK_NB) {
+                Ok(()) => {
+                    stolen += 1;
+                    flock(&other, libc::LOCK_UN).unwrap();
+                    break;
+                }
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EWOULDBLOCK)),
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert_eq!(stolen, 0, "a flock held on one mount was taken on the other");
+}

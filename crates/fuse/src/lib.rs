@@ -977,10 +977,8 @@ impl Filesystem for FerryFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let (Some(owner), Ok(f)) = (lock_owner, self.file(fh)) {
-            // The last close of a file that held a flock.
-            self.locks.closing(&f, ino.0, owner.0);
-        }
+        // The last close of the file; the owner is there if it held a flock.
+        self.locks.released(self.file(fh).ok().as_deref(), fh.0, ino.0, lock_owner.map(|o| o.0));
         let h = lock(&self.handles).remove(&fh.0);
         if let Some(Handle::File(f)) = h {
             if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
@@ -1031,7 +1029,7 @@ impl Filesystem for FerryFs {
         reply: ReplyEmpty,
     ) {
         let f = tri!(reply, self.file(fh));
-        self.locks.setlk(f, ino.0, lock_owner.0, (start, end), typ, pid, sleep, reply);
+        self.locks.setlk(f, fh.0, ino.0, lock_owner.0, (start, end), typ, pid, sleep, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

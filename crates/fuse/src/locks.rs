@@ -13,6 +13,14 @@
 //! so the kernel reader thread goes back to serving the rest of the mount.
 //! A `flush` of the same owner and file (the waiting process exiting or
 //! closing the file) ends the wait with `EINTR`.
+//!
+//! A `flock` owner is the kernel's `struct file`, whose address (and so
+//! owner id) is reused as soon as the file is closed, while the `release`
+//! that asks us to drop its flock comes later, in the background. By then
+//! a newer handle may hold a lock under the same id; the late release must
+//! leave it alone, or another client gets the lock while this one still
+//! writes under it. So the mount remembers which handles took locks under
+//! each owner id.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +43,8 @@ pub(crate) struct MountLocks {
     /// close sends no unlock.
     used: AtomicBool,
     waits: Waits,
+    /// Owner id -> the handles that asked for locks under it.
+    users: Mutex<HashMap<u64, Vec<u64>>>,
 }
 
 fn spec(owner: u64, start: u64, end: u64, typ: i32, pid: u32) -> Result<LockSpec, Errno> {
@@ -81,6 +91,7 @@ impl MountLocks {
     pub(crate) fn setlk(
         &self,
         f: Arc<OpenFile>,
+        fh: u64,
         ino: u64,
         owner: u64,
         range: (u64, u64),
@@ -95,6 +106,13 @@ impl MountLocks {
         };
         if s.typ != LockType::Unlock {
             self.used.store(true, Ordering::Relaxed);
+            // Before the request goes out: a `release` that runs meanwhile
+            // then knows the id is taken (see the module comment).
+            let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+            let fhs = users.entry(owner).or_default();
+            if !fhs.contains(&fh) {
+                fhs.push(fh);
+            }
         }
         match with_file(&f, |file| file.try_lock(&s)) {
             Err(e) if e == Errno::EAGAIN && sleep => {}
@@ -123,6 +141,26 @@ impl MountLocks {
         if let Err(e) = spawned {
             // The reply went with the closure; the kernel sees the request fail.
             eprintln!("ferry mount: cannot start a lock wait: {e}");
+        }
+    }
+
+    /// `release` of handle `fh`, with the flock owner if the handle took a
+    /// flock: the flock goes unless a newer handle holds the owner id now.
+    pub(crate) fn released(&self, f: Option<&OpenFile>, fh: u64, ino: u64, flock_owner: Option<u64>) {
+        if !self.used.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        users.retain(|_, fhs| {
+            fhs.retain(|&h| h != fh);
+            !fhs.is_empty()
+        });
+        if let (Some(f), Some(owner)) = (f, flock_owner) {
+            if !users.contains_key(&owner) {
+                // Under the lock of `users`: a newer handle's lock under
+                // this id reaches the server after this unlock.
+                self.closing(f, ino, owner);
+            }
         }
     }
 
