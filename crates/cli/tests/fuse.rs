@@ -574,3 +574,55 @@ fn umount_works_after_the_server_is_gone() {
     assert!(o.status.success(), "umount: {}", String::from_utf8_lossy(&o.stderr));
     assert!(wait_for(Duration::from_secs(5), || !is_mounted(mpd.path())));
 }
+
+/// While one process renames new versions over a file (as editors, git and
+/// package managers save), another that opens, reads and stats it by name
+/// always finds a file, old or new, as on a local file system. The kernel
+/// may have looked the name up just before a rename: that node has no
+/// name on the server any more.
+#[test]
+fn readers_always_find_a_file_renamed_over() {
+    require_fuse();
+    let s = Server::start(&[]);
+    for opts in [&[][..], &["--cache"][..], &["--attr-timeout", "0", "--entry-timeout", "0"][..]] {
+        let mpd = TempDir::new("mnt");
+        let m = Mount::start(&s, mpd.path(), opts);
+        let target = m.p("target");
+        fs::write(&target, "v0").unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renamer = {
+            let (dir, stop) = (m.mp.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let tmp = dir.join(format!("tmp{}", i % 5));
+                    fs::write(&tmp, format!("v{i}")).unwrap();
+                    fs::rename(&tmp, dir.join("target")).unwrap();
+                    i += 1;
+                }
+                i
+            })
+        };
+        let (mut opens, mut failures) = (0, Vec::new());
+        let end = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < end {
+            opens += 1;
+            match fs::read_to_string(&target) {
+                Ok(v) => assert!(v.starts_with('v'), "{opts:?}: read {v:?}"),
+                Err(e) => failures.push(format!("open: {e}")),
+            }
+            if let Err(e) = fs::metadata(&target) {
+                failures.push(format!("stat: {e}"));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let renames = renamer.join().unwrap();
+        assert!(renames > 50 && opens > 50, "{opts:?}: only {renames} renames and {opens} opens");
+        assert!(
+            failures.is_empty(),
+            "{opts:?}: {} of {opens} reads failed, e.g. {:?}",
+            failures.len(),
+            &failures[..3.min(failures.len())]
+        );
+    }
+}

@@ -252,6 +252,9 @@ struct Node {
     /// node (the kernel refuses a node id whose type changes).
     fmt: u32,
     lookups: u64,
+    /// The name it had when it lost its last one (a file renamed over it,
+    /// or removed): see `FerryFs::open`.
+    former: Option<OsString>,
 }
 
 /// Node id ↔ paths, and `(dev, ino)` → node id for non-directories.
@@ -283,15 +286,22 @@ impl Nodes {
     /// `root` is the exported path the mount shows, e.g. `/` or `/sub`.
     fn new(root: &OsStr) -> Nodes {
         let mut n = Nodes { by_ino: HashMap::new(), by_path: HashMap::new(), by_key: HashMap::new(), next: ROOT + 1 };
-        let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1 };
+        let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1, former: None };
         n.by_ino.insert(ROOT, node);
         n.by_path.insert(root.into(), ROOT);
         n
     }
 
     /// A name of the node (any: all links name the same file).
+    ///
+    /// A node without a name was replaced or removed after the kernel
+    /// looked it up: `ESTALE` makes the kernel look the name up again and
+    /// retry the call (`open`, `stat`, ... do, once), so a program opening
+    /// a file that another renames a new version over finds the new one,
+    /// never `ENOENT`.
     fn path(&self, ino: u64) -> R<OsString> {
-        self.by_ino.get(&ino).and_then(|n| n.paths.first().cloned()).ok_or(Errno::ENOENT)
+        let node = self.by_ino.get(&ino).ok_or(Errno::ESTALE)?;
+        node.paths.first().cloned().ok_or(Errno::ESTALE)
     }
 
     /// The node for `path`, whose attributes the server just returned:
@@ -340,7 +350,7 @@ impl Nodes {
         }
         let ino = self.next;
         self.next += 1;
-        self.by_ino.insert(ino, Node { paths: vec![path.to_owned()], key, fmt, lookups: 1 });
+        self.by_ino.insert(ino, Node { paths: vec![path.to_owned()], key, fmt, lookups: 1, former: None });
         self.by_path.insert(path.to_owned(), ino);
         if let Some(k) = key {
             // A reused inode number of another type replaces the old entry;
@@ -379,6 +389,9 @@ impl Nodes {
             if let Some(ino) = self.by_path.remove(&p) {
                 if let Some(n) = self.by_ino.get_mut(&ino) {
                     n.paths.retain(|q| *q != p);
+                    if n.paths.is_empty() {
+                        n.former = Some(p);
+                    }
                 }
             }
         }
@@ -510,9 +523,10 @@ impl FerryFs {
 
     /// The node's path, or for a removed node still open, one of its handles.
     fn obj(&self, ino: INodeNo) -> R<Obj> {
-        if let Ok(p) = self.path(ino) {
-            return Ok(Obj::Path(p));
-        }
+        let stale = match self.path(ino) {
+            Ok(p) => return Ok(Obj::Path(p)),
+            Err(e) => e,
+        };
         let handles = lock(&self.handles);
         for h in handles.values() {
             if let Handle::File(f) = h {
@@ -523,7 +537,7 @@ impl FerryFs {
                 }
             }
         }
-        Err(Errno::ENOENT)
+        Err(stale)
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> R<OsString> {
@@ -909,8 +923,23 @@ impl Filesystem for FerryFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let path = tri!(reply, self.path(ino));
-        let (_, fh, _) = tri!(reply, self.open_file(&path, &Self::open_options(flags.0), flags.0, ino.0));
+        let o = Self::open_options(flags.0);
+        let (_, fh, _) = match self.path(ino) {
+            Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0)),
+            // The kernel looked the name up just before a rename put a new
+            // version there (an editor's or git's save): a local open would
+            // give the old file, which the server cannot reach by name any
+            // more. A reader gets the new one, still old-or-new as on a
+            // local file system; a writer gets ESTALE, so the kernel looks
+            // the name up again and retries, and never writes into a file
+            // it did not look up.
+            Err(stale) if flags.0 & libc::O_ACCMODE == libc::O_RDONLY => {
+                let former = lock(&self.nodes).by_ino.get(&ino.0).and_then(|n| n.former.clone());
+                let path = tri!(reply, former.ok_or(stale));
+                tri!(reply, self.open_file(&path, &o, flags.0, ino.0).map_err(|_| stale))
+            }
+            Err(stale) => return reply.error(stale),
+        };
         reply.opened(fh, self.open_flags());
     }
 
