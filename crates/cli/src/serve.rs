@@ -63,6 +63,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "rename-flags" => ferry_proto::caps::RENAME_FLAGS,
             "locks" => ferry_proto::caps::LOCKS,
             "sessions" => ferry_proto::caps::SESSIONS,
+            "file-ids" => ferry_proto::caps::FILE_IDS,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

@@ -1364,3 +1364,29 @@ fn memory_backend_never_leaves_its_tree() {
     assert!(server.alive());
     outside.assert_unchanged(&before, "the memory backend test");
 }
+
+/// File ids come back from clients: one naming a file outside the export
+/// (here: in another server's export on the same file system, so the
+/// kernel can open it by handle) must open nothing.
+#[test]
+fn a_file_id_from_outside_the_export_opens_nothing() {
+    use ferry_proto::{caps, Reply, Request};
+    let a = Server::start(&[]);
+    let b = Server::start(&[]);
+    std::fs::write(a.export.path().join("secret"), b"not for b's clients").unwrap();
+    let ca = a.client();
+    assert!(ca.engine().has_cap(caps::FILE_IDS));
+    let f = ca.engine().call(&Request::OpenId { path: b"/secret", flags: libc::O_RDONLY as u32, mode: 0 }).unwrap();
+    let Reply::OpenedId { attr, id, .. } = f.reply().unwrap() else { panic!("not an OpenedId reply") };
+    assert!(!id.is_empty(), "a root server on ext4 gives file ids");
+    let (id, dev, ino) = (id.to_vec(), attr.dev, attr.ino);
+    let cb = b.client();
+    for path in [&b"/secret"[..], b"/../secret", b"/"] {
+        let req = Request::Reopen { flags: libc::O_RDONLY as u32, dev, ino, id: &id, path };
+        let Err(e) = cb.engine().call(&req) else { panic!("{path:?}: opened a file outside the export") };
+        assert_eq!(e.errno(), libc::ESTALE, "{path:?}: {e}");
+    }
+    // The same id works on the server it came from.
+    let req = Request::Reopen { flags: libc::O_RDONLY as u32, dev, ino, id: &id, path: b"/elsewhere" };
+    assert!(matches!(ca.engine().call(&req).unwrap().reply().unwrap(), Reply::OpenedId { .. }));
+}

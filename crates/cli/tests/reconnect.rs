@@ -1,6 +1,7 @@
 //! Clients that outlive their connection: a cut connection is replaced and
 //! the session rejoined (open files go on); a restarted server is reached
-//! again (paths work, files open before are stale, and nothing runs twice).
+//! again (paths work, files open before are opened again by their identity,
+//! and nothing runs twice).
 
 mod common;
 
@@ -23,9 +24,18 @@ struct Serve {
 
 impl Serve {
     fn start(dir: &Path, port: u16, token_file: &Path) -> Serve {
+        Serve::launch(dir.as_os_str(), port, token_file)
+    }
+
+    /// `ferry serve --memory`: its files live as long as the process.
+    fn start_memory(port: u16, token_file: &Path) -> Serve {
+        Serve::launch("--memory".as_ref(), port, token_file)
+    }
+
+    fn launch(export: &std::ffi::OsStr, port: u16, token_file: &Path) -> Serve {
         let mut child = Command::new(FERRY)
             .arg("serve")
-            .arg(dir)
+            .arg(export)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--token-file"])
             .arg(token_file)
             .stdout(Stdio::piped())
@@ -85,7 +95,7 @@ fn a_cut_connection_is_replaced_and_open_files_go_on() {
 }
 
 #[test]
-fn a_restarted_server_is_reached_again_and_old_handles_are_stale() {
+fn a_restarted_server_is_reached_again_and_open_files_are_the_same_files() {
     let export = TempDir::new("rs-export");
     let state = TempDir::new("rs-state");
     let token = state.path().join("token");
@@ -93,8 +103,15 @@ fn a_restarted_server_is_reached_again_and_old_handles_are_stale() {
     let port = server.port;
     let c = Client::connect(&format!("127.0.0.1:{port}"), &options(&token)).unwrap();
     c.write("/before", b"written before the restart").unwrap();
+    c.write("/renamed", b"renamed while the server was down").unwrap();
+    c.write("/removed", b"removed while the server was down").unwrap();
     let f = c.open("/before", OpenOptions::new().read(true)).unwrap();
+    let mut w = c.open("/renamed", OpenOptions::new().read(true).write(true)).unwrap();
+    let gone = c.open("/removed", OpenOptions::new().read(true)).unwrap();
     server.kill();
+    fs::rename(export.path().join("renamed"), export.path().join("moved")).unwrap();
+    fs::write(export.path().join("renamed"), b"another file under the old name").unwrap();
+    fs::remove_file(export.path().join("removed")).unwrap();
     let _server = Serve::start(export.path(), port, &token);
     // The first call after the restart: a mkdir, which must not run twice.
     // The old connection was already closed by the server, so it never went
@@ -103,12 +120,40 @@ fn a_restarted_server_is_reached_again_and_old_handles_are_stale() {
     assert!(export.path().join("after").is_dir());
     assert_eq!(c.read("/before").unwrap(), b"written before the restart");
     assert_eq!(c.epoch(), 1, "the restarted server could not know the old session");
-    let mut buf = [0u8; 8];
-    let e = f.read_at(&mut buf, 0).unwrap_err();
-    assert_eq!(e.errno(), libc::ESTALE, "{e}");
-    // Closing it says so too (what was written through it since the last
-    // fsync may be gone with the old server).
-    assert_eq!(f.close().unwrap_err().errno(), libc::ESTALE);
+    // Files open before the restart are opened again: the same files.
+    let mut buf = [0u8; 64];
+    let n = f.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"written before the restart");
+    f.close().unwrap();
+    // Found by its identity under its new name (the server runs as root,
+    // so it can open by file handle), never the new file under the old name.
+    let n = w.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"renamed while the server was down");
+    w.write_at(b"RENAMED", 0).unwrap();
+    w.flush_writes().unwrap();
+    w.close().unwrap();
+    assert_eq!(fs::read(export.path().join("moved")).unwrap(), b"RENAMED while the server was down");
+    assert_eq!(fs::read(export.path().join("renamed")).unwrap(), b"another file under the old name");
+    // A file removed meanwhile is stale, for that file only.
+    assert_eq!(gone.read_at(&mut buf, 0).unwrap_err().errno(), libc::ESTALE);
+    assert_eq!(c.read("/before").unwrap(), b"written before the restart");
+}
+
+#[test]
+fn after_a_restart_of_a_memory_server_open_files_are_stale() {
+    let state = TempDir::new("rm-state");
+    let token = state.path().join("token");
+    let mut server = Serve::start_memory(0, &token);
+    let port = server.port;
+    let c = Client::connect(&format!("127.0.0.1:{port}"), &options(&token)).unwrap();
+    c.write("/f", b"in memory").unwrap();
+    let f = c.open("/f", OpenOptions::new().read(true)).unwrap();
+    server.kill();
+    let _server = Serve::start_memory(port, &token);
+    // Even a new file with the same name and inode number is another file.
+    c.write("/f", b"new instance").unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap_err().errno(), libc::ESTALE);
 }
 
 #[test]
@@ -171,14 +216,26 @@ fn the_mount_goes_on_after_the_server_restarts() {
     let mut daemon = mount(&format!("ferry://127.0.0.1:{port}/"), &mp, &token, &log);
     let _detach = Detach(mp.clone());
     fs::write(mp.join("a"), b"before").unwrap();
+    fs::write(mp.join("held"), b"open across the restart").unwrap();
+    let held = fs::OpenOptions::new().read(true).write(true).open(mp.join("held")).unwrap();
     server.kill();
     let _server = Serve::start(export.path(), port, &token);
+    // A file a program holds open goes on: opened again on the new server.
+    {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 64];
+        let n = held.read_at(&mut buf, 0).unwrap_or_else(|e| panic!("{e}; log: {}", read(&log)));
+        assert_eq!(&buf[..n], b"open across the restart");
+        held.write_all_at(b"OPEN", 0).unwrap();
+        drop(held);
+        assert_eq!(fs::read(export.path().join("held")).unwrap(), b"OPEN across the restart");
+    }
     // Everything after the restart works as before it: listing, reading,
     // creating, writing.
     let listing = fs::read_dir(&mp).unwrap_or_else(|e| panic!("{e}; log: {}", read(&log)));
     let mut names: Vec<_> = listing.map(|e| e.unwrap().file_name()).collect();
     names.sort();
-    assert_eq!(names, ["a"], "log: {}", read(&log));
+    assert_eq!(names, ["a", "held"], "log: {}", read(&log));
     assert_eq!(fs::read(mp.join("a")).unwrap(), b"before");
     fs::write(mp.join("b"), b"after").unwrap();
     assert_eq!(fs::read(export.path().join("b")).unwrap(), b"after");

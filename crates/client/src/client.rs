@@ -107,7 +107,7 @@ fn repeatable(req: &Request<'_>) -> bool {
         | Request::Write { .. }
         | Request::Read { .. }
         | Request::Seek { .. } => false,
-        Request::Open { flags, .. } => flags & libc::O_EXCL as u32 == 0,
+        Request::Open { flags, .. } | Request::OpenId { flags, .. } => flags & libc::O_EXCL as u32 == 0,
         _ => true,
     }
 }
@@ -191,6 +191,18 @@ impl Client {
             }
             e = self.engine();
         }
+    }
+
+    /// After `err` from a request sent on `failed` outside [`call`](Self::call)
+    /// (pipelined reads and writes): whether the connection was lost and has
+    /// been replaced, so the caller may send again what may run twice.
+    pub(crate) fn replaced(&self, failed: &Arc<Engine>, err: &Error) -> Result<bool> {
+        let Some(r) = &self.inner.redial else { return Ok(false) };
+        if !is_lost(err) {
+            return Ok(false);
+        }
+        r.redial(&self.inner.engine, failed, err)?;
+        Ok(true)
     }
 
     /// Makes this connection's state (open files, offsets, locks) a session

@@ -3,11 +3,13 @@
 
 use std::collections::VecDeque;
 use std::io::{self, SeekFrom};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ferry_proto::{caps, lock, Attr, Reply, Request, Target};
 
 use crate::client::Client;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::lock::{typ_from_wire, LockHolder, LockKind, LockSpec, LockType};
 
@@ -143,10 +145,21 @@ struct Prefetch {
 
 pub struct File {
     client: Client,
-    handle: u64,
-    /// The client's epoch at open: after a reconnect that could not rejoin
-    /// the session, the handle is stale (`ESTALE`), never another file's.
-    epoch: u64,
+    /// The server's handle, valid in the client's `epoch` of that time:
+    /// after a reconnect that could not rejoin the session (the server
+    /// restarted), the file is opened again (see `live`), never another.
+    handle: AtomicU64,
+    epoch: AtomicU64,
+    /// What opens it again: the path and flags of the first open, and the
+    /// server's lasting identity of the file (empty if it has none).
+    path: Vec<u8>,
+    flags: u32,
+    id: Vec<u8>,
+    /// Serialises re-opening.
+    reopening: Mutex<()>,
+    /// A lock was taken through this handle: a restarted server no longer
+    /// has it, so the file must not quietly go on without it.
+    locked: AtomicBool,
     attr: Attr,
     pos: u64,
     append: bool,
@@ -176,16 +189,27 @@ pub struct File {
 impl File {
     pub(crate) fn open(client: Client, path: &[u8], opts: &OpenOptions) -> Result<File> {
         let flags = opts.flags();
-        let f = client.call(&Request::Open { path, flags, mode: opts.mode })?;
+        let ids = client.engine().has_cap(caps::FILE_IDS);
+        let f = if ids {
+            client.call(&Request::OpenId { path, flags, mode: opts.mode })?
+        } else {
+            client.call(&Request::Open { path, flags, mode: opts.mode })?
+        };
         let epoch = client.epoch();
-        let (handle, attr) = match f.reply()? {
-            Reply::Opened { handle, attr } => (handle, attr),
+        let (handle, attr, id) = match f.reply()? {
+            Reply::Opened { handle, attr } => (handle, attr, Vec::new()),
+            Reply::OpenedId { handle, attr, id } => (handle, attr, id.to_vec()),
             r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
         };
         Ok(File {
             client,
-            handle,
-            epoch,
+            handle: AtomicU64::new(handle),
+            epoch: AtomicU64::new(epoch),
+            path: path.to_vec(),
+            flags,
+            id,
+            reopening: Mutex::new(()),
+            locked: AtomicBool::new(false),
             attr,
             pos: 0,
             append: flags & libc::O_APPEND as u32 != 0,
@@ -206,17 +230,56 @@ impl File {
 
     /// The server's handle id.
     pub fn handle(&self) -> u64 {
-        self.handle
+        self.handle.load(Ordering::Acquire)
     }
 
-    /// `ESTALE` once the server has forgotten this handle (a reconnect
-    /// found a restarted server).
+    /// The server's handle id, the file opened again first if the server
+    /// restarted since (see [`live`](Self::live)).
+    pub fn current_handle(&self) -> Result<u64> {
+        self.live()?;
+        Ok(self.handle())
+    }
+
+    fn same_epoch(&self) -> bool {
+        self.client.epoch() == self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Makes sure the server knows this handle. After a reconnect that
+    /// could not rejoin the session (the server restarted), the file is
+    /// opened again by its identity, so it is the same file even if it was
+    /// renamed; a file removed meanwhile, a server without `FILE_IDS`, or a
+    /// file that held a lock (which the restart released) is `ESTALE`.
     fn live(&self) -> Result<()> {
-        if self.client.epoch() == self.epoch {
-            Ok(())
-        } else {
-            Err(Error::remote(libc::ESTALE))
+        if self.same_epoch() {
+            return Ok(());
         }
+        let _g = self.reopening.lock().unwrap_or_else(|e| e.into_inner());
+        let stale = || Err(Error::remote(libc::ESTALE));
+        for _ in 0..3 {
+            let before = self.client.epoch();
+            if before == self.epoch.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if self.locked.load(Ordering::Relaxed) || !self.client.engine().has_cap(caps::FILE_IDS) {
+                return stale();
+            }
+            let (a, create) = (&self.attr, (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
+            let req =
+                Request::Reopen { flags: self.flags & !create, dev: a.dev, ino: a.ino, id: &self.id, path: &self.path };
+            let handle = match self.client.call(&req)?.reply()? {
+                Reply::OpenedId { handle, .. } => handle,
+                r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+            };
+            // Read-ahead of the old connection is gone with it.
+            self.drop_prefetch();
+            if self.client.epoch() == before {
+                self.handle.store(handle, Ordering::Release);
+                self.epoch.store(before, Ordering::Release);
+                return Ok(());
+            }
+            // Another reconnect during the call: that handle may be gone too.
+        }
+        stale()
     }
 
     /// Attributes as of `open`.
@@ -246,8 +309,25 @@ impl File {
     /// (short only at end of file). Large buffers go as several requests
     /// in flight, each reply landing in its part of `buf`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.again(|engine| self.read_at_once(engine, buf, offset))
+    }
+
+    /// Runs `op` on the current connection with a live handle; if the
+    /// connection is lost under it and the client reconnects, once more
+    /// (for requests that may run twice: positional reads and writes).
+    fn again<T>(&self, mut op: impl FnMut(&Arc<Engine>) -> Result<T>) -> Result<T> {
         self.live()?;
-        let engine = self.client.engine();
+        let e = self.client.engine();
+        match op(&e) {
+            Err(err) if self.client.replaced(&e, &err)? => {
+                self.live()?;
+                op(&self.client.engine())
+            }
+            r => r,
+        }
+    }
+
+    fn read_at_once(&self, engine: &Arc<Engine>, buf: &mut [u8], offset: u64) -> Result<usize> {
         let chunk = self.chunk_for(buf.len());
         let depth = self.depth();
         let mut queue: VecDeque<(u64, usize)> = VecDeque::new();
@@ -271,7 +351,7 @@ impl File {
             }
             let len = part.len();
             let id =
-                engine.start(&Request::Pread { handle: self.handle, offset: at, count: len as u32 }, len as u64)?;
+                engine.start(&Request::Pread { handle: self.handle(), offset: at, count: len as u32 }, len as u64)?;
             queue.push_back((id, len));
             parts.push_back(part);
             at += len as u64;
@@ -284,9 +364,11 @@ impl File {
 
     /// Writes all of `buf` at `offset` and waits for the server.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.live()?;
         self.drop_prefetch();
-        let engine = self.client.engine();
+        self.again(|engine| self.write_at_once(engine, buf, offset))
+    }
+
+    fn write_at_once(&self, engine: &Arc<Engine>, buf: &[u8], offset: u64) -> Result<()> {
         let mut ids = VecDeque::new();
         let mut first_err = None;
         let mut at = offset;
@@ -296,7 +378,7 @@ impl File {
                     first_err.get_or_insert(e);
                 }
             }
-            ids.push_back(engine.start(&Request::Pwrite { handle: self.handle, offset: at, data: part }, 0)?);
+            ids.push_back(engine.start(&Request::Pwrite { handle: self.handle(), offset: at, data: part }, 0)?);
             at += part.len() as u64;
         }
         for id in ids {
@@ -349,7 +431,7 @@ impl File {
     /// Keeps read-ahead requests of `n` bytes going past the reader.
     fn top_up(&mut self, n: usize) -> Result<()> {
         let want = (PREFETCH_BYTES / n).clamp(1, PREFETCH_MAX).min(self.depth().saturating_sub(1).max(1));
-        let (handle, pos) = (self.handle, self.pos);
+        let (handle, pos) = (self.handle(), self.pos);
         let engine = self.client.engine();
         let q = self.queue();
         let mut next = q.back().map_or(pos, |p| p.offset + p.len as u64);
@@ -469,9 +551,9 @@ impl File {
         let engine = self.client.engine();
         for part in buf.chunks(self.chunk_for(buf.len())) {
             let req = if self.append {
-                Request::Write { handle: self.handle, data: part }
+                Request::Write { handle: self.handle(), data: part }
             } else {
-                Request::Pwrite { handle: self.handle, offset: self.pos, data: part }
+                Request::Pwrite { handle: self.handle(), offset: self.pos, data: part }
             };
             let id = engine.start(&req, 0)?;
             self.writes.push_back(id);
@@ -498,14 +580,14 @@ impl File {
     pub fn metadata(&mut self) -> Result<Attr> {
         self.live()?;
         self.flush_writes()?;
-        self.client.stat(Target::Handle(self.handle))
+        self.client.stat(Target::Handle(self.handle()))
     }
 
     pub fn set_len(&mut self, size: u64) -> Result<()> {
         self.live()?;
         self.flush_writes()?;
         self.drop_prefetch();
-        self.client.truncate(Target::Handle(self.handle), size).map(|_| ())
+        self.client.truncate(Target::Handle(self.handle()), size).map(|_| ())
     }
 
     /// `fsync`: returns once everything written is on stable storage.
@@ -521,7 +603,7 @@ impl File {
     fn sync(&mut self, datasync: bool) -> Result<()> {
         self.live()?;
         self.flush_writes()?;
-        self.client.call(&Request::Fsync { handle: self.handle, datasync })?;
+        self.client.call(&Request::Fsync { handle: self.handle(), datasync })?;
         Ok(())
     }
 
@@ -530,14 +612,18 @@ impl File {
     /// capability every lock call fails with `ENOLCK`. A granted lock drops
     /// read-ahead, so what is read under the lock was read after it.
     pub fn try_lock(&self, spec: &LockSpec) -> Result<()> {
+        self.live()?;
         let engine = self.client.engine();
         if !engine.has_cap(caps::LOCKS) {
             return Err(Error::remote(libc::ENOLCK));
         }
         let (owner, kind, typ) = spec.wire();
         let req =
-            Request::Lock { handle: self.handle, owner, start: spec.start, len: spec.len, pid: spec.pid, kind, typ };
+            Request::Lock { handle: self.handle(), owner, start: spec.start, len: spec.len, pid: spec.pid, kind, typ };
         engine.call(&req)?;
+        if spec.typ != LockType::Unlock {
+            self.locked.store(true, Ordering::Relaxed);
+        }
         self.drop_prefetch();
         Ok(())
     }
@@ -571,8 +657,15 @@ impl File {
         if spec.typ == LockType::Unlock {
             return Err(Error::remote(libc::EINVAL));
         }
-        let req =
-            Request::GetLock { handle: self.handle, owner, start: spec.start, len: spec.len, pid: spec.pid, kind, typ };
+        let req = Request::GetLock {
+            handle: self.handle(),
+            owner,
+            start: spec.start,
+            len: spec.len,
+            pid: spec.pid,
+            kind,
+            typ,
+        };
         match engine.call(&req)?.reply()? {
             Reply::Lock { typ, start, len, pid } if typ != lock::UNLCK => {
                 Ok(Some(LockHolder { typ: typ_from_wire(typ), start, len, pid }))
@@ -596,9 +689,13 @@ impl File {
         self.drop_prefetch();
         let flushed = self.flush_writes();
         // A stale handle has nothing left to close on the server.
-        let closed = self.live().and_then(|()| self.client.call(&Request::Close { handle: self.handle }));
+        let closed = if self.same_epoch() {
+            self.client.call(&Request::Close { handle: self.handle() }).map(|_| ())
+        } else {
+            Ok(())
+        };
         flushed?;
-        closed.map(|_| ())
+        closed
     }
 }
 

@@ -100,7 +100,8 @@ impl Redial {
                         self.epoch.fetch_add(1, Relaxed);
                     }
                     if said {
-                        let how = if resumed { "session resumed" } else { "new session: files open before are stale" };
+                        let how =
+                            if resumed { "session resumed" } else { "new session: files open before are opened again" };
                         eprintln!("ferry: {}: reconnected ({how})", self.addr);
                     }
                     return Ok(());

@@ -571,7 +571,8 @@ impl FerryFs {
     fn server_handle(&self, fh: FileHandle) -> R<u64> {
         let f = self.file(fh)?;
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
-        g.as_ref().map(File::handle).ok_or(Errno::EBADF)
+        // Opened again first if the server restarted since.
+        g.as_ref().ok_or(Errno::EBADF)?.current_handle().map_err(errno)
     }
 
     fn entry(&self, path: &OsStr, attr: &Attr, reply: ReplyEntry) {

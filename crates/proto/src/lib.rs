@@ -75,7 +75,9 @@ pub mod caps {
     /// `SessionAttach`).
     pub const SESSIONS: u64 = 1 << 4;
     /// Everything this implementation offers.
-    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS;
+    /// `OpenId` and `Reopen`: files opened again after a server restart.
+    pub const FILE_IDS: u64 = 1 << 5;
+    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

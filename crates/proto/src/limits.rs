@@ -63,6 +63,8 @@ impl Request<'_> {
     pub fn check_limits(&self) -> Result<(), Limit> {
         match self {
             Request::Open { path: p, .. }
+            | Request::OpenId { path: p, .. }
+            | Request::Reopen { path: p, .. }
             | Request::Mkdir { path: p, .. }
             | Request::Rmdir { path: p }
             | Request::Unlink { path: p }

@@ -42,6 +42,10 @@ pub mod op {
     pub const GETLOCK: u16 = 39;
     pub const SESSION_NEW: u16 = 40;
     pub const SESSION_ATTACH: u16 = 41;
+    /// `Open` answered with the file's persistent identity (capability
+    /// `FILE_IDS`).
+    pub const OPEN_ID: u16 = 42;
+    pub const REOPEN: u16 = 43;
 }
 
 /// Record-lock constants of `Lock` and `GetLock` (capability `LOCKS`).
@@ -79,6 +83,24 @@ pub enum Request<'a> {
         path: &'a [u8],
         flags: u32,
         mode: u32,
+    },
+    /// `Open`, answered with `OpenedId`: the handle and the file's
+    /// identity, which `Reopen` takes (capability `FILE_IDS`).
+    OpenId {
+        path: &'a [u8],
+        flags: u32,
+        mode: u32,
+    },
+    /// Opens again a file opened before, by the `id` an `OpenedId` gave
+    /// and, where the server cannot use the id, by `path` if it still
+    /// names the file (`dev`, `ino`). Another file or none: `ESTALE`.
+    /// `flags` are the first open's, less `O_CREAT`, `O_EXCL`, `O_TRUNC`.
+    Reopen {
+        flags: u32,
+        dev: u64,
+        ino: u64,
+        id: &'a [u8],
+        path: &'a [u8],
     },
     Close {
         handle: u64,
@@ -247,6 +269,8 @@ impl<'a> Request<'a> {
             Request::Auth { .. } => op::AUTH,
             Request::Ping => op::PING,
             Request::Open { .. } => op::OPEN,
+            Request::OpenId { .. } => op::OPEN_ID,
+            Request::Reopen { .. } => op::REOPEN,
             Request::Close { .. } => op::CLOSE,
             Request::Read { .. } => op::READ,
             Request::Pread { .. } => op::PREAD,
@@ -317,9 +341,16 @@ impl<'a> Request<'a> {
                 w.u64(*id);
                 w.raw(proof);
             }
-            Request::Open { path, flags, mode } => {
+            Request::Open { path, flags, mode } | Request::OpenId { path, flags, mode } => {
                 w.u32(*flags);
                 w.u32(*mode);
+                w.name(path);
+            }
+            Request::Reopen { flags, dev, ino, id, path } => {
+                w.u32(*flags);
+                w.u64(*dev);
+                w.u64(*ino);
+                w.bytes(id);
                 w.name(path);
             }
             Request::Close { handle } => w.u64(*handle),
@@ -451,11 +482,23 @@ impl<'a> Request<'a> {
             }
             op::AUTH => Request::Auth { proof: r.array32("auth.proof")? },
             op::PING => Request::Ping,
-            op::OPEN => {
+            op::OPEN | op::OPEN_ID => {
                 let flags = r.u32("open.flags")?;
                 let mode = r.u32("open.mode")?;
-                Request::Open { path: r.name("open.path")?, flags, mode }
+                let path = r.name("open.path")?;
+                if op == op::OPEN {
+                    Request::Open { path, flags, mode }
+                } else {
+                    Request::OpenId { path, flags, mode }
+                }
             }
+            op::REOPEN => Request::Reopen {
+                flags: r.u32("reopen.flags")?,
+                dev: r.u64("reopen.dev")?,
+                ino: r.u64("reopen.ino")?,
+                id: r.bytes("reopen.id")?,
+                path: r.name("reopen.path")?,
+            },
             op::CLOSE => Request::Close { handle: r.u64("close.handle")? },
             op::READ => Request::Read { handle: r.u64("read.handle")?, count: r.u32("read.count")? },
             op::PREAD => Request::Pread {
@@ -603,6 +646,13 @@ pub enum Reply<'a> {
         handle: u64,
         attr: Attr,
     },
+    /// Answer to `OpenId` and `Reopen`. `id` is opaque to the client and
+    /// may be empty (the server has no lasting identity for the file).
+    OpenedId {
+        handle: u64,
+        attr: Attr,
+        id: &'a [u8],
+    },
     Data(&'a [u8]),
     Written {
         count: u32,
@@ -679,6 +729,11 @@ impl<'a> Reply<'a> {
                 w.u64(*handle);
                 attr.put(w);
             }
+            Reply::OpenedId { handle, attr, id } => {
+                w.u64(*handle);
+                attr.put(w);
+                w.bytes(id);
+            }
             Reply::Data(d) => return d.len(),
             Reply::Written { count } => w.u32(*count),
             Reply::Offset { offset } => w.u64(*offset),
@@ -726,6 +781,9 @@ impl<'a> Reply<'a> {
             }),
             op::AUTH => Reply::AuthOk { proof: r.array32("auth_ok.proof")? },
             op::OPEN => Reply::Opened { handle: r.u64("opened.handle")?, attr: Attr::get(&mut r)? },
+            op::OPEN_ID | op::REOPEN => {
+                Reply::OpenedId { handle: r.u64("opened.handle")?, attr: Attr::get(&mut r)?, id: r.bytes("opened.id")? }
+            }
             op::READ | op::PREAD => Reply::Data(r.rest()),
             op::WRITE | op::PWRITE => Reply::Written { count: r.u32("written.count")? },
             op::SEEK => Reply::Offset { offset: r.u64("offset")? },

@@ -180,6 +180,17 @@ fn goldens() -> Vec<Golden> {
         g("lock", 18, Req(Request::Lock { handle: 1, owner: 4242, start: 100, len: 0, pid: 4242, kind: 0, typ: 1 })),
         g("getlock_reply", 19, Rep(op::GETLOCK, Reply::Lock { typ: 0, start: 0, len: 10, pid: 77 })),
         g("session_reply", 20, Rep(op::SESSION_NEW, Reply::Session { id: 0x0102030405060708, lease_ms: 60_000 })),
+        g(
+            "reopen",
+            21,
+            Req(Request::Reopen {
+                flags: 2,
+                dev: 2049,
+                ino: 12,
+                id: &[1, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0],
+                path: b"a.txt",
+            }),
+        ),
         g("enosys", 17, Err(99, ErrorReply { errno: 38, message: "unknown operation 99" })),
     ]
 }

@@ -12,7 +12,9 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 35] = [
+const ALL_OPS: [u16; 37] = [
+    op::OPEN_ID,
+    op::REOPEN,
     op::MKNOD,
     op::LOCK,
     op::GETLOCK,
@@ -53,7 +55,7 @@ const ALL_OPS: [u16; 35] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 35;
+const REQUEST_VARIANTS: usize = 37;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -94,6 +96,8 @@ fn request_index(r: &Request) -> usize {
         Request::GetLock { .. } => 32,
         Request::SessionNew => 33,
         Request::SessionAttach { .. } => 34,
+        Request::OpenId { .. } => 35,
+        Request::Reopen { .. } => 36,
     }
 }
 
@@ -192,6 +196,8 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         },
         33 => Request::SessionNew,
         34 => Request::SessionAttach { id: r.a, proof: [r.c as u8; 32] },
+        35 => Request::OpenId { path: &r.s1, flags: r.c, mode: r.d },
+        36 => Request::Reopen { flags: r.c, dev: r.a, ino: r.b, id: &r.data, path: &r.s1 },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -280,7 +286,7 @@ fn split(frame: &[u8]) -> (Header, &[u8]) {
 // ---------------------------------------------------------------------------
 // Replies.
 
-const REPLY_VARIANTS: usize = 14;
+const REPLY_VARIANTS: usize = 15;
 
 /// Index of a reply's variant; no wildcard, as for `request_index`.
 fn reply_index(r: &Reply) -> usize {
@@ -299,6 +305,7 @@ fn reply_index(r: &Reply) -> usize {
         Reply::Dir { .. } => 11,
         Reply::Lock { .. } => 12,
         Reply::Session { .. } => 13,
+        Reply::OpenedId { .. } => 14,
     }
 }
 
@@ -330,6 +337,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         11 => &[op::READDIR],
         12 => &[op::GETLOCK],
         13 => &[op::SESSION_NEW, op::SESSION_ATTACH],
+        14 => &[op::OPEN_ID, op::REOPEN],
         n => unreachable!("reply variant {n}"),
     }
 }
@@ -369,6 +377,7 @@ fn build_reply(r: &RawReply) -> (u16, Reply<'_>) {
         11 => Reply::Dir { eof: r.flag, entries: r.entries.clone() },
         12 => Reply::Lock { typ: (r.c % 3) as u8, start: r.a, len: r.a.rotate_left(11), pid: r.c },
         13 => Reply::Session { id: r.a, lease_ms: r.c },
+        14 => Reply::OpenedId { handle: r.a, attr: r.attr, id: &r.data },
         n => unreachable!("reply variant {n}"),
     };
     (op, reply)

@@ -39,6 +39,7 @@ impl Errno {
     pub const BUSY: Errno = Errno(libc::EBUSY);
     pub const TOOBIG: Errno = Errno(libc::E2BIG);
     pub const MLINK: Errno = Errno(libc::EMLINK);
+    pub const STALE: Errno = Errno(libc::ESTALE);
 
     /// The errno of the last failed libc call on this thread.
     pub fn last() -> Errno {
@@ -149,4 +150,24 @@ pub trait Backend: Send + Sync + 'static {
     /// Names, each followed by a NUL byte, as `listxattr(2)` returns them.
     fn listxattr(&self, node: Node<'_, Self::File>) -> Result<Vec<u8>>;
     fn removexattr(&self, node: Node<'_, Self::File>, name: &[u8]) -> Result<()>;
+
+    /// The open file's lasting identity, which `reopen` takes, so a client
+    /// finds the same file again after the server restarted. Empty when the
+    /// backend has none beyond `(dev, ino)`.
+    fn file_id(&self, file: &Self::File) -> Vec<u8>;
+    /// Opens again the file a client opened before: the one `id` names, or
+    /// where the backend cannot use `id`, the file at `path` if it is still
+    /// the one with `key` (`dev`, `ino`). Any other file, or none: `ESTALE`.
+    /// `flags` never create or truncate.
+    fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(Self::File, Attr)>;
+}
+
+/// `Backend::reopen` by path: the file at `path` if it is still `key`.
+pub fn reopen_by_path<B: Backend + ?Sized>(b: &B, path: &[u8], flags: u32, key: (u64, u64)) -> Result<(B::File, Attr)> {
+    let flags = flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
+    match b.open(path, flags, 0) {
+        Ok((f, a)) if (a.dev, a.ino) == key => Ok((f, a)),
+        Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => Err(Errno::STALE),
+        Err(e) => Err(e),
+    }
 }

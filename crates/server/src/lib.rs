@@ -9,6 +9,7 @@
 pub mod backend;
 mod bufpool;
 mod conn;
+mod fileid;
 mod locks;
 pub mod memory;
 pub mod posix;

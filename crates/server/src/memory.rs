@@ -524,6 +524,9 @@ pub struct MemoryBackend {
     shared: Arc<Shared>,
     uid: u32,
     gid: u32,
+    /// Random per instance: its files die with it, so an id from another
+    /// instance (before a restart) names nothing here.
+    tag: [u8; 8],
 }
 
 impl Default for MemoryBackend {
@@ -557,7 +560,11 @@ impl MemoryBackend {
                 content: Content::Dir(DirData::new(Weak::new())),
             }),
         });
-        MemoryBackend { root, ns: RwLock::new(()), shared, uid, gid }
+        let mut tag = [0u8; 8];
+        // Weak randomness only makes a stale id likelier to pass as ours
+        // when the inode number and path match too.
+        let _ = getrandom::getrandom(&mut tag);
+        MemoryBackend { root, ns: RwLock::new(()), shared, uid, gid, tag }
     }
 
     fn ns_read(&self) -> RwLockReadGuard<'_, ()> {
@@ -846,6 +853,17 @@ impl MemoryBackend {
 
 impl Backend for MemoryBackend {
     type File = MemoryFile;
+
+    fn file_id(&self, file: &MemoryFile) -> Vec<u8> {
+        [self.tag, file.inode.ino.to_le_bytes()].concat()
+    }
+
+    fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(MemoryFile, Attr)> {
+        if id.get(..8) != Some(&self.tag[..]) {
+            return Err(Errno::STALE);
+        }
+        crate::backend::reopen_by_path(self, path, flags, key)
+    }
 
     fn open(&self, path: &[u8], flags: u32, mode: u32) -> Result<(MemoryFile, Attr)> {
         // Other bits (O_PATH, O_TMPFILE, O_CLOEXEC, O_SYNC, ...) are ignored, as

@@ -14,7 +14,7 @@
 //! export root, so both backends give the same answers.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -61,6 +61,27 @@ impl PosixBackend {
     pub fn new(root: &Path) -> std::io::Result<PosixBackend> {
         let fd = rfs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
         Ok(PosixBackend { root: fd })
+    }
+
+    /// Whether `fd` (opened by a file id, which a client could forge) is a
+    /// file of the export: the path the kernel knows for it, walked again
+    /// from the export root with the usual confinement, gives this file.
+    fn inside(&self, fd: &OwnedFd) -> Result<bool> {
+        let link = |fd: &OwnedFd| rfs::readlinkat(CWD, format!("/proc/self/fd/{}", fd.as_raw_fd()), Vec::new());
+        let (root, p) = (link(&self.root)?, link(fd)?);
+        let (root, p) = (root.as_bytes(), p.as_bytes());
+        let rest = if root == b"/" {
+            p
+        } else {
+            match p.strip_prefix(root) {
+                Some(r) if r.is_empty() || r[0] == b'/' => r,
+                _ => return Ok(false),
+            }
+        };
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let Ok(again) = resolve(&self.root, rel(rest)?, flags, Mode::empty()) else { return Ok(false) };
+        let (a, b) = (rfs::fstat(fd)?, rfs::fstat(&again)?);
+        Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
     }
 
     fn open_path(&self, path: &[u8], follow: bool) -> Result<OwnedFd> {
@@ -199,6 +220,24 @@ fn attr_of(st: &rfs::Stat) -> Attr {
     }
 }
 
+/// The open file `fd`, opened with `flags`.
+fn file_from(fd: OwnedFd, flags: u32) -> Result<(PosixFile, Attr)> {
+    let attr = fstat_attr(fd.as_fd())?;
+    // As on a `nodev` mount: a device node in the export is never a way
+    // into the server's devices.
+    if matches!(attr.kind(), 0o020000 | 0o060000) {
+        return Err(Errno::ACCES);
+    }
+    let acc = flags & libc::O_ACCMODE as u32;
+    let file = PosixFile {
+        fd,
+        readable: acc == libc::O_RDONLY as u32 || acc == libc::O_RDWR as u32,
+        append: flags & libc::O_APPEND as u32 != 0,
+        dir: Mutex::new(None),
+    };
+    Ok((file, attr))
+}
+
 fn fstat_attr(fd: BorrowedFd<'_>) -> Result<Attr> {
     Ok(attr_of(&rfs::fstat(fd)?))
 }
@@ -233,20 +272,31 @@ impl Backend for PosixBackend {
         let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
         let mode = if flags & libc::O_CREAT as u32 != 0 { mode & 0o7777 } else { 0 };
         let fd = resolve(&self.root, rel(path)?, oflags, Mode::from_bits_retain(mode))?;
-        let attr = fstat_attr(fd.as_fd())?;
-        // As on a `nodev` mount: a device node in the export is never a way
-        // into the server's devices.
-        if matches!(attr.kind(), 0o020000 | 0o060000) {
-            return Err(Errno::ACCES);
+        file_from(fd, flags)
+    }
+
+    fn file_id(&self, file: &PosixFile) -> Vec<u8> {
+        crate::fileid::of(file.fd.as_fd()).unwrap_or_default()
+    }
+
+    fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(PosixFile, Attr)> {
+        let flags = flags & CLIENT_FLAGS & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
+        if !id.is_empty() {
+            let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
+            // The kernel wants a real descriptor of the file system, not
+            // the `O_PATH` one the export is held by.
+            let mount =
+                rfs::openat(&self.root, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+            match crate::fileid::open(mount.as_fd(), id, oflags) {
+                Ok(fd) if self.inside(&fd)? => return file_from(fd, flags),
+                // Removed: no path can give it back.
+                Err(Errno::STALE) => return Err(Errno::STALE),
+                // No CAP_DAC_READ_SEARCH, no handles on this file system, or
+                // a file not reachable inside the export: by path.
+                _ => {}
+            }
         }
-        let acc = flags & libc::O_ACCMODE as u32;
-        let file = PosixFile {
-            fd,
-            readable: acc == libc::O_RDONLY as u32 || acc == libc::O_RDWR as u32,
-            append: flags & libc::O_APPEND as u32 != 0,
-            dir: Mutex::new(None),
-        };
-        Ok((file, attr))
+        crate::backend::reopen_by_path(self, path, flags, key)
     }
 
     fn read<'f>(&self, file: &'f PosixFile, offset: u64, len: usize) -> Result<ReadData<'f>> {

@@ -63,6 +63,11 @@ pub enum Answer<'s> {
         handle: u64,
         attr: Attr,
     },
+    OpenedId {
+        handle: u64,
+        attr: Attr,
+        id: Vec<u8>,
+    },
     Data(ReadData<'s>),
     Written(u32),
     Offset(u64),
@@ -173,7 +178,21 @@ impl<B: Backend> Session<B> {
                 Err(Errno::INVAL)
             }
             Request::Ping => Ok(Answer::Empty),
-            Request::Open { path, flags, mode } => self.open(path, flags, mode),
+            Request::Open { path, flags, mode } => {
+                let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
+                Ok(Answer::Opened { handle, attr })
+            }
+            Request::OpenId { path, flags, mode } => {
+                self.file_ids()?;
+                let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
+                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&self.handle(handle)?.file) })
+            }
+            Request::Reopen { flags, dev, ino, id, path } => {
+                self.file_ids()?;
+                let flags = flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
+                let (handle, attr) = self.open(flags, |b| b.reopen(id, path, flags, (dev, ino)))?;
+                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&self.handle(handle)?.file) })
+            }
             Request::Close { handle } => {
                 let h = self.handles.remove(&handle).ok_or(Errno::BADF)?;
                 if h.locked.get() {
@@ -377,7 +396,16 @@ impl<B: Backend> Session<B> {
         })
     }
 
-    fn open(&mut self, path: &[u8], flags: u32, mode: u32) -> Result<Answer<'_>> {
+    fn file_ids(&self) -> Result<()> {
+        if self.cap(caps::FILE_IDS) {
+            Ok(())
+        } else {
+            Err(Errno::NOSYS)
+        }
+    }
+
+    /// A new handle for what `open` opens with `flags`.
+    fn open(&mut self, flags: u32, open: impl FnOnce(&B) -> Result<(B::File, Attr)>) -> Result<(u64, Attr)> {
         let acc = flags & libc::O_ACCMODE as u32;
         let changes = acc != libc::O_RDONLY as u32 || flags & (libc::O_CREAT | libc::O_TRUNC) as u32 != 0;
         if changes && self.policy.read_only {
@@ -387,7 +415,7 @@ impl<B: Backend> Session<B> {
             return Err(Errno::MFILE);
         }
         self.policy.budget.take()?;
-        let (file, attr) = match self.backend.open(path, flags, mode) {
+        let (file, attr) = match open(&self.backend) {
             Ok(x) => x,
             Err(e) => {
                 self.policy.budget.give(1);
@@ -399,7 +427,7 @@ impl<B: Backend> Session<B> {
         let is_dir = attr.is_dir();
         let (key, acc) = ((attr.dev, attr.ino), flags & libc::O_ACCMODE as u32);
         self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir, key, acc, locked: Cell::new(false) });
-        Ok(Answer::Opened { handle, attr })
+        Ok((handle, attr))
     }
 
     fn seek(&mut self, handle: u64, offset: i64, whence: u32) -> Result<Answer<'_>> {
