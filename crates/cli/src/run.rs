@@ -25,6 +25,10 @@ pub struct RunArgs {
     /// The preload library (default: libferry_preload.so beside `ferry`).
     #[arg(long)]
     pub library: Option<PathBuf>,
+    /// How long to try to reconnect to a server that went away before a
+    /// call fails with EIO, in seconds (0: fail at once).
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub reconnect: f64,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -62,6 +66,9 @@ fn library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
 }
 
 pub fn run(a: RunArgs, token_file: Option<&Path>) -> Result<(), String> {
+    if !(a.reconnect >= 0.0 && a.reconnect.is_finite()) {
+        return Err(format!("--reconnect {}: expected seconds >= 0", a.reconnect));
+    }
     let table: Vec<String> = a.mounts.iter().map(|m| mount_entry(m)).collect::<Result<_, _>>()?;
     let lib = library(a.library)?;
     let preload = match std::env::var("LD_PRELOAD") {
@@ -79,6 +86,7 @@ pub fn run(a: RunArgs, token_file: Option<&Path>) -> Result<(), String> {
         c
     };
     cmd.env("LD_PRELOAD", preload).env("FERRY_MOUNTS", table.join(";")).env_remove("FERRY_CWD");
+    cmd.env("FERRY_RECONNECT", a.reconnect.to_string());
     if let Some(t) = token_file {
         cmd.env("FERRY_TOKEN_FILE", t);
     }

@@ -407,13 +407,15 @@ print(open('/remote/out').read())
     assert_eq!(ok(&o), "012\n345\nparent child \n678\nparent child parent-again\n");
 }
 
+/// With a short reconnect bound, a server that is gone for good gives
+/// `EIO` soon after (the default waits a minute for it to come back).
 #[test]
 fn a_dying_server_gives_errors_not_hangs() {
     let srv = Server::start(&[]);
     let local = TempDir::new("local");
     std::fs::write(srv.export.path().join("f"), "x".repeat(1 << 20)).unwrap();
     let mut child = Command::new("timeout")
-        .args(["60", FERRY, "run", "--mount"])
+        .args(["60", FERRY, "run", "--reconnect", "0.5", "--mount"])
         .arg(format!("/remote={}", srv.url("/")))
         .args(["--", "python3", "-c"])
         .arg("import sys,time\nf=open('/remote/f','rb')\nf.read(10)\nprint('opened',flush=True)\ntime.sleep(2)\ntry:\n  f.seek(0); f.read(); print('read ok?')\nexcept OSError as e: print('error', e.errno)\ntry:\n  open('/remote/g','w').write('x'); print('write ok?')\nexcept OSError as e: print('error', e.errno)\n")

@@ -245,3 +245,58 @@ fn the_mount_goes_on_after_the_server_restarts() {
     assert!(st.success());
     let _ = daemon.wait();
 }
+
+/// A program under `ferry run` goes on across a server restart: its open
+/// file is opened again (the same file, renamed meanwhile), path calls work.
+#[test]
+fn ferry_run_goes_on_after_the_server_restarts() {
+    let export = TempDir::new("fr-export");
+    let state = TempDir::new("fr-state");
+    let token = state.path().join("token");
+    let mut server = Serve::start(export.path(), 0, &token);
+    let port = server.port;
+    fs::write(export.path().join("f"), b"first version").unwrap();
+    let (ready, go) = (state.path().join("ready"), state.path().join("go"));
+    let script = format!(
+        r#"
+import os, time
+f = open("/remote/f", "r+b")
+print(f.read().decode())
+open({ready:?}, "w").close()
+while not os.path.exists({go:?}):
+    time.sleep(0.01)
+f.seek(0)
+print(f.read().decode())
+f.seek(0)
+f.write(b"FIRST")
+f.close()
+print(open("/remote/new", "w").write("made after the restart"))
+"#,
+        ready = ready.to_str().unwrap(),
+        go = go.to_str().unwrap()
+    );
+    let lib = Path::new(FERRY).with_file_name("libferry_preload.so");
+    assert!(lib.is_file(), "{} missing: build the workspace first", lib.display());
+    let child = Command::new("timeout")
+        .args(["120", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
+        .args(["--", "python3", "-c", &script])
+        .env("FERRY_TOKEN_FILE", &token)
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(30), || ready.exists()), "the program did not start");
+    server.kill();
+    fs::rename(export.path().join("f"), export.path().join("g")).unwrap();
+    let _server = Serve::start(export.path(), port, &token);
+    fs::write(&go, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "first version\nfirst version\n22\n", "stderr:\n{stderr}");
+    assert_eq!(fs::read(export.path().join("g")).unwrap(), b"FIRST version");
+    assert_eq!(fs::read(export.path().join("new")).unwrap(), b"made after the restart");
+}

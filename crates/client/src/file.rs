@@ -234,7 +234,7 @@ impl File {
     }
 
     /// The server's handle id, the file opened again first if the server
-    /// restarted since (see [`live`](Self::live)).
+    /// restarted since (by its identity: the same file, or `ESTALE`).
     pub fn current_handle(&self) -> Result<u64> {
         self.live()?;
         Ok(self.handle())

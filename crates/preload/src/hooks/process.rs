@@ -403,6 +403,15 @@ extern "C" fn atfork_child() {
     }
 }
 
+/// `FERRY_RECONNECT` (seconds, as `ferry run --reconnect` sets it).
+fn reconnect_bound() -> Option<std::time::Duration> {
+    let secs = match std::env::var("FERRY_RECONNECT") {
+        Ok(v) => v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).unwrap_or(60.0),
+        Err(_) => 60.0,
+    };
+    (secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs))
+}
+
 /// Runs when the library is loaded, before `main`.
 pub fn init() {
     state::OWNER.store(state::getpid(), Relaxed);
@@ -429,14 +438,27 @@ pub fn init() {
             }
         };
         let mut keep_env = Vec::new();
-        for k in ["LD_PRELOAD", "FERRY_MOUNTS", "FERRY_TOKEN_FILE", "FERRY_TOKEN"] {
+        for k in ["LD_PRELOAD", "FERRY_MOUNTS", "FERRY_TOKEN_FILE", "FERRY_TOKEN", "FERRY_RECONNECT"] {
             if let Ok(v) = std::env::var(k) {
                 keep_env.push((k.to_string(), v));
             }
         }
         // Connections live on high, close-on-exec descriptors, out of the
         // program's way (`exec 3>file` in a shell, `dup2(x, 4)`).
-        let options = ferry_client::Options { token, place_fd: Some(state::place_high), ..Default::default() };
+        // A lost connection is replaced, as in the CLI and the mount (for up
+        // to `ferry run --reconnect` seconds, a minute by default, then
+        // `EIO`; 0: at once), and files open before a server restart
+        // are opened again. Without sessions: a process's handles and locks
+        // must end with its connection (a killed process holds no lock for
+        // a lease), so after any reconnect its files are re-opened by
+        // identity, and one that held a lock is stale.
+        let options = ferry_client::Options {
+            token,
+            place_fd: Some(state::place_high),
+            reconnect: reconnect_bound(),
+            caps: ferry_client::caps::ALL & !ferry_client::caps::SESSIONS,
+            ..Default::default()
+        };
         state::set_config(state::Config { options, keep_env });
         // SAFETY: umask has no preconditions; read it by setting it back.
         let m = pass!(umask(0o022));
