@@ -256,3 +256,22 @@ fn listen_takes_a_bare_port_and_explains_a_bad_address() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("expected HOST:PORT"), "{}", stderr(&out));
 }
+
+/// A connection the far side shuts down without reading what was sent
+/// (here: a proxy that stops after 8 MiB) must end a large write with an
+/// error, not leave the sender blocked for ever on a full send buffer.
+#[test]
+fn a_peer_that_hangs_up_without_reading_ends_a_write_with_an_error() {
+    let server = Server::start(&[]);
+    let proxy = Proxy::cutting(server.addr(), 8 << 20, usize::MAX);
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &server.options()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let data = random_bytes(64 << 20, 4);
+        let r = c.write("/big", &data);
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let r = rx.recv_timeout(Duration::from_secs(60)).expect("the write hung on a half-closed connection");
+    let e = r.expect_err("the write cannot have gone through the cut");
+    assert!(e.contains("closed") || e.contains("reset") || e.contains("broken"), "{e}");
+}

@@ -195,7 +195,9 @@ impl Engine {
             }
         };
         tx.set_read_timeout(None).map_err(Error::from_io)?;
-        tx.set_write_timeout(None).map_err(Error::from_io)?;
+        // A send that cannot go on wakes up now and then to see whether the
+        // server hung up meanwhile (see `send_request`).
+        tx.set_write_timeout(Some(SEND_CHECK)).map_err(Error::from_io)?;
         let window = opts.window.min(welcome.window_requests).max(1);
         Ok(Engine {
             tx: Mutex::new((tx, Vec::with_capacity(4096))),
@@ -344,7 +346,7 @@ impl Engine {
             let (sock, head) = &mut *tx;
             head.clear();
             req.encode(id, head);
-            write_all_vectored(sock, head, req.bulk())
+            send_request(sock, head, req.bulk())
         };
         if let Err(e) = sent {
             let err = Error::from_io(e);
@@ -613,8 +615,37 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// away must give the caller an error, not kill it with SIGPIPE (the
 /// client runs inside other people's programs, via the preload library).
 fn write_all_vectored(w: &TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
+    send(w, head, bulk, false)
+}
+
+/// How often a blocked send looks whether the server hung up.
+const SEND_CHECK: Duration = Duration::from_secs(1);
+/// After this long blocked, a send says so on stderr (once).
+const SEND_NOTICE: Duration = Duration::from_secs(15);
+
+/// Sends a request, waiting as long as the server takes to read it (a slow
+/// `fsync` stalls its connection), but not on a server that hung up: a peer
+/// that shut its side down without reading (a half-closed connection)
+/// would otherwise leave the send blocked for ever.
+fn send_request(w: &TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
+    send(w, head, bulk, true)
+}
+
+/// Whether the peer has closed or shut down its side of `w`.
+fn hung_up(w: &TcpStream) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(w, PollFlags::RDHUP)];
+    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(_) => fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
+        Err(_) => false,
+    }
+}
+
+fn send(w: &TcpStream, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
     let mut bufs = [IoSlice::new(head), IoSlice::new(bulk)];
     let mut slices: &mut [IoSlice<'_>] = if bulk.is_empty() { &mut bufs[..1] } else { &mut bufs[..] };
+    let mut blocked: Option<(std::time::Instant, bool)> = None;
     while !slices.is_empty() {
         let sent = rustix::net::sendmsg(
             w,
@@ -625,8 +656,24 @@ fn write_all_vectored(w: &TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()>
         let n = match sent {
             Ok(n) => n,
             Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) if patient => {
+                if hung_up(w) {
+                    return Err(io::Error::new(io::ErrorKind::ConnectionReset, "server closed the connection"));
+                }
+                let (since, said) = blocked.get_or_insert_with(|| (std::time::Instant::now(), false));
+                if !*said && since.elapsed() >= SEND_NOTICE {
+                    let peer = w.peer_addr().map_or_else(|_| "server".into(), |a| a.to_string());
+                    eprintln!("ferry: {peer}: not reading requests for {} s; still waiting", SEND_NOTICE.as_secs());
+                    *said = true;
+                }
+                continue;
+            }
             Err(e) => return Err(e.into()),
         };
+        if let Some((_, true)) = blocked.take() {
+            let peer = w.peer_addr().map_or_else(|_| "server".into(), |a| a.to_string());
+            eprintln!("ferry: {peer}: reading requests again");
+        }
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
