@@ -275,3 +275,45 @@ fn a_peer_that_hangs_up_without_reading_ends_a_write_with_an_error() {
     let e = r.expect_err("the write cannot have gone through the cut");
     assert!(e.contains("closed") || e.contains("reset") || e.contains("broken"), "{e}");
 }
+
+/// A server that stops answering (here: SIGSTOP) is reported while the
+/// client waits, and the client goes on when it answers again: a delay and
+/// a message, never a silent hang and never a lost request.
+#[test]
+fn a_stopped_server_is_reported_while_the_client_waits() {
+    let server = Server::start(&[]);
+    std::fs::write(server.export.path().join("f"), b"still here").unwrap();
+    let local = TempDir::new("stop");
+    let (ready, go) = (local.path().join("ready"), local.path().join("go"));
+    // Connected (the handshake done) before the server stops.
+    let script = format!(
+        "import os, time\nos.stat('/remote/f')\nopen({ready:?}, 'w').close()\nwhile not os.path.exists({go:?}): time.sleep(0.01)\nprint(open('/remote/f').read())\n",
+        ready = ready.to_str().unwrap(),
+        go = go.to_str().unwrap()
+    );
+    let prog = std::process::Command::new(common::FERRY)
+        .args(["run", "--mount", &format!("/remote={}", server.url("/")), "--", "python3", "-c", &script])
+        .env("FERRY_TOKEN_FILE", &server.token_file)
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !ready.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the program did not start");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let pid = rustix::process::Pid::from_raw(server.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    std::fs::write(&go, b"").unwrap();
+    // Past the 15 s notice, then a few seconds more.
+    thread::sleep(Duration::from_secs(17));
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    let out = prog.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(out.stdout, b"still here\n");
+    assert!(err.contains("no reply for 15 s") && err.contains("answering again"), "{err}");
+}

@@ -194,7 +194,9 @@ impl Engine {
                 break w;
             }
         };
-        tx.set_read_timeout(None).map_err(Error::from_io)?;
+        // A wait for a reply wakes up after a long silence to say so (see
+        // `read_reply`), then goes on waiting.
+        tx.set_read_timeout(Some(REPLY_NOTICE)).map_err(Error::from_io)?;
         // A send that cannot go on wakes up now and then to see whether the
         // server hung up meanwhile (see `send_request`).
         tx.set_write_timeout(Some(SEND_CHECK)).map_err(Error::from_io)?;
@@ -480,7 +482,7 @@ impl Engine {
     fn read_one(&self, want: Option<u64>, dest: Option<&mut [u8]>) -> Result<(u64, u64, Got)> {
         let mut rx = lock(&self.rx);
         let mut hb = [0u8; HEADER_LEN];
-        rx.read_exact(&mut hb).map_err(|e| lost(e, "server closed the connection"))?;
+        read_reply(&mut rx, &mut hb).map_err(|e| lost(e, "server closed the connection"))?;
         let h = Header::decode(&hb);
         h.check_len(self.max_frame).map_err(|e| Error::Protocol(e.to_string()))?;
         let cost = lock(&self.st)
@@ -495,12 +497,12 @@ impl Engine {
                 if len > d.len() {
                     return Err(Error::Protocol(format!("read reply of {len} bytes for a {}-byte buffer", d.len())));
                 }
-                rx.read_exact(&mut d[..len]).map_err(|e| lost(e, MID_REPLY))?;
+                read_reply(&mut rx, &mut d[..len]).map_err(|e| lost(e, MID_REPLY))?;
                 return Ok((h.id, cost, Got::Mine(Ok(Frame { op: h.op, body: Vec::new(), data_len: len }))));
             }
         }
         let mut body = vec![0u8; len];
-        rx.read_exact(&mut body).map_err(|e| lost(e, MID_REPLY))?;
+        read_reply(&mut rx, &mut body).map_err(|e| lost(e, MID_REPLY))?;
         let s = Stored { header: h, body };
         if want == Some(h.id) {
             return Ok((h.id, cost, Got::Mine(deliver(s, None))));
@@ -594,6 +596,42 @@ fn handshake_error(e: ClientError) -> Error {
         ClientError::BadServerProof => Error::Auth("authentication failed: the server did not prove the token".into()),
         ClientError::Protocol(m) => Error::Protocol(m),
     }
+}
+
+/// After this long without a byte of an awaited reply, the client says so
+/// on stderr, once per silence, and goes on waiting: a server may be slow
+/// (a long `fsync`) or stopped, and neither is a reason to give up, but a
+/// user must not face a silent hang.
+const REPLY_NOTICE: Duration = Duration::from_secs(15);
+
+/// `read_exact` for replies, on a socket whose receive timeout is
+/// `REPLY_NOTICE`: a timeout loses nothing read so far and is reported.
+fn read_reply(r: &mut BufReader<Sock>, buf: &mut [u8]) -> io::Result<()> {
+    let mut n = 0;
+    let mut said = false;
+    let peer = |r: &BufReader<Sock>| r.get_ref().0.peer_addr().map_or_else(|_| "server".into(), |a| a.to_string());
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => {
+                n += k;
+                if said {
+                    eprintln!("ferry: {}: answering again", peer(r));
+                    said = false;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                if !said {
+                    let secs = REPLY_NOTICE.as_secs();
+                    eprintln!("ferry: {}: no reply for {secs} s (server busy or stopped); still waiting", peer(r));
+                    said = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads until `buf` is full or the peer closes; returns how much arrived.
