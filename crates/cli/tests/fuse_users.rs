@@ -161,3 +161,49 @@ fn creating_through_a_server_that_is_not_root_succeeds_and_leaves_nothing_half_d
     names.sort();
     assert_eq!(names, ["d", "f", "l", "p", "t"]);
 }
+
+/// A write (and a truncate) by a user without CAP_FSETID clears set-id bits as a local file
+/// system does (set-user-ID always, set-group-ID only with group execute),
+/// though the server, running as root, would keep them; root's own writes
+/// keep them. The expected modes come from the same writes on a local
+/// directory, not from memory.
+#[test]
+fn a_write_by_another_user_clears_set_id_bits_as_locally() {
+    require_fuse();
+    let server = Server::start(&[]);
+    fs::set_permissions(server.export.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(server.state.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let local = server.state.path().join("local");
+    fs::create_dir(&local).unwrap();
+    let mp = server.state.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
+    let _m = mount(&server, &mp, &["--allow-other"]);
+    let _d = Detach(mp.clone());
+    let modes = [0o4777, 0o2777, 0o2767, 0o6777, 0o4666];
+    let mode_of = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    for (who, by_nobody) in [("nobody", true), ("root", false)] {
+        for m in modes {
+            let name = format!("{who}-{m:o}");
+            for dir in [&local, &server.export.path().to_path_buf()] {
+                fs::write(dir.join(&name), b"x").unwrap();
+                fs::set_permissions(dir.join(&name), fs::Permissions::from_mode(m)).unwrap();
+            }
+            let append = |p: &Path| format!("echo more >> {} && truncate -s 6 {}", p.display(), p.display());
+            let (on_local, on_mount) = (local.join(&name), mp.join(&name));
+            if by_nobody {
+                let (ok, err) = as_nobody(&append(&on_local));
+                assert!(ok, "{err}");
+                let (ok, err) = as_nobody(&append(&on_mount));
+                assert!(ok, "{err}");
+            } else {
+                for p in [&on_local, &on_mount] {
+                    assert!(Command::new("sh").args(["-c", &append(p)]).status().unwrap().success());
+                }
+            }
+            let want = mode_of(&on_local);
+            assert_eq!(mode_of(&server.export.path().join(&name)), want, "{name}: mode {want:o} expected");
+            assert_eq!(fs::read(server.export.path().join(&name)).unwrap(), b"xmore\n");
+        }
+    }
+}

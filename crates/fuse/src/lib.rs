@@ -455,6 +455,36 @@ struct OpenFile {
     /// The node it was opened on: a node whose name is gone (removed while
     /// open) is reached through this handle.
     ino: AtomicU64,
+    /// The file's mode and group as of open, kept up to date by
+    /// `kill_setid` and `setattr`: set-id bits a write by an unprivileged
+    /// caller must clear.
+    mode: std::sync::atomic::AtomicU32,
+    gid: std::sync::atomic::AtomicU32,
+}
+
+/// The mode a write by a caller without `CAP_FSETID` leaves, as Linux's
+/// `setattr_should_drop_suidgid`: set-user-ID always goes; set-group-ID
+/// with group execute, or without it when the caller is not in the file's
+/// group (`in_group` is asked only then).
+fn killed(mode: u32, in_group: impl FnOnce() -> bool) -> u32 {
+    let mut m = mode & !libc::S_ISUID;
+    if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !in_group()) {
+        m &= !libc::S_ISGID;
+    }
+    m
+}
+
+/// Whether process `pid` (primary group `gid`) is in group `group`: its
+/// supplementary groups are in `/proc/PID/status`.
+fn in_group(pid: u32, gid: u32, group: u32) -> bool {
+    if gid == group {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(group)))
 }
 
 /// What a node-level call acts on: its path, or an open handle once the
@@ -613,7 +643,8 @@ impl FerryFs {
         let file = self.client.open(path, o).map_err(errno)?;
         let attr = *file.attr();
         let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let f = Arc::new(OpenFile { file: RwLock::new(Some(file)), append, ino: AtomicU64::new(ino) });
+        let (mode, gid) = (attr.mode.into(), attr.gid.into());
+        let f = Arc::new(OpenFile { file: RwLock::new(Some(file)), append, ino: AtomicU64::new(ino), mode, gid });
         let fh = self.add_handle(Handle::File(Arc::clone(&f)));
         Ok((f, fh, attr))
     }
@@ -660,6 +691,22 @@ impl FerryFs {
             Some(a) => Ok(a),
             None => self.client.stat(by_path()).map_err(errno),
         }
+    }
+
+    /// Clears the set-id bits a write by an unprivileged caller must
+    /// clear; costs a request only when the file has them.
+    fn kill_setid(&self, req: &Request, fh: FileHandle) -> R<()> {
+        let f = self.file(fh)?;
+        let mode = f.mode.load(Ordering::Relaxed);
+        let group = f.gid.load(Ordering::Relaxed);
+        let new = killed(mode, || in_group(req.pid(), req.gid(), group));
+        if new == mode {
+            return Ok(());
+        }
+        let h = self.server_handle(fh)?;
+        let a = self.client.set_permissions(Target::Handle(h), new & 0o7777).map_err(errno)?;
+        f.mode.store(a.mode, Ordering::Relaxed);
+        Ok(())
     }
 
     fn do_write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> R<u32> {
@@ -838,6 +885,17 @@ impl Filesystem for FerryFs {
         reply: ReplyAttr,
     ) {
         let a = tri!(reply, self.do_setattr(ino, mode, uid, gid, size, atime, mtime, fh));
+        if mode.is_some() || uid.is_some() || gid.is_some() {
+            // Open handles of the node learn its set-id bits (see `kill_setid`).
+            for h in lock(&self.handles).values() {
+                if let Handle::File(f) = h {
+                    if f.ino.load(Ordering::Relaxed) == ino.0 {
+                        f.mode.store(a.mode, Ordering::Relaxed);
+                        f.gid.store(a.gid, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
         reply.attr(&self.opts.attr_timeout, &file_attr(ino.0, &a));
     }
 
@@ -971,16 +1029,23 @@ impl Filesystem for FerryFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            // The writer lacks CAP_FSETID (direct I/O asks us; the page
+            // cache path clears the bits with a setattr of its own). The
+            // server may well have it: clear them here, as a local file
+            // system does on such a write.
+            tri!(reply, self.kill_setid(req, fh));
+        }
         let n = tri!(reply, self.do_write(fh, offset, data));
         reply.written(n);
     }
