@@ -693,6 +693,21 @@ impl FerryFs {
         }
     }
 
+    /// `getattr` of a node renamed over while the kernel held it (see
+    /// `open`): the attributes of what its name holds now, if of the same
+    /// type (the kernel refuses a node whose type changes); else `stale`.
+    fn former_attr(&self, ino: INodeNo, stale: Errno) -> R<Attr> {
+        let (former, fmt) = {
+            let nodes = lock(&self.nodes);
+            let n = nodes.by_ino.get(&ino.0).ok_or(stale)?;
+            (n.former.clone().ok_or(stale)?, n.fmt)
+        };
+        match self.client.symlink_metadata(&former) {
+            Ok(a) if a.mode & libc::S_IFMT == fmt => Ok(a),
+            _ => Err(stale),
+        }
+    }
+
     /// Clears the set-id bits a write by an unprivileged caller must
     /// clear; costs a request only when the file has them.
     fn kill_setid(&self, req: &Request, fh: FileHandle) -> R<()> {
@@ -860,7 +875,10 @@ impl Filesystem for FerryFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let r = match fh.map(|fh| self.server_handle(fh)) {
             Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
-            _ => self.obj(ino).and_then(|o| self.client.stat(o.target()).map_err(errno)),
+            _ => match self.obj(ino) {
+                Ok(o) => self.client.stat(o.target()).map_err(errno),
+                Err(stale) => self.former_attr(ino, stale),
+            },
         };
         let a = tri!(reply, r);
         reply.attr(&self.opts.attr_timeout, &file_attr(ino.0, &a));
