@@ -207,3 +207,27 @@ fn a_write_by_another_user_clears_set_id_bits_as_locally() {
         }
     }
 }
+
+/// Without `--allow-other`, other users reach nothing under the mount: the
+/// kernel answers `EACCES` (as for a directory they may not search) before
+/// a request reaches ferry, for reads, changes and the mount point itself.
+#[test]
+fn without_allow_other_other_users_get_eacces_for_everything() {
+    require_fuse();
+    let server = Server::start(&[]);
+    fs::set_permissions(server.export.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(server.state.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(server.export.path().join("f"), b"x").unwrap();
+    fs::set_permissions(server.export.path().join("f"), fs::Permissions::from_mode(0o666)).unwrap();
+    let mp = server.state.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let _m = mount(&server, &mp, &[]);
+    let _d = Detach(mp.clone());
+    let m = mp.display();
+    for cmd in [format!("stat {m}"), format!("cat {m}/f"), format!("chmod 600 {m}/f"), format!("touch {m}/g")] {
+        let (ok, err) = as_nobody(&cmd);
+        assert!(!ok && err.contains("Permission denied"), "{cmd}: {err}");
+    }
+    assert_eq!(fs::metadata(server.export.path().join("f")).unwrap().permissions().mode() & 0o777, 0o666);
+    assert!(!server.export.path().join("g").exists());
+}
