@@ -210,7 +210,7 @@ fn a_write_by_another_user_clears_set_id_bits_as_locally() {
 
 /// Without `--allow-other`, other users reach nothing under the mount: the
 /// kernel answers `EACCES` (as for a directory they may not search) before
-/// a request reaches ferry, for reads, changes and the mount point itself.
+/// a request reaches ferry, for listing, reading and changing.
 #[test]
 fn without_allow_other_other_users_get_eacces_for_everything() {
     require_fuse();
@@ -224,7 +224,13 @@ fn without_allow_other_other_users_get_eacces_for_everything() {
     let _m = mount(&server, &mp, &[]);
     let _d = Detach(mp.clone());
     let m = mp.display();
-    for cmd in [format!("stat {m}"), format!("cat {m}/f"), format!("chmod 600 {m}/f"), format!("touch {m}/g")] {
+    for cmd in [
+        format!("ls {m}"),
+        format!("stat {m}/f"),
+        format!("cat {m}/f"),
+        format!("chmod 600 {m}/f"),
+        format!("touch {m}/g"),
+    ] {
         let (ok, err) = as_nobody(&cmd);
         assert!(!ok && err.contains("Permission denied"), "{cmd}: {err}");
     }
