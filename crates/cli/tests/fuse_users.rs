@@ -49,19 +49,25 @@ fn mount(server: &Server, mp: &Path, extra: &[&str]) -> Mounted {
     Mounted { child }
 }
 
-#[test]
-fn other_users_of_an_allow_other_mount_get_their_own_rights() {
-    require_fuse();
+/// A server whose export, state directory and a mount point `mnt` in it
+/// other users may reach; returns the mount point (not yet mounted).
+fn reachable_server() -> (Server, std::path::PathBuf) {
     let server = Server::start(&[]);
-    // The export and the mount point must be reachable by `nobody`.
     fs::set_permissions(server.export.path(), fs::Permissions::from_mode(0o755)).unwrap();
     fs::set_permissions(server.state.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let secret = server.export.path().join("secret");
-    fs::write(&secret, b"root only\n").unwrap();
-    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
     let mp = server.state.path().join("mnt");
     fs::create_dir(&mp).unwrap();
     fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
+    (server, mp)
+}
+
+#[test]
+fn other_users_of_an_allow_other_mount_get_their_own_rights() {
+    require_fuse();
+    let (server, mp) = reachable_server();
+    let secret = server.export.path().join("secret");
+    fs::write(&secret, b"root only\n").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
     let _m = mount(&server, &mp, &["--allow-other"]);
     let _d = Detach(mp.clone());
     let f = mp.join("secret");
@@ -170,14 +176,9 @@ fn creating_through_a_server_that_is_not_root_succeeds_and_leaves_nothing_half_d
 #[test]
 fn a_write_by_another_user_clears_set_id_bits_as_locally() {
     require_fuse();
-    let server = Server::start(&[]);
-    fs::set_permissions(server.export.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    fs::set_permissions(server.state.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let (server, mp) = reachable_server();
     let local = server.state.path().join("local");
     fs::create_dir(&local).unwrap();
-    let mp = server.state.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
-    fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
     let _m = mount(&server, &mp, &["--allow-other"]);
     let _d = Detach(mp.clone());
     let modes = [0o4777, 0o2777, 0o2767, 0o6777, 0o4666];
@@ -214,13 +215,9 @@ fn a_write_by_another_user_clears_set_id_bits_as_locally() {
 #[test]
 fn without_allow_other_other_users_get_eacces_for_everything() {
     require_fuse();
-    let server = Server::start(&[]);
-    fs::set_permissions(server.export.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    fs::set_permissions(server.state.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let (server, mp) = reachable_server();
     fs::write(server.export.path().join("f"), b"x").unwrap();
     fs::set_permissions(server.export.path().join("f"), fs::Permissions::from_mode(0o666)).unwrap();
-    let mp = server.state.path().join("mnt");
-    fs::create_dir(&mp).unwrap();
     let _m = mount(&server, &mp, &[]);
     let _d = Detach(mp.clone());
     let m = mp.display();

@@ -60,6 +60,16 @@ impl Drop for Serve {
     }
 }
 
+/// A fresh export and state directory (token file inside) and a server of
+/// the export on any port.
+fn fresh(tag: &str) -> (TempDir, TempDir, PathBuf, Serve) {
+    let export = TempDir::new(&format!("{tag}-export"));
+    let state = TempDir::new(&format!("{tag}-state"));
+    let token = state.path().join("token");
+    let server = Serve::start(export.path(), 0, &token);
+    (export, state, token, server)
+}
+
 fn options(token_file: &Path) -> Options {
     let token = fs::read_to_string(token_file).unwrap().trim().as_bytes().to_vec();
     Options { token: Some(token), reconnect: Some(Duration::from_secs(20)), ..Options::default() }
@@ -67,10 +77,7 @@ fn options(token_file: &Path) -> Options {
 
 #[test]
 fn a_cut_connection_is_replaced_and_open_files_go_on() {
-    let export = TempDir::new("rc-export");
-    let state = TempDir::new("rc-state");
-    let token = state.path().join("token");
-    let server = Serve::start(export.path(), 0, &token);
+    let (export, _state, token, server) = fresh("rc");
     let proxy = Proxy::to(format!("127.0.0.1:{}", server.port));
     let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &options(&token)).unwrap();
     let data = random_bytes(2 << 20, 3);
@@ -96,10 +103,7 @@ fn a_cut_connection_is_replaced_and_open_files_go_on() {
 
 #[test]
 fn a_restarted_server_is_reached_again_and_open_files_are_the_same_files() {
-    let export = TempDir::new("rs-export");
-    let state = TempDir::new("rs-state");
-    let token = state.path().join("token");
-    let mut server = Serve::start(export.path(), 0, &token);
+    let (export, _state, token, mut server) = fresh("rs");
     let port = server.port;
     let c = Client::connect(&format!("127.0.0.1:{port}"), &options(&token)).unwrap();
     c.write("/before", b"written before the restart").unwrap();
@@ -158,10 +162,7 @@ fn after_a_restart_of_a_memory_server_open_files_are_stale() {
 
 #[test]
 fn without_reconnect_a_lost_connection_stays_an_error() {
-    let export = TempDir::new("nr-export");
-    let state = TempDir::new("nr-state");
-    let token = state.path().join("token");
-    let server = Serve::start(export.path(), 0, &token);
+    let (_export, _state, token, server) = fresh("nr");
     let proxy = Proxy::to(format!("127.0.0.1:{}", server.port));
     let opts = Options { reconnect: None, ..options(&token) };
     let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &opts).unwrap();
@@ -172,10 +173,7 @@ fn without_reconnect_a_lost_connection_stays_an_error() {
 
 #[test]
 fn giving_up_after_the_bound_is_eio_with_a_reason() {
-    let export = TempDir::new("gu-export");
-    let state = TempDir::new("gu-state");
-    let token = state.path().join("token");
-    let mut server = Serve::start(export.path(), 0, &token);
+    let (_export, _state, token, mut server) = fresh("gu");
     let opts = Options { reconnect: Some(Duration::from_millis(500)), ..options(&token) };
     let c = Client::connect(&format!("127.0.0.1:{}", server.port), &opts).unwrap();
     server.kill();
@@ -205,10 +203,7 @@ fn read(p: &Path) -> String {
 #[test]
 fn the_mount_goes_on_after_the_server_restarts() {
     require_fuse();
-    let export = TempDir::new("mr-export");
-    let state = TempDir::new("mr-state");
-    let token = state.path().join("token");
-    let mut server = Serve::start(export.path(), 0, &token);
+    let (export, state, token, mut server) = fresh("mr");
     let port = server.port;
     let mp: PathBuf = state.path().join("mnt");
     fs::create_dir(&mp).unwrap();
@@ -250,10 +245,7 @@ fn the_mount_goes_on_after_the_server_restarts() {
 /// file is opened again (the same file, renamed meanwhile), path calls work.
 #[test]
 fn ferry_run_goes_on_after_the_server_restarts() {
-    let export = TempDir::new("fr-export");
-    let state = TempDir::new("fr-state");
-    let token = state.path().join("token");
-    let mut server = Serve::start(export.path(), 0, &token);
+    let (export, state, token, mut server) = fresh("fr");
     let port = server.port;
     fs::write(export.path().join("f"), b"first version").unwrap();
     let (ready, go) = (state.path().join("ready"), state.path().join("go"));
