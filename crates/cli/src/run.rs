@@ -29,6 +29,11 @@ pub struct RunArgs {
     /// call fails with EIO, in seconds (0: fail at once).
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub reconnect: f64,
+    /// How long attributes fetched by a directory listing or a `stat` may
+    /// answer later `stat`s, in seconds (0: ask the server every time).
+    /// Changes by other clients show after at most this long.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub attr_timeout: f64,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -66,8 +71,10 @@ fn library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
 }
 
 pub fn run(a: RunArgs, token_file: Option<&Path>) -> Result<(), String> {
-    if !(a.reconnect >= 0.0 && a.reconnect.is_finite()) {
-        return Err(format!("--reconnect {}: expected seconds >= 0", a.reconnect));
+    for (name, v) in [("--reconnect", a.reconnect), ("--attr-timeout", a.attr_timeout)] {
+        if !(v >= 0.0 && v.is_finite()) {
+            return Err(format!("{name} {v}: expected seconds >= 0"));
+        }
     }
     let table: Vec<String> = a.mounts.iter().map(|m| mount_entry(m)).collect::<Result<_, _>>()?;
     let lib = library(a.library)?;
@@ -86,7 +93,7 @@ pub fn run(a: RunArgs, token_file: Option<&Path>) -> Result<(), String> {
         c
     };
     cmd.env("LD_PRELOAD", preload).env("FERRY_MOUNTS", table.join(";")).env_remove("FERRY_CWD");
-    cmd.env("FERRY_RECONNECT", a.reconnect.to_string());
+    cmd.env("FERRY_RECONNECT", a.reconnect.to_string()).env("FERRY_ATTR_TIMEOUT", a.attr_timeout.to_string());
     if let Some(t) = token_file {
         cmd.env("FERRY_TOKEN_FILE", t);
     }

@@ -472,7 +472,7 @@ fn a_server_dying_under_a_writer_is_an_error_not_sigpipe() {
     let srv = Server::start(&[]);
     let local = TempDir::new("local");
     let child = Command::new("timeout")
-        .args(["60", FERRY, "run", "--mount"])
+        .args(["60", FERRY, "run", "--reconnect", "0.5", "--mount"])
         .arg(format!("/remote={}", srv.url("/")))
         .args(["--", "dd", "if=/dev/zero", "of=/remote/big", "bs=1M", "count=20000"])
         .env("FERRY_TOKEN_FILE", &srv.token_file)
@@ -517,4 +517,49 @@ fn ld_preload_by_hand_with_ferry_mounts() {
         "{}",
         stderr(&o)
     );
+}
+
+/// What a listing or a `stat` fetched answers later `stat`s for
+/// `--attr-timeout` (1 s by default): this process's own changes show at
+/// once, another client's after the timeout; 0 asks the server every time.
+#[test]
+fn attributes_are_cached_briefly_and_own_changes_show_at_once() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let ex = srv.export.path();
+    let script = format!(
+        r#"
+import os, time
+exp = {ex:?}
+os.listdir('/remote/d')
+print(os.stat('/remote/d/a').st_size)
+with open('/remote/d/a', 'a') as f: f.write('xx')
+print(os.stat('/remote/d/a').st_size)
+os.listdir('/remote/d')
+with open(exp + '/d/a', 'a') as f: f.write('yyyyyyy')
+print(os.stat('/remote/d/a').st_size)
+time.sleep(1.3)
+print(os.stat('/remote/d/a').st_size)
+os.listdir('/remote/d')
+os.rename('/remote/d/a', '/remote/d/b')
+print(os.path.exists('/remote/d/a'), os.stat('/remote/d/b').st_size)
+"#,
+        ex = ex.to_str().unwrap()
+    );
+    for (timeout, want) in [("1", "1\n3\n3\n10\nFalse 10\n"), ("0", "1\n3\n10\n10\nFalse 10\n")] {
+        std::fs::create_dir_all(ex.join("d")).unwrap();
+        let _ = std::fs::remove_file(ex.join("d/b"));
+        std::fs::write(ex.join("d/a"), "x").unwrap();
+        let o = std::process::Command::new("timeout")
+            .args(["60", FERRY, "run", "--attr-timeout", timeout, "--mount"])
+            .arg(format!("/remote={}", srv.url("/")))
+            .args(["--", "python3", "-c", &script])
+            .current_dir(local.path())
+            .env("FERRY_TOKEN_FILE", &srv.token_file)
+            .env_remove("FERRY_TOKEN")
+            .env_remove("FERRY_MOUNTS")
+            .output()
+            .unwrap();
+        assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
+    }
 }

@@ -9,6 +9,7 @@
 //! The mount table comes from `FERRY_MOUNTS` (`/prefix=ferry://host:port/path`,
 //! `;`-separated); the token as for every ferry client.
 
+pub mod attrs;
 pub mod conv;
 pub mod guard;
 pub mod hooks;

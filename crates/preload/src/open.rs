@@ -199,6 +199,7 @@ impl Open {
 
     fn changed(&self) {
         GENERATION[self.bucket].fetch_add(1, Relaxed);
+        crate::attrs::changed();
     }
 
     /// Sends gathered writes (without waiting for the server).
@@ -345,7 +346,8 @@ impl Open {
     ) -> Result<T, i32> {
         let mut io = self.io.lock();
         self.sync_locked(&mut io)?;
-        let handle = self.file(&mut io)?.handle();
+        crate::attrs::changed();
+        let handle = self.file(&mut io)?.current_handle().map_err(|e| self.errno(e))?;
         let client = state::client(self.mount)?;
         f(&client, Target::Handle(handle)).map_err(|e| self.errno(e))
     }

@@ -13,7 +13,10 @@ use crate::state;
 
 pub type R<T> = Result<T, i32>;
 
+/// The connection for a call that may change something (the attribute
+/// cache is emptied).
 pub fn client(r: &Remote) -> R<Client> {
+    crate::attrs::changed();
     state::client(r.mount)
 }
 
@@ -31,13 +34,21 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
         return Err(libc::EOPNOTSUPP);
     }
     crate::open::send_pending(r.mount, &r.path);
-    let c = client(r)?;
+    let changes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & (libc::O_CREAT | libc::O_TRUNC) != 0;
+    let c = if changes { client(r)? } else { state::client(r.mount)? };
     let pass = flags & !(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_LARGEFILE | libc::O_NONBLOCK | libc::O_ASYNC);
     let mode = mode & 0o7777 & !umask();
     let file = c.open(&r.path, OpenOptions::new().custom_flags(pass as u32).mode(mode)).map_err(|e| err(r, e))?;
     let dir = file.attr().mode & libc::S_IFMT == libc::S_IFDIR;
     let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
     install(r, keep, dir, Some(file), flags & libc::O_CLOEXEC != 0)
+}
+
+/// The fd of a directory stream (`opendir`): the listing is read by path,
+/// so the server opens the directory only if the program uses the fd
+/// itself; `ls` and `find` save two round trips per directory.
+pub fn open_dir_deferred(r: &Remote) -> R<i32> {
+    install(r, libc::O_RDONLY | libc::O_DIRECTORY, true, None, true)
 }
 
 fn install(r: &Remote, flags: i32, dir: bool, file: Option<ferry_client::File>, cloexec: bool) -> R<i32> {
@@ -202,10 +213,16 @@ pub fn lseek(fd: i32, o: &Open, off: i64, whence: i32) -> R<i64> {
 }
 
 pub fn stat_path(r: &Remote, follow: bool) -> R<Attr> {
+    if let Some(a) = crate::attrs::get(r.mount, &r.path, follow) {
+        return Ok(a);
+    }
     crate::open::send_pending(r.mount, &r.path);
-    let c = client(r)?;
+    let gen = crate::attrs::generation();
+    let c = state::client(r.mount)?;
     let t = if follow { Target::Path(r.path.as_bytes()) } else { Target::PathNoFollow(r.path.as_bytes()) };
-    c.stat(t).map_err(|e| err(r, e))
+    let a = c.stat(t).map_err(|e| err(r, e))?;
+    crate::attrs::put(gen, r.mount, &r.path, follow, a);
+    Ok(a)
 }
 
 pub fn stat_fd(o: &Open) -> R<Attr> {
@@ -216,10 +233,18 @@ pub fn stat_fd(o: &Open) -> R<Attr> {
     o.stat()
 }
 
-/// Runs a path call with the connection for `r`.
+/// Runs a path call that may change something with the connection for `r`.
 pub fn with<T>(r: &Remote, f: impl FnOnce(&Client, &str) -> ferry_client::Result<T>) -> R<T> {
     crate::open::send_pending(r.mount, &r.path);
     let c = client(r)?;
+    f(&c, &r.path).map_err(|e| err(r, e))
+}
+
+/// Runs a path call that changes nothing (a listing, `statfs`, `access`,
+/// `readlink`): the attribute cache stays.
+pub fn with_ro<T>(r: &Remote, f: impl FnOnce(&Client, &str) -> ferry_client::Result<T>) -> R<T> {
+    crate::open::send_pending(r.mount, &r.path);
+    let c = state::client(r.mount)?;
     f(&c, &r.path).map_err(|e| err(r, e))
 }
 

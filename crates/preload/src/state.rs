@@ -354,6 +354,7 @@ pub fn before_fork() {
     std::mem::forget(CWD.write());
     std::mem::forget(CONNS.lock());
     std::mem::forget(REPORTED.lock());
+    crate::attrs::hold_for_fork();
     crate::hooks::hold_for_fork();
     *FORK_HELD.lock() = opens;
 }
@@ -365,6 +366,7 @@ fn release_after_fork() {
     // guard forgotten; in the child this thread is the only one.
     unsafe {
         crate::hooks::release_after_fork();
+        crate::attrs::release_after_fork();
         REPORTED.force_unlock();
         CONNS.force_unlock();
         CWD.force_unlock_write();

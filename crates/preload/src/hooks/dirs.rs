@@ -36,7 +36,14 @@ fn ours(d: *mut libc::DIR) -> bool {
 
 fn list(o: &Open) -> Result<Vec<Entry>, i32> {
     let r = o.remote();
-    let items = ops::with(&r, |c, p| c.read_dir(p))?;
+    let gen = crate::attrs::generation();
+    let items = ops::with_ro(&r, |c, p| c.read_dir(p))?;
+    crate::attrs::put_listing(
+        gen,
+        r.mount,
+        &r.path,
+        items.iter().filter_map(|e| Some((&e.name[..], e.attr.as_ref()?))),
+    );
     let me = ops::stat_path(&r, true).map(|a| a.ino).unwrap_or(1);
     let mut out = vec![
         Entry { name: c".".to_owned(), ino: me, kind: libc::DT_DIR },
@@ -79,7 +86,7 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut libc::DIR {
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     let Some(r) = safe_path!(remote_path(p)) else { return pass!(opendir(p)) };
     let res = enter(|| {
-        let fd = ops::open(&r, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)?;
+        let fd = ops::open_dir_deferred(&r)?;
         let open = state::get(fd).ok_or(libc::EIO)?;
         make(fd, open).inspect_err(|_| {
             let _ = ops::close(fd);

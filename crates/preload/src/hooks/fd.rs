@@ -416,7 +416,7 @@ pub unsafe extern "C" fn __fxstat64(v: c_int, fd: c_int, st: *mut libc::stat64) 
 
 fn fstatfs_any(fd: c_int) -> Option<Result<ferry_client::StatFs, i32>> {
     let o = remote_fd(fd)?;
-    Some(enter(|| ops::with(&o.remote(), |c, p| c.statfs(p))))
+    Some(enter(|| ops::with_ro(&o.remote(), |c, p| c.statfs(p))))
 }
 
 #[no_mangle]

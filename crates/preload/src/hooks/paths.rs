@@ -300,7 +300,7 @@ pub unsafe extern "C" fn statx(d: c_int, p: *const c_char, f: c_int, m: c_uint, 
 }
 
 fn statfs_of(r: Remote) -> R<ferry_client::StatFs> {
-    enter(|| ops::with(&r, |c, p| c.statfs(p)))
+    enter(|| ops::with_ro(&r, |c, p| c.statfs(p)))
 }
 
 #[no_mangle]
@@ -350,7 +350,7 @@ pub unsafe extern "C" fn statvfs64(p: *const c_char, out: *mut libc::statvfs64) 
 // ---- simple path calls ----
 
 fn access_of(r: Remote, mode: c_int) -> c_int {
-    ret(enter(|| ops::with(&r, |c, p| c.access(p, mode as u32)).map(|_| 0)))
+    ret(enter(|| ops::with_ro(&r, |c, p| c.access(p, mode as u32)).map(|_| 0)))
 }
 
 #[no_mangle]
@@ -616,7 +616,7 @@ fn readlink_of(r: Remote, buf: *mut c_char, n: size_t) -> ssize_t {
     // SAFETY: the caller provides n writable bytes.
     let out = unsafe { slice_mut(buf.cast(), n) };
     ret(enter(|| {
-        let t = std::os::unix::ffi::OsStringExt::into_vec(ops::with(&r, |c, p| c.read_link(p))?.into_os_string());
+        let t = std::os::unix::ffi::OsStringExt::into_vec(ops::with_ro(&r, |c, p| c.read_link(p))?.into_os_string());
         // readlink truncates silently and adds no NUL.
         let k = t.len().min(out.len());
         out[..k].copy_from_slice(&t[..k]);

@@ -136,7 +136,7 @@ fn program_copy(r: &crate::mounts::Remote) -> Result<c_int, i32> {
     if a.mode & libc::S_IFMT != libc::S_IFREG || a.mode & 0o111 == 0 {
         return Err(libc::EACCES);
     }
-    let data = ops::with(r, |c, p| c.read(p))?;
+    let data = ops::with_ro(r, |c, p| c.read(p))?;
     // SAFETY: the name is a NUL-terminated literal.
     let fd = unsafe { libc::memfd_create(c"ferry-exec".as_ptr(), 0) };
     if fd < 0 {
@@ -430,6 +430,7 @@ pub fn init() {
             }
         };
         *state::MOUNTS.write() = mounts;
+        crate::attrs::configure(std::env::var("FERRY_ATTR_TIMEOUT").ok().as_deref());
         let token = match ferry_client::token::find_client_token(None) {
             Ok(t) => t,
             Err(e) => {
@@ -438,7 +439,9 @@ pub fn init() {
             }
         };
         let mut keep_env = Vec::new();
-        for k in ["LD_PRELOAD", "FERRY_MOUNTS", "FERRY_TOKEN_FILE", "FERRY_TOKEN", "FERRY_RECONNECT"] {
+        for k in
+            ["LD_PRELOAD", "FERRY_MOUNTS", "FERRY_TOKEN_FILE", "FERRY_TOKEN", "FERRY_RECONNECT", "FERRY_ATTR_TIMEOUT"]
+        {
             if let Ok(v) = std::env::var(k) {
                 keep_env.push((k.to_string(), v));
             }
