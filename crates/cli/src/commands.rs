@@ -27,8 +27,14 @@ pub struct Clients {
 }
 
 impl Clients {
+    /// Reconnects for `FERRY_RECONNECT` seconds if set (0: never), else a minute.
     pub fn new(token_file: Option<&Path>) -> Self {
-        Clients { token_file: token_file.map(Path::to_path_buf), conns: HashMap::new(), reconnect: RECONNECT_FOR }
+        let reconnect = std::env::var("FERRY_RECONNECT")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .unwrap_or(RECONNECT_FOR);
+        Clients { token_file: token_file.map(Path::to_path_buf), conns: HashMap::new(), reconnect }
     }
 
     /// Reconnects for up to `bound` (`Duration::MAX`: for ever).
@@ -42,7 +48,8 @@ impl Clients {
             return Ok(c.clone());
         }
         let token = ferry_client::token::find_client_token(self.token_file.as_deref())?;
-        let opts = Options { token, reconnect: Some(self.reconnect), ..Options::default() };
+        let reconnect = (!self.reconnect.is_zero()).then_some(self.reconnect);
+        let opts = Options { token, reconnect, ..Options::default() };
         let c = Client::connect(&url.addr, &opts).map_err(|e| format!("ferry://{}: {e}", url.addr))?;
         self.conns.insert(url.addr.clone(), c.clone());
         Ok(c)

@@ -193,6 +193,11 @@ impl Client {
         }
     }
 
+    /// Whether a lost connection is replaced (`Options::reconnect`).
+    pub(crate) fn reconnects(&self) -> bool {
+        self.inner.redial.is_some()
+    }
+
     /// After `err` from a request sent on `failed` outside [`call`](Self::call)
     /// (pipelined reads and writes): whether the connection was lost and has
     /// been replaced, so the caller may send again what may run twice.

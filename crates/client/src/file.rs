@@ -137,6 +137,17 @@ const SMALL_READ: usize = 64 * 1024;
 const FILL_FIRST: usize = 64 * 1024;
 const FILL_MAX: usize = 1024 * 1024;
 
+/// A write sent behind the caller's back, not yet acknowledged.
+struct InFlight {
+    id: u64,
+    /// The connection it went on: after a reconnect its reply is there or
+    /// nowhere.
+    engine: Arc<Engine>,
+    /// Offset and a copy of the data, kept when the client reconnects, so
+    /// a write lost with its connection is sent again instead of failing.
+    resend: Option<(u64, Vec<u8>)>,
+}
+
 struct Prefetch {
     id: u64,
     offset: u64,
@@ -165,7 +176,9 @@ pub struct File {
     append: bool,
     /// After an append, `pos` is wherever the server put the end.
     pos_unknown: bool,
-    writes: VecDeque<u64>,
+    writes: VecDeque<InFlight>,
+    /// Buffers of acknowledged writes, for the next copies.
+    spare: Vec<Vec<u8>>,
     /// A write-behind failure, reported by the next call.
     error: Option<Error>,
     /// Read-ahead in flight. Behind a lock only because `write_at` takes
@@ -215,6 +228,7 @@ impl File {
             append: flags & libc::O_APPEND as u32 != 0,
             pos_unknown: false,
             writes: VecDeque::new(),
+            spare: Vec::new(),
             error: None,
             prefetch: Mutex::new(VecDeque::new()),
             last_read: None,
@@ -394,11 +408,34 @@ impl File {
     }
 
     fn reap_one(&mut self) {
-        if let Some(id) = self.writes.pop_front() {
-            if let Err(e) = self.client.engine().finish(id, None) {
-                self.error.get_or_insert(e);
+        let Some(w) = self.writes.pop_front() else { return };
+        let r = match w.engine.finish(w.id, None) {
+            Err(e) => match &w.resend {
+                Some((offset, data)) => self.resend(&w.engine, &e, *offset, data).map_err(|_| e),
+                None => Err(e),
+            },
+            ok => ok.map(|_| ()),
+        };
+        if let Err(e) = r {
+            self.error.get_or_insert(e);
+        }
+        if let Some((_, buf)) = w.resend {
+            if self.spare.len() <= WRITE_BEHIND_MAX {
+                self.spare.push(buf);
             }
         }
+    }
+
+    /// Sends again a positional write whose connection was lost before it
+    /// was acknowledged (writing the same bytes twice does no harm), on the
+    /// new connection and, after a server restart, the re-opened file.
+    fn resend(&self, failed: &Arc<Engine>, err: &Error, offset: u64, data: &[u8]) -> Result<()> {
+        if !self.client.replaced(failed, err)? {
+            return Err(err.clone());
+        }
+        self.live()?;
+        self.client.call(&Request::Pwrite { handle: self.handle(), offset, data })?;
+        Ok(())
     }
 
     /// Waits for every write in flight; reports the first failure.
@@ -548,15 +585,37 @@ impl File {
     fn write_seq(&mut self, buf: &[u8]) -> Result<usize> {
         self.take_error()?;
         self.drop_prefetch();
-        let engine = self.client.engine();
+        let mut engine = self.client.engine();
         for part in buf.chunks(self.chunk_for(buf.len())) {
-            let req = if self.append {
-                Request::Write { handle: self.handle(), data: part }
-            } else {
-                Request::Pwrite { handle: self.handle(), offset: self.pos, data: part }
+            if self.writes.front().is_some_and(|w| !Arc::ptr_eq(&w.engine, &engine)) {
+                // Writes of a lost connection are sent again first, in
+                // order, so none lands over a later one.
+                self.flush_writes()?;
+            }
+            let (append, pos) = (self.append, self.pos);
+            let req = move |h| match append {
+                true => Request::Write { handle: h, data: part },
+                false => Request::Pwrite { handle: h, offset: pos, data: part },
             };
-            let id = engine.start(&req, 0)?;
-            self.writes.push_back(id);
+            let id = match engine.start(&req(self.handle()), 0) {
+                Ok(id) => id,
+                // Found dead before it left: nothing was sent, so even an
+                // append may go on the new connection.
+                Err(e) if self.client.replaced(&engine, &e)? => {
+                    self.flush_writes()?;
+                    self.live()?;
+                    engine = self.client.engine();
+                    engine.start(&req(self.handle()), 0)?
+                }
+                Err(e) => return Err(e),
+            };
+            let resend = (!self.append && self.client.reconnects()).then(|| {
+                let mut buf = self.spare.pop().unwrap_or_default();
+                buf.clear();
+                buf.extend_from_slice(part);
+                (self.pos, buf)
+            });
+            self.writes.push_back(InFlight { id, engine: Arc::clone(&engine), resend });
             self.pos += part.len() as u64;
             while self.writes.len() > WRITE_BEHIND_MAX {
                 self.reap_one();
