@@ -500,7 +500,9 @@ impl File {
                 if got < n {
                     self.drop_prefetch();
                 } else {
-                    self.top_up(n)?;
+                    // Best effort: the data is read and the position moved;
+                    // a dead connection shows at the next read.
+                    let _ = self.top_up(n);
                 }
                 return Ok(got);
             }
@@ -511,7 +513,7 @@ impl File {
         self.pos += got as u64;
         self.last_read = Some((self.pos, n));
         if sequential && got == n && n <= self.max_io() && n <= PREFETCH_BYTES {
-            self.top_up(n)?;
+            let _ = self.top_up(n);
         }
         Ok(got)
     }
@@ -520,7 +522,13 @@ impl File {
     fn read_small(&mut self, buf: &mut [u8]) -> Result<usize> {
         let mut done = 0;
         while done < buf.len() {
-            let n = self.read_small_once(&mut buf[done..])?;
+            let n = match self.read_small_once(&mut buf[done..]) {
+                Ok(n) => n,
+                Err(e) if done == 0 => return Err(e),
+                // What was read (and the position) stands; the error
+                // shows again at the next read.
+                Err(_) => break,
+            };
             if n == 0 {
                 break;
             }
@@ -765,13 +773,29 @@ impl Drop for File {
     }
 }
 
+impl File {
+    fn read_any(&mut self, buf: &mut [u8]) -> Result<usize> {
+        if buf.len() < SMALL_READ {
+            return self.read_small(buf);
+        }
+        self.read_seq(buf)
+    }
+}
+
 impl io::Read for File {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.live()?;
-        if buf.len() < SMALL_READ {
-            return Ok(self.read_small(buf)?);
+        let engine = self.client.engine();
+        match self.read_any(buf) {
+            // Lost with its connection: read-ahead went with it; the read
+            // (which moved nothing yet) is done again on the new one.
+            Err(e) if self.client.replaced(&engine, &e)? => {
+                self.drop_prefetch();
+                self.live()?;
+                Ok(self.read_any(buf)?)
+            }
+            r => Ok(r?),
         }
-        Ok(self.read_seq(buf)?)
     }
 }
 
