@@ -113,6 +113,30 @@ fn sqlite_rollback_mode_under_ferry_run() {
 }
 
 #[test]
+fn sqlite_wal_mode_with_concurrent_writers_under_ferry_run() {
+    // WAL mode shares its index (the -shm file) between processes through
+    // `mmap(MAP_SHARED)`: each process seeing its own copy loses commits
+    // without an error.
+    let s = Server::start(&[]);
+    let db = "/remote/w.db";
+    assert_eq!(ok(&run(&s, &["sqlite3", db, "PRAGMA journal_mode=WAL; CREATE TABLE t(tag, i);"])), "wal\n");
+    let writers: Vec<Child> = ["a", "b", "c"]
+        .iter()
+        .map(|tag| {
+            let c = run_cmd(&s, true, &["sqlite3", "-cmd", ".timeout 30000", db]);
+            sqlite_with_input(&[], &sqlite_inserts(50, tag), c)
+        })
+        .collect();
+    for w in writers {
+        wait_ok(w);
+    }
+    let out = ok(&run(&s, &["sqlite3", db, "SELECT tag, count(*) FROM t GROUP BY tag; PRAGMA integrity_check;"]));
+    assert_eq!(out, "a|50\nb|50\nc|50\nok\n");
+    let o = Command::new("sqlite3").arg(s.export.path().join("w.db")).arg("SELECT count(*) FROM t;").output().unwrap();
+    assert_eq!(ok(&o), "150\n");
+}
+
+#[test]
 fn lockf_and_flock_exclude_each_other_under_ferry_run() {
     let s = Server::start(&[]);
     let dir = TempDir::new("prog");

@@ -3,7 +3,8 @@
 //!
 //! Structure: `hooks/*` are the exported C functions, thin and `unsafe` at
 //! the edge; `ops` and `open` are the safe logic; `state` the process-wide
-//! tables; `placeholder` the memfd that gives each remote file a real fd;
+//! tables; `placeholder` the memfd that gives each remote file a real fd; `maps`
+//! the shared pages behind `mmap(MAP_SHARED)`;
 //! `mounts` the pure path logic; `real` finds libc's own functions.
 //!
 //! The mount table comes from `FERRY_MOUNTS` (`/prefix=ferry://host:port/path`,
@@ -14,6 +15,7 @@ pub mod conv;
 pub mod guard;
 pub mod hooks;
 pub mod locks;
+pub mod maps;
 pub mod mounts;
 pub mod open;
 pub mod ops;

@@ -279,6 +279,11 @@ impl Open {
     pub fn write(&self, pos: u64, data: &[u8], append: bool) -> Result<u64, i32> {
         let mut guard = self.io.lock();
         let io = &mut *guard;
+        if io.epoch != state::EPOCH.load(Relaxed) {
+            // First call in a `fork` child: what follows is the child's
+            // (gathered below, it must not count as the parent's).
+            self.forget_parent(io);
+        }
         self.changed();
         if append {
             self.send_gathered(io)?;
@@ -329,10 +334,20 @@ impl Open {
         self.changed();
         self.sync_locked(&mut io)?;
         let f = self.file(&mut io)?;
-        f.set_len(size).map_err(|e| self.errno(e))
+        f.set_len(size).map_err(|e| self.errno(e))?;
+        drop(io);
+        crate::maps::truncated(self.mount, &self.path, size);
+        Ok(())
     }
 
+    /// `fsync`: what this process wrote, through fds and mappings, is stable.
     pub fn fsync(&self, data_only: bool) -> Result<(), i32> {
+        crate::maps::write_back(Some((self.mount, &self.path)), false)?;
+        self.fsync_writes(data_only)
+    }
+
+    /// What this handle wrote is stable (not looking at mappings).
+    pub fn fsync_writes(&self, data_only: bool) -> Result<(), i32> {
         let mut io = self.io.lock();
         self.sync_locked(&mut io)?;
         let f = self.file(&mut io)?;

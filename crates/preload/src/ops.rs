@@ -76,8 +76,10 @@ pub fn adopt(fd: i32) {
 /// `close(2)`: the fd goes in any case; an error reports a write that
 /// failed on the server.
 pub fn close(fd: i32) -> R<()> {
+    let mut mapped = Ok(());
     if let Some(o) = state::get(fd) {
         crate::locks::closing(&o);
+        mapped = crate::maps::write_back(Some((o.mount, &o.path)), false);
     }
     let open = state::remove(fd);
     // SAFETY: closing the placeholder, which the program owns.
@@ -91,7 +93,7 @@ pub fn close(fd: i32) -> R<()> {
     if r < 0 {
         Err(e)
     } else {
-        Ok(())
+        mapped
     }
 }
 
@@ -169,6 +171,7 @@ pub fn write(fd: i32, o: &Open, data: &[u8]) -> R<usize> {
     let pos = offset(fd, o)?;
     let end = o.write(pos, data, append)?;
     set_offset(fd, o, end)?;
+    crate::maps::written(o.mount, &o.path, end - data.len() as u64, data);
     Ok(data.len())
 }
 
@@ -176,6 +179,7 @@ pub fn pwrite(o: &Open, data: &[u8], pos: i64) -> R<usize> {
     check_write(o)?;
     let pos = u64::try_from(pos).map_err(|_| libc::EINVAL)?;
     o.write(pos, data, false)?;
+    crate::maps::written(o.mount, &o.path, pos, data);
     Ok(data.len())
 }
 
@@ -261,6 +265,7 @@ pub fn same_mount(a: &Remote, b: &Remote) -> R<()> {
 /// before `exec`, `exit`, `fork`, `posix_spawn`.
 pub fn sync_all() {
     share_offsets();
+    let _ = crate::maps::write_back(None, false);
     for (_, o) in state::all_opens() {
         let _ = o.sync_writes();
     }

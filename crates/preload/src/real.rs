@@ -160,6 +160,8 @@ real! {
     lockf64(fd: c_int, cmd: c_int, l: off64_t) -> c_int;
     mmap(a: *mut c_void, l: size_t, p: c_int, f: c_int, fd: c_int, o: libc::off_t) -> *mut c_void;
     mmap64(a: *mut c_void, l: size_t, p: c_int, f: c_int, fd: c_int, o: off64_t) -> *mut c_void;
+    munmap(a: *mut c_void, l: size_t) -> c_int;
+    msync(a: *mut c_void, l: size_t, f: c_int) -> c_int;
     getxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t;
     lgetxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t;
     fgetxattr(fd: c_int, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t;

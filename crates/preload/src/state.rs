@@ -4,7 +4,7 @@
 //! Locks are `sync`'s futex locks so that the `fork` handlers can take them
 //! all before the fork and release them in both processes: a lock held by
 //! another thread at `fork` would otherwise stay locked in the child.
-//! Order, everywhere: `TABLE`, an open file's `io`, `MOUNTS`, `CWD`,
+//! Order, everywhere: `maps`'s locks, `TABLE`, an open file's `io`, `MOUNTS`, `CWD`,
 //! `CONNS`, `REPORTED` (a thread never takes an earlier one while holding
 //! a later one; `before_fork` takes them all in this order).
 
@@ -337,6 +337,7 @@ static FORK_HELD: Mutex<Vec<Arc<Open>>> = Mutex::new(Vec::new());
 /// held by this thread, so none is left locked by a thread the child does
 /// not have. Taken in the order of the module's comment.
 pub fn before_fork() {
+    crate::maps::hold_for_fork();
     let table = TABLE.lock();
     let mut opens: Vec<Arc<Open>> = Vec::new();
     for (fd, o) in table.iter().flatten() {
@@ -375,6 +376,7 @@ fn release_after_fork() {
             o.release_after_fork();
         }
         TABLE.force_unlock();
+        crate::maps::release_after_fork();
     }
 }
 

@@ -3,7 +3,7 @@
 use libc::{c_int, c_uint, c_void, off64_t, size_t, ssize_t};
 
 use super::{remote_fd, slice, slice_mut};
-use crate::guard::{enter, ret, ret_code};
+use crate::guard::{self, enter, ret, ret_code};
 use crate::{conv, ops, real, state};
 
 #[no_mangle]
@@ -679,12 +679,12 @@ pub unsafe extern "C" fn splice(
 fn mmap_impl(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: i64) -> Option<*mut c_void> {
     let o = remote_fd(fd)?;
     let r = enter(|| {
-        if flags & libc::MAP_SHARED != 0 && prot & libc::PROT_WRITE != 0 {
-            // Shared writable mappings would need write-back: refused.
-            return Err(libc::ENODEV);
-        }
         if o.dir || off < 0 {
             return Err(if o.dir { libc::ENODEV } else { libc::EINVAL });
+        }
+        let kind = flags & (libc::MAP_SHARED | libc::MAP_PRIVATE);
+        if kind == libc::MAP_SHARED || kind == libc::MAP_SHARED_VALIDATE {
+            return crate::maps::map(&o, addr as usize, len, prot, flags, off);
         }
         // A private copy of the file's bytes, mapped from a fresh memfd.
         // SAFETY: the name is a NUL-terminated literal.
@@ -729,18 +729,57 @@ fn mmap_impl(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_in
     })
 }
 
+/// A local mapping placed over a remote one (`MAP_FIXED`) replaces it:
+/// what is returned goes once the new mapping is in place.
+fn replacing(a: *mut c_void, l: size_t, f: c_int) -> Option<crate::maps::Leaving> {
+    if f & libc::MAP_FIXED != 0 && !guard::busy() {
+        enter(|| Ok(crate::maps::unmapping(a as usize, l))).ok()
+    } else {
+        None
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn mmap(a: *mut c_void, l: size_t, p: c_int, f: c_int, fd: c_int, o: libc::off_t) -> *mut c_void {
     if fd < 0 || f & libc::MAP_ANONYMOUS != 0 {
+        let _old = replacing(a, l, f);
         return pass!(mmap(a, l, p, f, fd, o));
     }
-    mmap_impl(a, l, p, f, fd, o).unwrap_or_else(|| pass!(mmap(a, l, p, f, fd, o)))
+    mmap_impl(a, l, p, f, fd, o).unwrap_or_else(|| {
+        let _old = replacing(a, l, f);
+        pass!(mmap(a, l, p, f, fd, o))
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn mmap64(a: *mut c_void, l: size_t, p: c_int, f: c_int, fd: c_int, o: off64_t) -> *mut c_void {
     if fd < 0 || f & libc::MAP_ANONYMOUS != 0 {
+        let _old = replacing(a, l, f);
         return pass!(mmap64(a, l, p, f, fd, o));
     }
-    mmap_impl(a, l, p, f, fd, o).unwrap_or_else(|| pass!(mmap64(a, l, p, f, fd, o)))
+    mmap_impl(a, l, p, f, fd, o).unwrap_or_else(|| {
+        let _old = replacing(a, l, f);
+        pass!(mmap64(a, l, p, f, fd, o))
+    })
+}
+
+/// Changes made through a remote shared mapping go to the server first.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(a: *mut c_void, l: size_t) -> c_int {
+    if guard::busy() {
+        return pass!(munmap(a, l));
+    }
+    let _old = enter(|| Ok(crate::maps::unmapping(a as usize, l)));
+    pass!(munmap(a, l))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn msync(a: *mut c_void, l: size_t, f: c_int) -> c_int {
+    if guard::busy() {
+        return pass!(msync(a, l, f));
+    }
+    match enter(|| Ok(crate::maps::msync(a, l, f))) {
+        Ok(Some(r)) => ret(r.map(|_| 0)),
+        _ => pass!(msync(a, l, f)),
+    }
 }

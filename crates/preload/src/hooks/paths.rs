@@ -793,7 +793,9 @@ fn truncate_of(r: Remote, len: i64) -> c_int {
     ret(enter(|| {
         let len = u64::try_from(len).map_err(|_| libc::EINVAL)?;
         let c = ops::client(&r)?;
-        c.truncate(Target::Path(r.path.as_bytes()), len).map(|_| 0).map_err(|e| ops::err(&r, e))
+        c.truncate(Target::Path(r.path.as_bytes()), len).map_err(|e| ops::err(&r, e))?;
+        crate::maps::truncated(r.mount, &r.path, len);
+        Ok(0)
     }))
 }
 
