@@ -314,6 +314,43 @@ fn writes_of_a_forked_child_to_an_inherited_fd_are_kept() {
     assert_eq!(std::fs::read_to_string(srv.export.path().join("g")).unwrap(), "a\nb\nc\nd\n");
 }
 
+#[test]
+fn names_that_are_not_utf8_are_carried_as_bytes() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let src = local.path().join("src");
+    let names: [&[u8]; 3] = [b"a\xffb", b"d\xfe/f\xfd", b"new\nline\xe9"];
+    std::fs::create_dir_all(src.join(OsStr::from_bytes(b"d\xfe"))).unwrap();
+    for (i, n) in names.iter().enumerate() {
+        std::fs::write(src.join(OsStr::from_bytes(n)), format!("{i}\n")).unwrap();
+    }
+    // tar into the mount and back out of it, and a remote working directory
+    // whose name is not UTF-8, inherited by a new program.
+    let o = run_in(
+        &srv,
+        local.path(),
+        "set -e; tar -C src -cf - . | tar -C /remote -xf -; tar -C /remote -cf back.tar .; mkdir back; tar -C back -xf back.tar; cd /remote/$'d\\xfe'; bash -c \"pwd | od -An -c; cat f\\$'\\xfd'\"",
+    );
+    let out = ok(&o);
+    assert!(out.contains("/   r   e   m   o   t   e   /   d 376"), "{out}");
+    assert!(out.ends_with("1\n"), "{out}");
+    for (i, n) in names.iter().enumerate() {
+        let name = OsStr::from_bytes(n);
+        assert_eq!(
+            std::fs::read_to_string(srv.export.path().join(name)).unwrap(),
+            format!("{i}\n"),
+            "{name:?} on the server"
+        );
+        assert_eq!(
+            std::fs::read_to_string(local.path().join("back").join(name)).unwrap(),
+            format!("{i}\n"),
+            "{name:?} copied back"
+        );
+    }
+}
+
 /// Writes through a shared mapping, in the parent and in a forked child,
 /// next to a `pwrite` and a change made on the server meanwhile.
 const SHARED_MAP: &str = r#"

@@ -22,7 +22,7 @@ use crate::sync::Mutex;
 const MAX_ENTRIES: usize = 1 << 16;
 
 /// `(mount, path inside the export, followed a final symlink)`.
-type Key = (usize, String, bool);
+type Key = (usize, Vec<u8>, bool);
 
 struct Cache {
     map: HashMap<Key, (Attr, Instant)>,
@@ -66,7 +66,7 @@ pub fn generation() -> u64 {
 
 /// Remembers what a `stat` (`follow`) or `lstat` of `path` answered, if
 /// nothing changed since `gen`.
-pub fn put(gen: u64, mount: usize, path: &str, follow: bool, attr: Attr) {
+pub fn put(gen: u64, mount: usize, path: &[u8], follow: bool, attr: Attr) {
     if timeout().is_none() {
         return;
     }
@@ -74,33 +74,34 @@ pub fn put(gen: u64, mount: usize, path: &str, follow: bool, attr: Attr) {
     if GENERATION.load(Relaxed) != gen {
         return;
     }
-    put_locked(&mut c, (mount, path.to_string(), follow), attr, Instant::now());
+    put_locked(&mut c, (mount, path.to_vec(), follow), attr, Instant::now());
     FILLED.store(true, Relaxed);
 }
 
 /// Remembers a directory listing's attributes (as `lstat` sees them), if
 /// nothing changed since `gen`.
-pub fn put_listing<'a>(gen: u64, mount: usize, dir: &str, entries: impl Iterator<Item = (&'a [u8], &'a Attr)>) {
+pub fn put_listing<'a>(gen: u64, mount: usize, dir: &[u8], entries: impl Iterator<Item = (&'a [u8], &'a Attr)>) {
     if timeout().is_none() {
         return;
     }
     let now = Instant::now();
-    let base = dir.trim_end_matches('/');
+    let base = dir.strip_suffix(b"/").unwrap_or(dir);
     let mut c = CACHE.lock();
     if GENERATION.load(Relaxed) != gen {
         return;
     }
     for (name, attr) in entries {
-        // Paths are strings in this library (see README: names that are
-        // not UTF-8 are not yet remote here).
-        let Ok(name) = std::str::from_utf8(name) else { continue };
-        put_locked(&mut c, (mount, format!("{base}/{name}"), false), *attr, now);
+        let mut path = Vec::with_capacity(base.len() + 1 + name.len());
+        path.extend_from_slice(base);
+        path.push(b'/');
+        path.extend_from_slice(name);
+        put_locked(&mut c, (mount, path, false), *attr, now);
     }
     FILLED.store(true, Relaxed);
 }
 
 /// What the cache knows of `stat` (`follow`) or `lstat` of `path`.
-pub fn get(mount: usize, path: &str, follow: bool) -> Option<Attr> {
+pub fn get(mount: usize, path: &[u8], follow: bool) -> Option<Attr> {
     let ttl = timeout()?;
     if !FILLED.load(Relaxed) {
         return None;
@@ -109,10 +110,10 @@ pub fn get(mount: usize, path: &str, follow: bool) -> Option<Attr> {
     let map = &c.as_ref()?.map;
     let fresh = |k: &Key| map.get(k).filter(|(_, at)| at.elapsed() < ttl).map(|(a, _)| *a);
     // An `lstat` answer is a `stat` answer too unless it is a symlink.
-    let plain = fresh(&(mount, path.to_string(), false));
+    let plain = fresh(&(mount, path.to_vec(), false));
     match plain {
         Some(a) if !follow || a.mode & libc::S_IFMT != libc::S_IFLNK => Some(a),
-        _ if follow => fresh(&(mount, path.to_string(), true)),
+        _ if follow => fresh(&(mount, path.to_vec(), true)),
         _ => None,
     }
 }

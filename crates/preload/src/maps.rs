@@ -43,7 +43,7 @@ const STAMP: &[u8] = b"user.ferry.stamp\0";
 pub struct Shadow {
     key: String,
     mount: usize,
-    path: String,
+    path: Vec<u8>,
     /// The handle write-backs go through: upgraded to a writable one when a
     /// writable fd maps the file.
     open: Mutex<Arc<Open>>,
@@ -548,8 +548,10 @@ fn overlapping(start: usize, end: usize) -> Vec<Arc<Shadow>> {
 }
 
 fn report(sh: &Shadow, e: i32) {
-    let msg =
-        format!("ferry: writing back a shared mapping of {} failed (errno {e}); its changes stay in memory\n", sh.path);
+    let msg = format!(
+        "ferry: writing back a shared mapping of {} failed (errno {e}); its changes stay in memory\n",
+        String::from_utf8_lossy(&sh.path)
+    );
     // SAFETY: writing a buffer valid for its length to stderr.
     unsafe { real::write(2, msg.as_ptr().cast(), msg.len()) };
 }
@@ -632,7 +634,7 @@ pub fn unmapping(start: usize, len: usize) -> Leaving {
 
 /// Everything written through mappings goes to the server (`close`,
 /// `fsync` of the file, `exec`, exit): `None` means every one.
-pub fn write_back(mount_path: Option<(usize, &str)>, durable: bool) -> Result<(), i32> {
+pub fn write_back(mount_path: Option<(usize, &[u8])>, durable: bool) -> Result<(), i32> {
     if COUNT.load(Relaxed) == 0 {
         return Ok(());
     }
@@ -653,7 +655,7 @@ pub fn write_back(mount_path: Option<(usize, &str)>, durable: bool) -> Result<()
     r
 }
 
-fn shadows_of(mount: usize, path: &str) -> Vec<Arc<Shadow>> {
+fn shadows_of(mount: usize, path: &[u8]) -> Vec<Arc<Shadow>> {
     if COUNT.load(Relaxed) == 0 {
         return Vec::new();
     }
@@ -667,14 +669,14 @@ fn shadows_of(mount: usize, path: &str) -> Vec<Arc<Shadow>> {
 }
 
 /// The program wrote `data` at `pos` through an fd: its mappings show it.
-pub fn written(mount: usize, path: &str, pos: u64, data: &[u8]) {
+pub fn written(mount: usize, path: &[u8], pos: u64, data: &[u8]) {
     for sh in shadows_of(mount, path) {
         let _ = sh.apply(pos, data);
     }
 }
 
 /// The program truncated the file: its mappings see the new size.
-pub fn truncated(mount: usize, path: &str, size: u64) {
+pub fn truncated(mount: usize, path: &[u8], size: u64) {
     for sh in shadows_of(mount, path) {
         let _ = sh.resize(size);
     }

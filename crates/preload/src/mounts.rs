@@ -1,7 +1,16 @@
 //! The mount table and path resolution: which local paths are remote, and
 //! where they land inside an export. Pure logic, no system calls.
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
 use ferry_client::Url;
+
+/// A path held as bytes (Linux names need not be UTF-8) as a `Path`.
+pub fn as_path(b: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(b))
+}
 
 /// One `PREFIX=URL` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,9 +25,9 @@ pub struct Mount {
 pub struct Remote {
     pub mount: usize,
     /// Path inside the export (always starts with `/`).
-    pub path: String,
+    pub path: Vec<u8>,
     /// The normalised local view of the same path (e.g. `/remote/a/b`).
-    pub local: String,
+    pub local: Vec<u8>,
 }
 
 /// Parses `PREFIX=URL[;PREFIX=URL...]` (also separated by newlines).
@@ -37,7 +46,7 @@ pub fn parse_one(prefix: &str, url: &str) -> Result<Mount, String> {
     if !prefix.starts_with('/') {
         return Err(format!("{prefix}: mount point must be an absolute path"));
     }
-    let prefix = normalize(prefix);
+    let prefix = String::from_utf8(normalize(prefix.as_bytes())).map_err(|_| format!("{prefix}: not UTF-8"))?;
     if prefix == "/" {
         return Err("/: cannot mount over the root directory".into());
     }
@@ -53,31 +62,35 @@ pub fn format_table(mounts: &[Mount]) -> String {
 
 /// Lexical normalisation of an absolute path: collapses `//`, `.` and
 /// `..` (`..` at the root stays at the root, as the kernel does).
-pub fn normalize(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for c in path.split('/') {
+pub fn normalize(path: &[u8]) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for c in path.split(|b| *b == b'/') {
         match c {
-            "" | "." => {}
-            ".." => {
+            b"" | b"." => {}
+            b".." => {
                 parts.pop();
             }
             c => parts.push(c),
         }
     }
-    let mut s = String::with_capacity(path.len());
+    let mut s = Vec::with_capacity(path.len());
     for p in &parts {
-        s.push('/');
-        s.push_str(p);
+        s.push(b'/');
+        s.extend_from_slice(p);
     }
     if s.is_empty() {
-        s.push('/');
+        s.push(b'/');
     }
     s
 }
 
 /// `base/rel`, normalised.
-pub fn join(base: &str, rel: &str) -> String {
-    normalize(&format!("{base}/{rel}"))
+pub fn join(base: &[u8], rel: &[u8]) -> Vec<u8> {
+    let mut s = Vec::with_capacity(base.len() + rel.len() + 1);
+    s.extend_from_slice(base);
+    s.push(b'/');
+    s.extend_from_slice(rel);
+    normalize(&s)
 }
 
 /// Could `path` (absolute) be under one of the mounts? A cheap test that
@@ -89,21 +102,23 @@ pub fn might_match(mounts: &[Mount], path: &[u8]) -> bool {
 }
 
 /// Maps an absolute local path to a mount, if it is inside one.
-pub fn resolve(mounts: &[Mount], abs: &str) -> Option<Remote> {
+pub fn resolve(mounts: &[Mount], abs: &[u8]) -> Option<Remote> {
     let local = normalize(abs);
     for (i, m) in mounts.iter().enumerate() {
-        let rest = match local.strip_prefix(m.prefix.as_str()) {
-            Some(r) if r.is_empty() || r.starts_with('/') => r,
+        let rest = match local.strip_prefix(m.prefix.as_bytes()) {
+            Some(r) if r.is_empty() || r.starts_with(b"/") => r,
             _ => continue,
         };
         let path = if m.url.path == "/" {
             if rest.is_empty() {
-                "/".to_string()
+                b"/".to_vec()
             } else {
-                rest.to_string()
+                rest.to_vec()
             }
         } else {
-            format!("{}{}", m.url.path.trim_end_matches('/'), rest)
+            let mut p = m.url.path.trim_end_matches('/').as_bytes().to_vec();
+            p.extend_from_slice(rest);
+            p
         };
         return Some(Remote { mount: i, path, local });
     }
@@ -120,35 +135,43 @@ mod tests {
 
     #[test]
     fn normalizes() {
-        assert_eq!(normalize("/a//b/./c/../d/"), "/a/b/d");
-        assert_eq!(normalize("/.."), "/");
-        assert_eq!(normalize("/../remote/x"), "/remote/x");
-        assert_eq!(join("/remote/a", "../b"), "/remote/b");
-        assert_eq!(join("/remote", "../../etc"), "/etc");
+        assert_eq!(normalize(b"/a//b/./c/../d/"), b"/a/b/d");
+        assert_eq!(normalize(b"/.."), b"/");
+        assert_eq!(normalize(b"/../remote/x"), b"/remote/x");
+        assert_eq!(join(b"/remote/a", b"../b"), b"/remote/b");
+        assert_eq!(join(b"/remote", b"../../etc"), b"/etc");
     }
 
     #[test]
     fn resolves_longest_prefix() {
         let t = table();
-        let r = resolve(&t, "/remote/sub/f").unwrap();
-        assert_eq!((t[r.mount].url.addr.as_str(), r.path.as_str()), ("h:1", "/x/y/f"));
-        let r = resolve(&t, "/remote/subway").unwrap();
-        assert_eq!((t[r.mount].url.addr.as_str(), r.path.as_str()), ("127.0.0.1:7070", "/subway"));
-        let r = resolve(&t, "/remote").unwrap();
-        assert_eq!(r.path, "/");
-        assert_eq!(resolve(&t, "/data/../remote/q").unwrap().path, "/q");
-        assert_eq!(resolve(&t, "/data").unwrap().path, "/d");
+        let r = resolve(&t, b"/remote/sub/f").unwrap();
+        assert_eq!((t[r.mount].url.addr.as_str(), &r.path[..]), ("h:1", &b"/x/y/f"[..]));
+        let r = resolve(&t, b"/remote/subway").unwrap();
+        assert_eq!((t[r.mount].url.addr.as_str(), &r.path[..]), ("127.0.0.1:7070", &b"/subway"[..]));
+        let r = resolve(&t, b"/remote").unwrap();
+        assert_eq!(r.path, b"/");
+        assert_eq!(resolve(&t, b"/data/../remote/q").unwrap().path, b"/q");
+        assert_eq!(resolve(&t, b"/data").unwrap().path, b"/d");
     }
 
     #[test]
     fn leaves_local_paths() {
         let t = table();
-        assert!(resolve(&t, "/remotex").is_none());
-        assert!(resolve(&t, "/remote/../etc/passwd").is_none());
-        assert!(resolve(&t, "/etc").is_none());
+        assert!(resolve(&t, b"/remotex").is_none());
+        assert!(resolve(&t, b"/remote/../etc/passwd").is_none());
+        assert!(resolve(&t, b"/etc").is_none());
         assert!(!might_match(&t, b"/etc/passwd"));
         assert!(might_match(&t, b"/remote/a"));
         assert!(might_match(&t, b"/x/../remote/a"));
+    }
+
+    #[test]
+    fn names_need_not_be_utf8() {
+        let t = table();
+        let r = resolve(&t, b"/remote/a\xff/./b\xfe").unwrap();
+        assert_eq!(r.path, b"/a\xff/b\xfe");
+        assert_eq!(r.local, b"/remote/a\xff/b\xfe");
     }
 
     #[test]

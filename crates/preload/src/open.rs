@@ -32,7 +32,7 @@ static GATHERING: [AtomicU32; 256] = [const { AtomicU32::new(0) }; 256];
 
 /// Sends the gathered writes of every handle of (mount, path) in this
 /// process. Cheap when there are none (one atomic load).
-pub fn send_pending(mount: usize, path: &str) {
+pub fn send_pending(mount: usize, path: &[u8]) {
     let b = bucket_of(mount, path);
     if GATHERING[b].load(Relaxed) == 0 {
         return;
@@ -48,9 +48,9 @@ pub fn send_pending(mount: usize, path: &str) {
 pub struct Open {
     pub mount: usize,
     /// Path inside the export.
-    pub path: String,
+    pub path: Vec<u8>,
     /// The same path as the program named it (for `fchdir`, `*at` calls).
-    pub local: String,
+    pub local: Vec<u8>,
     /// `open` flags: access mode, `O_APPEND`, `O_NONBLOCK`, ... (`F_GETFL`).
     pub flags: AtomicI32,
     pub dir: bool,
@@ -71,9 +71,9 @@ struct Io {
     wbase: u64,
 }
 
-fn bucket_of(mount: usize, path: &str) -> usize {
+fn bucket_of(mount: usize, path: &[u8]) -> usize {
     let mut h: u32 = 2166136261 ^ mount as u32;
-    for b in path.bytes() {
+    for &b in path {
         h = (h ^ b as u32).wrapping_mul(16777619);
     }
     (h & 255) as usize
@@ -81,7 +81,7 @@ fn bucket_of(mount: usize, path: &str) -> usize {
 
 impl Open {
     /// A file this process has just opened on the server.
-    pub fn new(mount: usize, path: String, local: String, flags: i32, dir: bool, file: Option<File>) -> Open {
+    pub fn new(mount: usize, path: Vec<u8>, local: Vec<u8>, flags: i32, dir: bool, file: Option<File>) -> Open {
         let io = Io { epoch: state::EPOCH.load(Relaxed), file, ..Io::default() };
         let bucket = bucket_of(mount, &path);
         Open {
@@ -159,7 +159,9 @@ impl Open {
             let client = state::client(self.mount)?;
             let keep = !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
             let flags = (self.flags.load(Relaxed) & keep) as u32;
-            let f = client.open(&self.path, OpenOptions::new().custom_flags(flags)).map_err(|e| self.errno(e))?;
+            let f = client
+                .open(crate::mounts::as_path(&self.path), OpenOptions::new().custom_flags(flags))
+                .map_err(|e| self.errno(e))?;
             io.file = Some(f);
         }
         Ok(io.file.as_mut().expect("just opened"))

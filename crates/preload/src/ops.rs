@@ -38,7 +38,9 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
     let c = if changes { client(r)? } else { state::client(r.mount)? };
     let pass = flags & !(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_LARGEFILE | libc::O_NONBLOCK | libc::O_ASYNC);
     let mode = mode & 0o7777 & !umask();
-    let file = c.open(&r.path, OpenOptions::new().custom_flags(pass as u32).mode(mode)).map_err(|e| err(r, e))?;
+    let file = c
+        .open(crate::mounts::as_path(&r.path), OpenOptions::new().custom_flags(pass as u32).mode(mode))
+        .map_err(|e| err(r, e))?;
     let dir = file.attr().mode & libc::S_IFMT == libc::S_IFDIR;
     let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
     install(r, keep, dir, Some(file), flags & libc::O_CLOEXEC != 0)
@@ -223,7 +225,7 @@ pub fn stat_path(r: &Remote, follow: bool) -> R<Attr> {
     crate::open::send_pending(r.mount, &r.path);
     let gen = crate::attrs::generation();
     let c = state::client(r.mount)?;
-    let t = if follow { Target::Path(r.path.as_bytes()) } else { Target::PathNoFollow(r.path.as_bytes()) };
+    let t = if follow { Target::Path(&r.path) } else { Target::PathNoFollow(&r.path) };
     let a = c.stat(t).map_err(|e| err(r, e))?;
     crate::attrs::put(gen, r.mount, &r.path, follow, a);
     Ok(a)
@@ -238,18 +240,18 @@ pub fn stat_fd(o: &Open) -> R<Attr> {
 }
 
 /// Runs a path call that may change something with the connection for `r`.
-pub fn with<T>(r: &Remote, f: impl FnOnce(&Client, &str) -> ferry_client::Result<T>) -> R<T> {
+pub fn with<T>(r: &Remote, f: impl FnOnce(&Client, &std::path::Path) -> ferry_client::Result<T>) -> R<T> {
     crate::open::send_pending(r.mount, &r.path);
     let c = client(r)?;
-    f(&c, &r.path).map_err(|e| err(r, e))
+    f(&c, crate::mounts::as_path(&r.path)).map_err(|e| err(r, e))
 }
 
 /// Runs a path call that changes nothing (a listing, `statfs`, `access`,
 /// `readlink`): the attribute cache stays.
-pub fn with_ro<T>(r: &Remote, f: impl FnOnce(&Client, &str) -> ferry_client::Result<T>) -> R<T> {
+pub fn with_ro<T>(r: &Remote, f: impl FnOnce(&Client, &std::path::Path) -> ferry_client::Result<T>) -> R<T> {
     crate::open::send_pending(r.mount, &r.path);
     let c = state::client(r.mount)?;
-    f(&c, &r.path).map_err(|e| err(r, e))
+    f(&c, crate::mounts::as_path(&r.path)).map_err(|e| err(r, e))
 }
 
 /// Two paths must be on the same server (and mount) for rename and link.

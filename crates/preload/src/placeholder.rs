@@ -11,24 +11,42 @@ use crate::real;
 
 const NAME: &[u8] = b"ferry\0";
 const XATTR: &[u8] = b"user.ferry\0";
-const MAGIC: &str = "ferry1";
+const MAGIC: &str = "ferry2";
 
 /// What an inherited placeholder stands for.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Described {
     pub prefix: String,
     pub url: String,
-    pub path: String,
-    pub local: String,
+    /// Paths are bytes (names need not be UTF-8; they may hold newlines):
+    /// stored in hex.
+    pub path: Vec<u8>,
+    pub local: Vec<u8>,
     pub flags: i32,
     pub dir: bool,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
 impl Described {
     fn encode(&self) -> String {
         format!(
             "{MAGIC}\n{}\n{}\n{}\n{}\n{}\n{}",
-            self.prefix, self.url, self.path, self.local, self.flags, self.dir as u8
+            self.prefix,
+            self.url,
+            hex(&self.path),
+            hex(&self.local),
+            self.flags,
+            self.dir as u8
         )
     }
 
@@ -40,8 +58,8 @@ impl Described {
         Some(Described {
             prefix: it.next()?.to_string(),
             url: it.next()?.to_string(),
-            path: it.next()?.to_string(),
-            local: it.next()?.to_string(),
+            path: unhex(it.next()?)?,
+            local: unhex(it.next()?)?,
             flags: it.next()?.parse().ok()?,
             dir: it.next()? == "1",
         })
@@ -80,7 +98,8 @@ pub fn describe(fd: c_int) -> Option<Described> {
     if !link.to_string_lossy().starts_with("/memfd:ferry") {
         return None;
     }
-    let mut buf = vec![0u8; 8192];
+    // Two hex-encoded paths of up to PATH_MAX each fit.
+    let mut buf = vec![0u8; 65536];
     // SAFETY: buf is valid for buf.len() bytes.
     let n = unsafe { libc::fgetxattr(fd, XATTR.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
     if n <= 0 {
@@ -121,8 +140,8 @@ mod tests {
         let d = Described {
             prefix: "/remote".into(),
             url: "ferry://127.0.0.1:7070/x".into(),
-            path: "/x/a b".into(),
-            local: "/remote/a b".into(),
+            path: b"/x/a b\xff\nc".to_vec(),
+            local: b"/remote/a b\xff\nc".to_vec(),
             flags: libc::O_WRONLY | libc::O_APPEND,
             dir: false,
         };

@@ -51,7 +51,7 @@ static LOWEST_INTERNAL: AtomicI32 = AtomicI32::new(i32::MAX);
 /// Addresses already reported as unreachable (one message each).
 static REPORTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// The remote working directory (local view), if `chdir` went remote.
-pub static CWD: RwLock<Option<String>> = RwLock::new(None);
+pub static CWD: RwLock<Option<Vec<u8>>> = RwLock::new(None);
 pub static TABLE: Mutex<Option<HashMap<i32, Arc<Open>>>> = Mutex::new(None);
 /// One bit per fd below `BITS`: a lock-free "is this fd remote?" for the
 /// hot path of every hooked call on a local fd.
@@ -205,14 +205,13 @@ pub fn errno_of(mount: usize, e: &Error) -> i32 {
 
 /// Resolves a path argument: `Some` if it is remote. `dir` is the
 /// directory a relative path starts from (`None` = the working directory).
-pub fn resolve(path: &[u8], dir: Option<&str>) -> Option<Remote> {
+pub fn resolve(path: &[u8], dir: Option<&[u8]>) -> Option<Remote> {
     let mounts = MOUNTS.read();
     if mounts.is_empty() {
         return None;
     }
-    let path = std::str::from_utf8(path).ok()?;
-    if path.starts_with('/') {
-        if !mounts::might_match(&mounts, path.as_bytes()) {
+    if path.starts_with(b"/") {
+        if !mounts::might_match(&mounts, path) {
             return None;
         }
         return mounts::resolve(&mounts, path);
@@ -227,9 +226,9 @@ pub fn resolve(path: &[u8], dir: Option<&str>) -> Option<Remote> {
         Some(cwd) => mounts::resolve(&mounts, &mounts::join(cwd, path)),
         // A local working directory: only `..` can climb into a mount
         // (`../remote/x` from `/`), and only then is the real one needed.
-        None if path.split('/').any(|c| c == "..") => {
+        None if path.split(|c| *c == b'/').any(|c| c == b"..") => {
             let real = std::env::current_dir().ok()?;
-            mounts::resolve(&mounts, &mounts::join(real.to_str()?, path))
+            mounts::resolve(&mounts, &mounts::join(std::os::unix::ffi::OsStrExt::as_bytes(real.as_os_str()), path))
         }
         None => None,
     }

@@ -137,7 +137,7 @@ unsafe fn remote_at_inner(dirfd: c_int, p: *const c_char) -> Option<Remote> {
 }
 
 /// The path of a local directory fd, from `/proc/self/fd`.
-fn local_dir(fd: c_int) -> Option<String> {
+fn local_dir(fd: c_int) -> Option<Vec<u8>> {
     let link = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
     let mut buf = [0u8; 4096];
     // SAFETY: link is a C string; buf is writable for its length.
@@ -145,17 +145,17 @@ fn local_dir(fd: c_int) -> Option<String> {
     if n <= 0 || n as usize >= buf.len() || buf[0] != b'/' {
         return None;
     }
-    String::from_utf8(buf[..n as usize].to_vec()).ok()
+    Some(buf[..n as usize].to_vec())
 }
 
 /// An absolute path that names a mount but leaves it with `..`
 /// (`/remote/..`): the kernel must see it normalised, since the mount point
 /// itself may not exist locally.
-fn escaped_mount(s: &str) -> Option<std::ffi::CString> {
-    if !s.contains("/..") {
+fn escaped_mount(s: &[u8]) -> Option<std::ffi::CString> {
+    if !s.windows(3).any(|w| w == b"/..") {
         return None;
     }
-    if !state::MOUNTS.read().iter().any(|m| s.starts_with(m.prefix.as_str())) {
+    if !state::MOUNTS.read().iter().any(|m| s.starts_with(m.prefix.as_bytes())) {
         return None;
     }
     std::ffi::CString::new(crate::mounts::normalize(s)).ok()
@@ -181,13 +181,13 @@ unsafe fn local_fix_inner(p: *const c_char) -> Option<std::ffi::CString> {
         return None;
     }
     // SAFETY: per the function's contract.
-    let s = std::str::from_utf8(unsafe { bytes(p) }?).ok()?;
-    if s.starts_with('/') {
+    let s = unsafe { bytes(p) }?;
+    if s.starts_with(b"/") {
         return escaped_mount(s);
     }
     let cwd = state::CWD.read().clone()?;
     let joined = crate::mounts::join(&cwd, s);
-    if state::resolve(joined.as_bytes(), None).is_some() {
+    if state::resolve(&joined, None).is_some() {
         return None;
     }
     std::ffi::CString::new(joined).ok()
@@ -217,8 +217,8 @@ unsafe fn local_fix_at_inner(d: c_int, p: *const c_char) -> Option<std::ffi::CSt
         return None;
     }
     let o = state::get(d)?;
-    let joined = crate::mounts::join(&o.local, std::str::from_utf8(b).ok()?);
-    if state::resolve(joined.as_bytes(), None).is_some() {
+    let joined = crate::mounts::join(&o.local, b);
+    if state::resolve(&joined, None).is_some() {
         return None;
     }
     std::ffi::CString::new(joined).ok()

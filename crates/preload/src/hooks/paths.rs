@@ -513,7 +513,7 @@ fn rename_of(a: Option<Remote>, b: Option<Remote>, flags: c_uint) -> Option<c_in
     let (a, b) = (a?, b?);
     Some(ret(enter(|| {
         ops::same_mount(&a, &b)?;
-        ops::with(&a, |c, p| c.rename_with_flags(p, &b.path, flags)).map(|_| 0)
+        ops::with(&a, |c, p| c.rename_with_flags(p, crate::mounts::as_path(&b.path), flags)).map(|_| 0)
     })))
 }
 
@@ -557,7 +557,7 @@ fn link_of(a: Option<Remote>, b: Option<Remote>) -> Option<c_int> {
     let (a, b) = (a?, b?);
     Some(ret(enter(|| {
         ops::same_mount(&a, &b)?;
-        ops::with(&a, |c, p| c.hard_link(p, &b.path)).map(|_| 0)
+        ops::with(&a, |c, p| c.hard_link(p, crate::mounts::as_path(&b.path))).map(|_| 0)
     })))
 }
 
@@ -646,9 +646,9 @@ pub unsafe extern "C" fn readlinkat(d: c_int, p: *const c_char, b: *mut c_char, 
 
 fn target(r: &Remote, follow: bool) -> Target<'_> {
     if follow {
-        Target::Path(r.path.as_bytes())
+        Target::Path(&r.path)
     } else {
-        Target::PathNoFollow(r.path.as_bytes())
+        Target::PathNoFollow(&r.path)
     }
 }
 
@@ -793,7 +793,7 @@ fn truncate_of(r: Remote, len: i64) -> c_int {
     ret(enter(|| {
         let len = u64::try_from(len).map_err(|_| libc::EINVAL)?;
         let c = ops::client(&r)?;
-        c.truncate(Target::Path(r.path.as_bytes()), len).map_err(|e| ops::err(&r, e))?;
+        c.truncate(Target::Path(&r.path), len).map_err(|e| ops::err(&r, e))?;
         crate::maps::truncated(r.mount, &r.path, len);
         Ok(0)
     }))

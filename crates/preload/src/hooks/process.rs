@@ -2,6 +2,7 @@
 //! the working directory.
 
 use std::ffi::{CStr, CString};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering::Relaxed;
 
 use libc::{c_char, c_int, pid_t, size_t};
@@ -46,23 +47,23 @@ unsafe fn fixed_env(envp: *const *const c_char) -> Option<(Vec<CString>, Vec<*co
     }
     let find =
         |name: &str| have.iter().position(|e| e.starts_with(name.as_bytes()) && e.get(name.len()) == Some(&b'='));
-    let mut changes: Vec<(Option<usize>, Option<String>)> = Vec::new();
+    let mut changes: Vec<(Option<usize>, Option<Vec<u8>>)> = Vec::new();
     for (k, v) in &cfg.keep_env {
         match find(k) {
-            None => changes.push((None, Some(format!("{k}={v}")))),
+            None => changes.push((None, Some(format!("{k}={v}").into_bytes()))),
             Some(i) if k == "LD_PRELOAD" => {
                 let cur = std::str::from_utf8(&have[i][k.len() + 1..]).unwrap_or("");
                 if !cur.split([':', ' ']).any(|x| v.split([':', ' ']).any(|y| y == x && x.contains("ferry"))) {
-                    changes.push((Some(i), Some(format!("{k}={v}:{cur}"))));
+                    changes.push((Some(i), Some(format!("{k}={v}:{cur}").into_bytes())));
                 }
             }
             Some(_) => {}
         }
     }
     let cwd = state::CWD.read().clone();
-    let want = cwd.map(|c| format!("FERRY_CWD={c}"));
+    let want = cwd.map(|c| [&b"FERRY_CWD="[..], &c].concat());
     match (find("FERRY_CWD"), want) {
-        (Some(i), Some(w)) if have[i] != w.as_bytes() => changes.push((Some(i), Some(w))),
+        (Some(i), Some(w)) if have[i] != w => changes.push((Some(i), Some(w))),
         (Some(i), None) => changes.push((Some(i), None)),
         (None, Some(w)) => changes.push((None, Some(w))),
         _ => {}
@@ -73,14 +74,14 @@ unsafe fn fixed_env(envp: *const *const c_char) -> Option<(Vec<CString>, Vec<*co
     let mut owned: Vec<CString> = Vec::new();
     for (i, e) in have.iter().enumerate() {
         match changes.iter().find(|(at, _)| *at == Some(i)) {
-            Some((_, Some(new))) => owned.push(CString::new(new.as_str()).ok()?),
+            Some((_, Some(new))) => owned.push(CString::new(new.as_slice()).ok()?),
             Some((_, None)) => {}
             None => owned.push(CString::new(*e).ok()?),
         }
     }
     for (at, new) in &changes {
         if let (None, Some(new)) = (at, new) {
-            owned.push(CString::new(new.as_str()).ok()?);
+            owned.push(CString::new(new.as_slice()).ok()?);
         }
     }
     let mut ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
@@ -265,7 +266,7 @@ pub unsafe extern "C" fn _Exit(s: c_int) -> ! {
 
 // ---- working directory ----
 
-fn set_cwd(local: Option<String>) {
+fn set_cwd(local: Option<Vec<u8>>) {
     let changed = *state::CWD.read() != local;
     if !changed {
         return;
@@ -273,7 +274,7 @@ fn set_cwd(local: Option<String>) {
     // Kept in the environment too, so a new program (after exec) starts
     // in the same remote directory.
     match &local {
-        Some(l) => std::env::set_var("FERRY_CWD", l),
+        Some(l) => std::env::set_var("FERRY_CWD", std::ffi::OsStr::from_bytes(l)),
         None => std::env::remove_var("FERRY_CWD"),
     }
     *state::CWD.write() = local;
@@ -328,7 +329,7 @@ pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     }))
 }
 
-fn remote_cwd() -> Option<String> {
+fn remote_cwd() -> Option<Vec<u8>> {
     if guard::busy() || !state::ACTIVE.load(Relaxed) {
         return None;
     }
@@ -476,9 +477,9 @@ pub fn init() {
                 ops::adopt(fd);
             }
         }
-        if let Ok(cwd) = std::env::var("FERRY_CWD") {
+        if let Some(cwd) = std::env::var_os("FERRY_CWD") {
             if state::resolve(cwd.as_bytes(), None).is_some() {
-                *state::CWD.write() = Some(crate::mounts::normalize(&cwd));
+                *state::CWD.write() = Some(crate::mounts::normalize(cwd.as_bytes()));
             }
         }
         super::stdio::remember_std();
