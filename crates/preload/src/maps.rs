@@ -326,8 +326,8 @@ fn user_dir() -> Option<String> {
     // SAFETY: geteuid cannot fail.
     let uid = unsafe { libc::geteuid() };
     let mut places = vec![format!("/dev/shm/ferry-{uid}")];
-    if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR") {
-        places.push(format!("{}/ferry", run.to_string_lossy()));
+    if let Ok(run) = std::env::var("XDG_RUNTIME_DIR") {
+        places.push(format!("{run}/ferry"));
     }
     places.push(format!("/tmp/ferry-{uid}"));
     places.into_iter().find(|dir| {
