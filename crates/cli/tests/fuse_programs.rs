@@ -277,6 +277,40 @@ fn tar_on(m: &Mount) {
     diff(&src, &m.p("y/x"));
 }
 
+/// Goes 40 directories of 200-byte names down (8 KiB from the export root,
+/// twice `PATH_MAX`) one `chdir` at a time, as a program may, and works there.
+const DEEP: &str = r#"
+import os, sys
+name = "d" * 200
+for i in range(40):
+    os.mkdir(name)
+    os.chdir(name)
+with open("leaf.txt", "w") as f:
+    f.write("deep\n")
+os.rename("leaf.txt", "leaf2.txt")
+os.symlink("leaf2.txt", "ln")
+print(open("ln").read(), end="")
+print(sorted(os.listdir(".")))
+os.chmod("leaf2.txt", 0o600)
+os.chdir("..")
+os.rename(name, "e" * 200)
+print(open(os.path.join("e" * 200, "leaf2.txt")).read(), end="")
+"#;
+
+#[test]
+fn trees_deeper_than_path_max_work_on_the_mount() {
+    require_fuse();
+    let m = Mount::start(&[]);
+    let o = run(Command::new("python3").arg("-c").arg(DEEP).current_dir(m.root()));
+    assert!(o.ok, "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.stdout, "deep\n['leaf2.txt', 'ln']\ndeep\n");
+    // The server's own view (find walks with openat, no PATH_MAX).
+    let found = run(Command::new("find").arg(".").arg("-name").arg("leaf2.txt").current_dir(m.exported("")));
+    let path = found.stdout.trim_end();
+    assert_eq!(path.len(), 1 + 39 * 201 + 201 + "/leaf2.txt".len(), "{path}");
+    assert!(path.ends_with(&format!("/{}/leaf2.txt", "e".repeat(200))), "{path}");
+}
+
 #[test]
 fn sqlite3_creates_and_queries_a_database() {
     require_fuse();

@@ -68,6 +68,7 @@ both_backends!(
         incompatible_version_refused,
         wrong_token_refused,
         non_utf8_names,
+        trees_deeper_than_path_max,
     ],
     args: [degraded_capabilities, special_nodes],
 );
@@ -1127,6 +1128,58 @@ fn small_reads_stay_exact_across_fills_seeks_and_writes(server: &Server) {
 /// all, and a symlink target that is neither, each stored, listed, found
 /// and renamed byte for byte. A NUL, which no Linux name can hold, is
 /// `EINVAL`.
+/// A tree deeper than `PATH_MAX` from the export root: every name is within
+/// `NAME_MAX`, each path the library sends is longer than 4 KiB.
+fn trees_deeper_than_path_max(server: &Server) {
+    let c = server.client();
+    let name = "d".repeat(250);
+    let mut dir = String::new();
+    for _ in 0..40 {
+        dir = format!("{dir}/{name}");
+        c.create_dir(&dir, 0o755).unwrap();
+    }
+    assert!(dir.len() > 10_000);
+    let file = format!("{dir}/leaf");
+    c.write(&file, b"deep").unwrap();
+    assert_eq!(c.read(&file).unwrap(), b"deep");
+    assert_eq!(c.metadata(&file).unwrap().size, 4);
+    let listed: Vec<Vec<u8>> = c.read_dir(&dir).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(listed, [b"leaf".to_vec()]);
+    let moved = format!("{dir}/leaf2");
+    c.rename(&file, &moved).unwrap();
+    c.symlink("leaf2", format!("{dir}/ln")).unwrap();
+    assert_eq!(c.read(format!("{dir}/ln")).unwrap(), b"deep");
+    c.set_permissions(Target::Path(moved.as_bytes()), 0o600).unwrap();
+    assert_eq!(c.metadata(&moved).unwrap().mode & 0o777, 0o600);
+    // Climbing out of a deep tree: the memory backend walks one name at a
+    // time from the root (`..` stops there: `/top`); the directory backend
+    // walks in steps and refuses a `..` above its step's start (EXDEV).
+    // Never anything outside the export either way.
+    c.write("/top", b"top").unwrap();
+    let up = format!("{dir}/{}top", "../".repeat(45));
+    match c.read(&up) {
+        Ok(d) => assert_eq!(d, b"top"),
+        Err(e) => assert_eq!(errno::<()>(Err(e)), libc::EXDEV),
+    }
+    c.symlink("/top", format!("{dir}/abs")).unwrap();
+    match c.read(format!("{dir}/abs")) {
+        Ok(d) => assert_eq!(d, b"top"),
+        Err(e) => assert_eq!(errno::<()>(Err(e)), libc::EXDEV),
+    }
+    c.remove_file(format!("{dir}/abs")).unwrap();
+    c.remove_file("/top").unwrap();
+    // Past the wire's limit (a u16 length), a clear ENAMETOOLONG.
+    let too_deep = format!("{}/x", format!("/{name}").repeat(262));
+    assert!(too_deep.len() > ferry_proto::MAX_PATH);
+    assert_eq!(errno(c.metadata(&too_deep)), libc::ENAMETOOLONG);
+    // A name over NAME_MAX deep down is still refused.
+    assert_eq!(errno(c.create_dir(format!("{dir}/{}", "n".repeat(256)), 0o755)), libc::ENAMETOOLONG);
+    c.remove_file(&moved).unwrap();
+    c.remove_file(format!("{dir}/ln")).unwrap();
+    c.remove_dir_all(format!("/{name}")).unwrap();
+    assert_eq!(errno(c.metadata(format!("/{name}"))), libc::ENOENT);
+}
+
 fn non_utf8_names(server: &Server) {
     let c = server.client();
     let os = |b: &[u8]| OsStr::from_bytes(b).to_owned();
@@ -1197,7 +1250,8 @@ fn over_long_requests_fail_locally_and_free_their_slot() {
         assert_eq!(errno(c.metadata(&huge)), libc::ENAMETOOLONG);
         assert_eq!(errno(c.rename("/f", &huge)), libc::ENAMETOOLONG);
         assert_eq!(errno(c.metadata(&component)), libc::ENAMETOOLONG);
-        assert_eq!(errno(c.metadata(&max)), libc::ENAMETOOLONG);
+        // PATH_MAX from the export root is a deep tree, looked up.
+        assert_eq!(errno(c.metadata(&max)), libc::ENOENT);
         assert_eq!(errno(c.set_xattr(Target::Path(b"/f"), "user.big", &vec![0u8; 65537], 0)), libc::E2BIG);
         assert_eq!(errno(c.set_xattr(Target::Path(b"/f"), "n".repeat(256), b"v", 0)), libc::ERANGE);
     }

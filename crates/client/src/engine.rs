@@ -52,6 +52,10 @@ pub struct Options {
     /// With it the client keeps its state in a session, so a reconnect to
     /// the same server instance finds its open files again.
     pub reconnect: Option<Duration>,
+    /// Longest path a request may carry: `ferry_proto::MAX_PATH` (paths
+    /// from the export root may exceed `PATH_MAX`); the preload library
+    /// asks `PATH_MAX - 1`, the limit of a program's own path argument.
+    pub max_path: usize,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
@@ -69,6 +73,7 @@ impl Default for Options {
             versions: (VERSION_MIN, VERSION_MAX),
             place_fd: None,
             reconnect: None,
+            max_path: ferry_proto::MAX_PATH,
         }
     }
 }
@@ -134,6 +139,7 @@ pub struct Engine {
     client_nonce: Nonce,
     token: Option<Vec<u8>>,
     max_frame: u32,
+    max_path: usize,
     /// The process that connected: after `fork` the child shares the socket
     /// with the parent and must not read its replies.
     pid: rustix::process::Pid,
@@ -222,6 +228,7 @@ impl Engine {
             }),
             cv: Condvar::new(),
             max_frame: welcome.max_frame.min(CLIENT_MAX_FRAME),
+            max_path: opts.max_path,
             welcome,
             client_nonce: nonce,
             token: opts.token.clone(),
@@ -322,7 +329,7 @@ impl Engine {
         self.same_process()?;
         // Before taking a window slot: a request Linux would refuse never
         // reaches the encoder, and never holds a slot.
-        req.check_limits().map_err(|l| Error::remote(l.errno()))?;
+        req.check_limits_with(self.max_path).map_err(|l| Error::remote(l.errno()))?;
         let cost = req.bulk().len() as u64 + reply_bytes;
         let id = {
             let mut st = lock(&self.st);

@@ -84,5 +84,8 @@ pub mod caps {
 /// for the fixed fields of a write).
 pub const MIN_MAX_FRAME: u32 = 16 * 1024 * 1024 + 4096;
 
-/// Longest path accepted in a message.
-pub const MAX_PATH: usize = 4096;
+/// Longest path accepted in a message (the u16 length field). Paths from
+/// the export root may exceed `PATH_MAX`: a tree can be deeper than that
+/// though every path a program uses is within it (each name at most
+/// `NAME_MAX`); the server walks such a path in steps.
+pub const MAX_PATH: usize = u16::MAX as usize;

@@ -1,7 +1,12 @@
 //! Linux's limits on what one call may carry, checked by a sender before it
-//! encodes a request. The wire's length fields hold more (a name has a u16
-//! length), so without this check a 70,000-byte path would reach the
-//! encoder; with it, the caller gets the errno Linux gives.
+//! encodes a request. The wire's length fields bound what can be encoded (a
+//! name has a u16 length), so without this check a 70,000-byte path would
+//! reach the encoder; with it, the caller gets the errno Linux gives.
+//!
+//! A path from the export root may be longer than `PATH_MAX` (a deep tree
+//! reached one directory at a time, as through the FUSE mount); a sender
+//! that speaks for a program's own path argument (`ferry run`) checks with
+//! `PATH_MAX - 1` as Linux does.
 
 use crate::msg::Request;
 use crate::types::Target;
@@ -36,17 +41,17 @@ impl Limit {
     }
 }
 
-fn path(p: &[u8]) -> Result<(), Limit> {
-    if p.len() >= PATH_MAX || p.split(|b| *b == b'/').any(|c| c.len() > NAME_MAX) {
+fn path(p: &[u8], max: usize) -> Result<(), Limit> {
+    if p.len() > max || p.split(|b| *b == b'/').any(|c| c.len() > NAME_MAX) {
         return Err(Limit::NameTooLong);
     }
     Ok(())
 }
 
-fn target(t: &Target<'_>) -> Result<(), Limit> {
+fn target(t: &Target<'_>, max: usize) -> Result<(), Limit> {
     match t {
         Target::Handle(_) => Ok(()),
-        Target::Path(p) | Target::PathNoFollow(p) => path(p),
+        Target::Path(p) | Target::PathNoFollow(p) => path(p, max),
     }
 }
 
@@ -58,9 +63,18 @@ fn xattr_name(n: &[u8]) -> Result<(), Limit> {
 }
 
 impl Request<'_> {
-    /// Checks every path, name and value against Linux's limits. A request
-    /// that passes always encodes.
+    /// Checks every path, name and value against Linux's limits, paths
+    /// against the wire's (`MAX_PATH`). A request that passes always encodes.
     pub fn check_limits(&self) -> Result<(), Limit> {
+        self.check_limits_with(crate::MAX_PATH)
+    }
+
+    /// `check_limits` with paths of at most `max_path` bytes (at most
+    /// `MAX_PATH`; `PATH_MAX - 1` for a program's own path, as Linux).
+    pub fn check_limits_with(&self, max_path: usize) -> Result<(), Limit> {
+        let max = max_path.min(crate::MAX_PATH);
+        let path = |p: &[u8]| path(p, max);
+        let target = |t: &Target<'_>| target(t, max);
         match self {
             Request::Open { path: p, .. }
             | Request::OpenId { path: p, .. }
@@ -114,7 +128,14 @@ mod tests {
         let long: Vec<u8> = b"/abc".repeat(1023).into_iter().chain(*b"xyz").collect();
         assert_eq!(long.len(), 4095);
         assert_eq!(ok(&long), Ok(()));
-        assert_eq!(ok(&[&long[..], b"q"].concat()), Err(Limit::NameTooLong));
+        let program = |p: &[u8]| Request::Unlink { path: p }.check_limits_with(PATH_MAX - 1);
+        assert_eq!(program(&long), Ok(()));
+        assert_eq!(program(&[&long[..], b"q"].concat()), Err(Limit::NameTooLong));
+        // From the export root, a deep tree's paths go past PATH_MAX.
+        let deep: Vec<u8> = b"/abc".repeat(16_383).into_iter().chain(*b"xy").collect();
+        assert_eq!(deep.len(), crate::MAX_PATH - 1);
+        assert_eq!(ok(&deep), Ok(()));
+        assert_eq!(ok(&[&deep[..], b"zz"].concat()), Err(Limit::NameTooLong));
         assert_eq!(ok(&vec![b'/'; 70_000]), Err(Limit::NameTooLong));
         let big = vec![0u8; 65537];
         let set = Request::SetXattr { target: Target::Handle(1), name: b"user.x", value: &big, flags: 0 };

@@ -35,7 +35,9 @@ const MAX_INODES: u64 = 1 << 22;
 /// Linux `MAXSYMLINKS`: a path may follow at most this many symlinks.
 const MAX_SYMLINKS: u32 = 40;
 const NAME_MAX: usize = 255;
-/// Linux rejects a path whose length, with its NUL, exceeds `PATH_MAX`.
+/// Linux rejects a symlink target whose length, with its NUL, exceeds
+/// `PATH_MAX`. Paths from the export root may be longer (see
+/// `ferry_proto::MAX_PATH`): the tree is walked one name at a time.
 const PATH_MAX: usize = 4096;
 const XATTR_NAME_MAX: usize = 255;
 const XATTR_SIZE_MAX: usize = 65536;
@@ -460,7 +462,7 @@ fn dt_of(t: FType) -> u8 {
 }
 
 fn check_path(path: &[u8]) -> Result<()> {
-    if path.len() >= PATH_MAX {
+    if path.len() > ferry_proto::MAX_PATH {
         return Err(Errno::NAMETOOLONG);
     }
     // A C path cannot hold a NUL, so no name can contain one.
@@ -1364,6 +1366,9 @@ impl Backend for MemoryBackend {
             return Err(Errno::NOENT);
         }
         check_path(target)?;
+        if target.len() >= PATH_MAX {
+            return Err(Errno::NAMETOOLONG);
+        }
         check_path(path)?;
         let _ns = self.ns_write();
         let (dir, last, trailing) = self.walk_parent(self.root.clone(), path, &mut 0)?;
@@ -1741,7 +1746,10 @@ mod tests {
         assert_eq!(errno(b.getattr(Node::Path((format!("x/{long}")).as_bytes()))), libc::ENOENT);
         let ok = "n".repeat(255);
         mkfile(&b, &ok, b"");
-        assert_eq!(errno(b.getattr(Node::Path(("a/".repeat(2048)).as_bytes()))), libc::ENAMETOOLONG);
+        // Past PATH_MAX from the root is a deep tree, not an error; past
+        // the wire's limit it is.
+        assert_eq!(errno(b.getattr(Node::Path(("a/".repeat(2048)).as_bytes()))), libc::ENOENT);
+        assert_eq!(errno(b.getattr(Node::Path(("a/".repeat(33_000)).as_bytes()))), libc::ENAMETOOLONG);
         assert_eq!(errno(b.getattr(Node::Path(b"a\0b"))), libc::EINVAL);
 
         // Symlinks: relative to their directory, absolute from the root,

@@ -177,11 +177,36 @@ impl NodeFd<'_> {
 /// `openat2` confined to the export. The kernel answers `EAGAIN` when a
 /// rename anywhere raced a walk through `..`; the walk is then simply
 /// repeated, as openat2(2) advises.
+///
+/// A path of `PATH_MAX` bytes or more (a tree deeper than that from the
+/// export root; the kernel takes no such path in one call) is walked in
+/// steps: the directory named by a leading part of under `PATH_MAX` bytes,
+/// then the rest from there. A later step is confined *beneath* its
+/// directory: a `..` or an absolute symlink that would leave it fails with
+/// `EXDEV` rather than resolve from the wrong root (one walk would have
+/// gone on from the export root).
 fn resolve(root: &OwnedFd, path: &[u8], flags: OFlags, mode: Mode) -> Result<OwnedFd> {
+    resolve_in(root, path, flags, mode, RESOLVE)
+}
+
+fn resolve_in(root: &OwnedFd, path: &[u8], flags: OFlags, mode: Mode, how: ResolveFlags) -> Result<OwnedFd> {
+    if path.len() >= ferry_proto::PATH_MAX {
+        let cut = path[..ferry_proto::PATH_MAX - 1].iter().rposition(|&b| b == b'/').ok_or(Errno::NAMETOOLONG)?;
+        let step = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let dir = resolve_once(root, &path[..cut.max(1)], step, Mode::empty(), how)?;
+        let rest = &path[cut + 1..];
+        let rest = &rest[rest.iter().position(|&b| b != b'/').unwrap_or(rest.len())..];
+        let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+        return resolve_in(&dir, if rest.is_empty() { b"." } else { rest }, flags, mode, beneath);
+    }
+    resolve_once(root, path, flags, mode, how)
+}
+
+fn resolve_once(root: &OwnedFd, path: &[u8], flags: OFlags, mode: Mode, how: ResolveFlags) -> Result<OwnedFd> {
     const ATTEMPTS: usize = 128;
     let mut last = rustix::io::Errno::AGAIN;
     for _ in 0..ATTEMPTS {
-        match rfs::openat2(root, path, flags, mode, RESOLVE) {
+        match rfs::openat2(root, path, flags, mode, how) {
             Ok(fd) => return Ok(fd),
             Err(rustix::io::Errno::AGAIN) => last = rustix::io::Errno::AGAIN,
             Err(e) => return Err(e.into()),
@@ -505,8 +530,11 @@ impl Backend for PosixBackend {
     }
 
     fn symlink(&self, target: &[u8], path: &[u8]) -> Result<Attr> {
-        if target.contains(&0) || target.len() > ferry_proto::MAX_PATH {
+        if target.contains(&0) {
             return Err(Errno::INVAL);
+        }
+        if target.len() >= ferry_proto::PATH_MAX {
+            return Err(Errno::NAMETOOLONG);
         }
         let (dir, fin) = self.split(path)?;
         let name = fin.name(Errno::EXIST)?;

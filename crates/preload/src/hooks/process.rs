@@ -461,6 +461,8 @@ pub fn init() {
             place_fd: Some(state::place_high),
             reconnect: reconnect_bound(),
             caps: ferry_client::caps::ALL & !ferry_client::caps::SESSIONS,
+            // A program's own path argument: Linux's limit.
+            max_path: ferry_proto::PATH_MAX - 1,
             ..Default::default()
         };
         state::set_config(state::Config { options, keep_env });
