@@ -21,7 +21,7 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 # Debian packages: fusermount3 (FUSE auto-unmount) and the programs the
 # end-to-end tests run on the mount.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
