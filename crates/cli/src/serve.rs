@@ -40,7 +40,8 @@ pub struct ServeArgs {
     /// last connection, so the client can reconnect and go on.
     #[arg(long, default_value_t = 60.0)]
     session_lease: f64,
-    /// Turn capabilities off (readdirplus, xattr, rename-flags, locks), to test
+    /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
+    /// sessions, file-ids, replay), to test
     /// how clients degrade.
     #[arg(long, hide = true, value_delimiter = ',')]
     disable_caps: Vec<String>,
@@ -64,6 +65,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "locks" => ferry_proto::caps::LOCKS,
             "sessions" => ferry_proto::caps::SESSIONS,
             "file-ids" => ferry_proto::caps::FILE_IDS,
+            "replay" => ferry_proto::caps::REPLAY,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

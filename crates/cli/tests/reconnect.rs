@@ -33,11 +33,16 @@ impl Serve {
     }
 
     fn launch(export: &std::ffi::OsStr, port: u16, token_file: &Path) -> Serve {
+        Serve::launch_with(export, port, token_file, &[])
+    }
+
+    fn launch_with(export: &std::ffi::OsStr, port: u16, token_file: &Path, extra: &[&str]) -> Serve {
         let mut child = Command::new(FERRY)
             .arg("serve")
             .arg(export)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--token-file"])
             .arg(token_file)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -99,6 +104,63 @@ fn a_cut_connection_is_replaced_and_open_files_go_on() {
     for round in 0..3 {
         assert!(export.path().join(format!("d{round}")).is_dir());
     }
+}
+
+fn errno<T: std::fmt::Debug>(r: ferry_client::Result<T>) -> i32 {
+    r.expect_err("an error was expected").errno()
+}
+
+#[test]
+fn requests_that_must_not_run_twice_run_once_when_their_reply_is_lost() {
+    let (export, _state, token, server) = fresh("replay");
+    fs::write(export.path().join("a"), b"a").unwrap();
+    fs::create_dir(export.path().join("e")).unwrap();
+    let proxy = Proxy::to(format!("127.0.0.1:{}", server.port));
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &options(&token)).unwrap();
+    c.ping().unwrap();
+    // Each request reaches the server and runs; its reply is lost with the
+    // connection. Sent again on the rejoined session, it gets the kept
+    // reply: no EEXIST/ENOENT from running twice, no EIO from doubt.
+    proxy.swallow_next_reply();
+    c.create_dir("/d", 0o755).unwrap();
+    proxy.swallow_next_reply();
+    c.rename("/a", "/b").unwrap();
+    proxy.swallow_next_reply();
+    c.remove_file("/b").unwrap();
+    proxy.swallow_next_reply();
+    let mut f = c.open("/x", OpenOptions::new().write(true).create_new(true)).unwrap();
+    f.write_all(b"once").unwrap();
+    f.close().unwrap();
+    proxy.swallow_next_reply();
+    c.symlink("x", "/l").unwrap();
+    proxy.swallow_next_reply();
+    c.remove_dir("/d").unwrap();
+    // A failure is kept too: the same answer, not another run's.
+    proxy.swallow_next_reply();
+    assert_eq!(errno(c.create_dir("/e", 0o755)), libc::EEXIST);
+    assert_eq!(c.epoch(), 0, "every reconnect rejoined the session");
+    let mut names: Vec<String> =
+        fs::read_dir(export.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["e", "l", "x"]);
+    assert_eq!(fs::read(export.path().join("x")).unwrap(), b"once");
+}
+
+#[test]
+fn without_replay_a_lost_reply_of_such_a_request_is_an_error_not_a_second_run() {
+    let export = TempDir::new("noreplay-export");
+    let state = TempDir::new("noreplay-state");
+    let token = state.path().join("token");
+    let server = Serve::launch_with(export.path().as_os_str(), 0, &token, &["--disable-caps", "replay"]);
+    let proxy = Proxy::to(format!("127.0.0.1:{}", server.port));
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &options(&token)).unwrap();
+    c.ping().unwrap();
+    proxy.swallow_next_reply();
+    let e = c.create_dir("/d", 0o755).expect_err("a mkdir whose reply was lost, without replay");
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(e.to_string().contains("may or may not have been done"), "{e}");
+    assert!(export.path().join("d").is_dir(), "it ran, once");
+    c.create_dir("/d2", 0o755).unwrap();
 }
 
 #[test]

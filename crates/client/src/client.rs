@@ -152,6 +152,12 @@ impl Client {
         };
         let mut e = e;
         let epoch = r.epoch();
+        // A request that must not run twice, to a server that keeps the
+        // replies of such requests in the session: if the connection is
+        // lost after it left, it is sent again with the same id on the
+        // rejoined session, and answered without running again.
+        let replay = req.once_only() && e.has_cap(ferry_proto::caps::REPLAY) && e.has_cap(ferry_proto::caps::SESSIONS);
+        let mut id = None;
         loop {
             // Before something that must not run twice, make sure the
             // connection is not already known gone: then it surely never
@@ -161,7 +167,7 @@ impl Client {
             let was_unsent = unsent.is_some();
             let err = match unsent {
                 Some(err) => err,
-                None => match e.call(req) {
+                None => match e.call_as(req, &mut id) {
                     Err(err) if is_lost(&err) => err,
                     Err(err) if err.errno() == libc::EBADF && matches!(req, Request::Close { .. }) => {
                         return Ok(done(req))
@@ -179,6 +185,10 @@ impl Client {
                 };
             }
             if !was_unsent && !repeatable(req) {
+                if replay && r.epoch() == epoch && id.is_some() {
+                    e = self.engine();
+                    continue;
+                }
                 return Err(Error::Io {
                     kind: std::io::ErrorKind::Interrupted,
                     errno: Some(libc::EIO),

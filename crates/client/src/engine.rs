@@ -326,6 +326,12 @@ impl Engine {
     /// Sends a request once the window has room; returns its id. `reply_bytes`
     /// is what the reply will carry (the read size), for the byte window.
     pub fn start(&self, req: &Request<'_>, reply_bytes: u64) -> Result<u64> {
+        self.start_as(req, reply_bytes, None)
+    }
+
+    /// `start`, with the id `again` if given: a request sent once more after
+    /// a lost connection, which a `REPLAY` server recognises by its id.
+    fn start_as(&self, req: &Request<'_>, reply_bytes: u64, again: Option<u64>) -> Result<u64> {
         self.same_process()?;
         // Before taking a window slot: a request Linux would refuse never
         // reaches the encoder, and never holds a slot.
@@ -344,8 +350,10 @@ impl Engine {
                 }
                 st = self.make_progress(st, None, None)?.0;
             }
-            let id = st.next_id;
-            st.next_id += 1;
+            let id = again.unwrap_or_else(|| {
+                st.next_id += 1;
+                st.next_id - 1
+            });
             st.outstanding.insert(id, cost);
             st.bytes_outstanding += cost;
             id
@@ -407,6 +415,14 @@ impl Engine {
     pub fn call(&self, req: &Request<'_>) -> Result<Frame> {
         let id = self.start(req, 0)?;
         self.finish(id, None)
+    }
+
+    /// `call` under the id in `id`, or a new one, which is left there: sent
+    /// again after a lost connection, the request keeps its id.
+    pub fn call_as(&self, req: &Request<'_>, id: &mut Option<u64>) -> Result<Frame> {
+        let n = self.start_as(req, 0, *id)?;
+        *id = Some(n);
+        self.finish(n, None)
     }
 
     /// Drops interest in a reply (e.g. a prefetch no one will read).

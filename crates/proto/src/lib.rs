@@ -74,10 +74,15 @@ pub mod caps {
     /// Sessions that outlive their connection (`SessionNew`,
     /// `SessionAttach`).
     pub const SESSIONS: u64 = 1 << 4;
-    /// Everything this implementation offers.
     /// `OpenId` and `Reopen`: files opened again after a server restart.
     pub const FILE_IDS: u64 = 1 << 5;
-    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS;
+    /// A session keeps the replies of its recent requests that must not run
+    /// twice (`Request::once_only`); such a request sent again with the
+    /// same id (after a lost connection, on the session rejoined) gets the
+    /// kept reply instead of running again. Needs `SESSIONS`.
+    pub const REPLAY: u64 = 1 << 6;
+    /// Everything this implementation offers.
+    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

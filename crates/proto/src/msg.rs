@@ -262,7 +262,30 @@ pub enum Request<'a> {
     },
 }
 
+/// Linux's `O_EXCL` (the protocol carries Linux open flags).
+const EXCL: u32 = 0o200;
+
 impl<'a> Request<'a> {
+    /// Requests that change the name space and must therefore run at most
+    /// once: the ones a `REPLAY` server answers from its reply cache when a
+    /// client sends them again with the same id (see `caps::REPLAY`).
+    /// (`Read`, `Write` and `Seek` at a handle's offset must not run twice
+    /// either, but their data is not kept: a client retries them only if
+    /// they never left.)
+    pub fn once_only(&self) -> bool {
+        match self {
+            Request::Mkdir { .. }
+            | Request::Rmdir { .. }
+            | Request::Unlink { .. }
+            | Request::Rename { .. }
+            | Request::Link { .. }
+            | Request::Symlink { .. }
+            | Request::Mknod { .. } => true,
+            Request::Open { flags, .. } | Request::OpenId { flags, .. } => flags & EXCL != 0,
+            _ => false,
+        }
+    }
+
     pub fn op(&self) -> u16 {
         match self {
             Request::Hello { .. } => op::HELLO,

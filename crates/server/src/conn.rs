@@ -282,8 +282,19 @@ impl<B: Backend> Conn<B> {
         // brought it.
         let shared = Arc::clone(session);
         let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let once = caps & ferry_proto::caps::REPLAY != 0 && req.once_only();
+        let digest = if once { crate::replay::digest(body) } else { 0 };
+        if once {
+            if let Some(frame) = guard.replies.get(h.id, h.op, digest) {
+                // Sent again after a lost connection: done already.
+                self.out.extend_from_slice(frame);
+                drop(guard);
+                return self.maybe_flush();
+            }
+        }
         let answer = guard.execute(&req);
         let mut out = std::mem::take(&mut self.out);
+        let start = out.len();
         let res = match answer {
             Ok(Answer::Data(data)) => {
                 Reply::Data(&[]).encode(h.op, h.id, &mut out);
@@ -302,6 +313,10 @@ impl<B: Backend> Conn<B> {
                 Ok(())
             }
         };
+        if once {
+            guard.replies.keep(h.id, h.op, digest, out[start..].to_vec());
+        }
+        drop(guard);
         self.out = out;
         res?;
         self.maybe_flush()

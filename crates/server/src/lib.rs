@@ -13,6 +13,7 @@ mod fileid;
 mod locks;
 pub mod memory;
 pub mod posix;
+mod replay;
 mod session;
 mod sessions;
 

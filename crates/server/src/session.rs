@@ -113,6 +113,8 @@ pub struct Session<B: Backend> {
     conn: u64,
     /// Whether this session ever took a lock (so its end must release).
     locked: bool,
+    /// Replies to its latest requests that must not run twice.
+    pub replies: crate::replay::Replies,
 }
 
 /// A random first handle id below 2^47: a client that reconnects to a new
@@ -137,6 +139,7 @@ impl<B: Backend> Session<B> {
             next_handle: first_handle(),
             conn: locks::new_conn_id(),
             locked: false,
+            replies: Default::default(),
         }
     }
 

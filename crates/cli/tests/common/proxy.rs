@@ -4,12 +4,14 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
 pub struct Proxy {
     pub port: u16,
     socks: Arc<Mutex<Vec<TcpStream>>>,
+    swallow: Arc<AtomicBool>,
 }
 
 impl Proxy {
@@ -24,17 +26,26 @@ impl Proxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let socks = Arc::new(Mutex::new(Vec::new()));
-        let s2 = Arc::clone(&socks);
+        let swallow = Arc::new(AtomicBool::new(false));
+        let (s2, sw) = (Arc::clone(&socks), Arc::clone(&swallow));
         thread::spawn(move || {
             for c in l.incoming().flatten() {
                 let Ok(s) = TcpStream::connect(&addr) else { continue };
                 s2.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
                 let (c2, s3) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-                thread::spawn(move || pump(c, s, up));
-                thread::spawn(move || pump(s3, c2, down));
+                let sw = Arc::clone(&sw);
+                thread::spawn(move || pump(c, s, up, None));
+                thread::spawn(move || pump(s3, c2, down, Some(sw)));
             }
         });
-        Proxy { port, socks }
+        Proxy { port, socks, swallow }
+    }
+
+    /// The next bytes the server sends on any connection are dropped and
+    /// that connection cut: a request that reached the server loses its
+    /// reply (the case where a client cannot know whether it ran).
+    pub fn swallow_next_reply(&self) {
+        self.swallow.store(true, Ordering::SeqCst);
     }
 
     /// Cuts every connection made so far.
@@ -45,15 +56,19 @@ impl Proxy {
     }
 }
 
-/// Copies `from` to `to` until either ends or `limit` bytes went; then
-/// cuts both.
-fn pump(mut from: TcpStream, mut to: TcpStream, mut limit: usize) {
+/// Copies `from` to `to` until either ends or `limit` bytes went, or (when
+/// `swallow` is given and set) data arrives, which is dropped; then cuts
+/// both.
+fn pump(mut from: TcpStream, mut to: TcpStream, mut limit: usize, swallow: Option<Arc<AtomicBool>>) {
     let mut buf = vec![0u8; 64 * 1024];
     while limit > 0 {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n.min(limit),
         };
+        if swallow.as_ref().is_some_and(|s| s.swap(false, Ordering::SeqCst)) {
+            break;
+        }
         if to.write_all(&buf[..n]).is_err() {
             break;
         }
