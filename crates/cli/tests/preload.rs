@@ -385,6 +385,44 @@ int main(void) {
 }
 "#;
 
+/// Maps a file shared, writes through the mapping and exits without
+/// `munmap` (as most programs do).
+const MAP_AND_EXIT: &str = r#"
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(void) {
+    int fd = open("/remote/e.bin", O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || ftruncate(fd, 65536)) return 1;
+    char *p = mmap(0, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return 1;
+    memcpy(p + 60000, "at exit", 7);
+    return 0;
+}
+"#;
+
+fn shadow_files() -> std::collections::BTreeSet<std::ffi::OsString> {
+    let uid = rustix::process::geteuid().as_raw();
+    match std::fs::read_dir(format!("/dev/shm/ferry-{uid}")) {
+        Ok(d) => d.map(|e| e.unwrap().file_name()).collect(),
+        Err(_) => Default::default(),
+    }
+}
+
+#[test]
+fn a_mapping_left_at_exit_is_written_back_and_its_shadow_removed() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let exe = compile(local.path(), "map_exit", MAP_AND_EXIT);
+    let before = shadow_files();
+    ok(&run_in(&srv, local.path(), &format!("{0} && {0}", exe.display())));
+    let data = std::fs::read(srv.export.path().join("e.bin")).unwrap();
+    assert_eq!(&data[60000..60007], b"at exit");
+    let left: Vec<_> = shadow_files().difference(&before).cloned().collect();
+    assert!(left.is_empty(), "shadow files left behind: {left:?}");
+}
+
 #[test]
 fn shared_writable_mappings_reach_the_server() {
     use std::io::{BufRead, BufReader, Write};

@@ -11,9 +11,10 @@
 //! of the server and the file's device and inode, so every process on this
 //! machine that maps the file shares its pages as with a local file (sqlite's
 //! WAL index depends on it). Each process holds a shared `flock` on the
-//! shadow while it maps it; the last one out removes the files (a
-//! non-blocking exclusive `flock` finds no other holder), under a third
-//! file's lock that also serialises joining. A process that joins a shadow
+//! shadow, through a description of its own, while it uses it; the last one
+//! out (at its last `munmap`, or at exit) removes the files (a non-blocking
+//! exclusive `flock` finds no other holder), under a third file's lock that
+//! also serialises joining. A process that joins a shadow
 //! others hold brings it up to date with the server first, by a three-way
 //! merge: a byte not written through a mapping takes the server's value.
 //! Where neither `/dev/shm`, `$XDG_RUNTIME_DIR` nor `/tmp` has a private
@@ -26,7 +27,7 @@
 //! `state::before_fork` takes the first two before its own.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use libc::{c_int, c_void};
@@ -48,7 +49,13 @@ pub struct Shadow {
     /// writable fd maps the file.
     open: Mutex<Arc<Open>>,
     data: c_int,
-    base: c_int,
+    /// The base's own description in this process: its `flock` orders
+    /// write-backs between processes (a `fork` child opens its own).
+    base: AtomicI32,
+    /// A description of the shadow held with a shared `flock` while this
+    /// process uses the shadow (-1 once given up at exit); its own, never
+    /// shared with a `fork` child, so each process counts once.
+    hold: AtomicI32,
     /// The directory holding the host-wide files.
     dir: String,
     busy: Mutex<()>,
@@ -188,7 +195,7 @@ impl Shadow {
     /// value, bytes written through one are kept, to be written back.
     fn merge(&self, attr: &ferry_client::Attr, fresh: bool) -> Result<(), i32> {
         let _busy = self.busy.lock();
-        let _b = BaseLock::take(self.base)?;
+        let _b = BaseLock::take(self.base.load(Relaxed))?;
         let stamp = stamp_of(attr);
         let have = size_of(self.data)?;
         if !fresh && have == attr.size && read_stamp(self.data).as_deref() == Some(stamp.as_str()) {
@@ -198,7 +205,7 @@ impl Shadow {
         if attr.size < have {
             set_size(self.data, attr.size)?;
         }
-        set_size(self.base, attr.size)?;
+        set_size(self.base.load(Relaxed), attr.size)?;
         if attr.size > have {
             set_size(self.data, attr.size)?;
         }
@@ -220,7 +227,7 @@ impl Shadow {
                 pwrite_full(self.data, &s[..n], pos)?;
             } else {
                 let dn = pread_full(self.data, &mut d[..n], pos)?;
-                let bn = pread_full(self.base, &mut b[..n], pos)?;
+                let bn = pread_full(self.base.load(Relaxed), &mut b[..n], pos)?;
                 d[dn..n].fill(0);
                 b[bn..n].fill(0);
                 // Clean bytes (shadow equal to base) that the server changed.
@@ -236,7 +243,7 @@ impl Shadow {
                     i = j;
                 }
             }
-            pwrite_full(self.base, &s[..n], pos)?;
+            pwrite_full(self.base.load(Relaxed), &s[..n], pos)?;
             pos += n as u64;
         }
         write_stamp(self.data, &stamp);
@@ -252,7 +259,7 @@ impl Shadow {
             return Ok(());
         }
         let _busy = self.busy.lock();
-        let _b = BaseLock::take(self.base)?;
+        let _b = BaseLock::take(self.base.load(Relaxed))?;
         let size = size_of(self.data)?;
         let step = CHUNK.min(size as usize);
         let (mut d, mut b) = (vec![0u8; step], vec![0u8; step]);
@@ -261,7 +268,7 @@ impl Shadow {
         while pos < size {
             let n = CHUNK.min((size - pos) as usize);
             let dn = pread_full(self.data, &mut d[..n], pos)?;
-            let bn = pread_full(self.base, &mut b[..n], pos)?;
+            let bn = pread_full(self.base.load(Relaxed), &mut b[..n], pos)?;
             let runs = differing(&d[..dn], &b[..bn]);
             if !runs.is_empty() {
                 for &(s, e) in &runs {
@@ -270,7 +277,7 @@ impl Shadow {
                 // The base records only what the server acknowledged.
                 open.sync_writes()?;
                 for &(s, e) in &runs {
-                    pwrite_full(self.base, &d[s..e], pos + s as u64)?;
+                    pwrite_full(self.base.load(Relaxed), &d[s..e], pos + s as u64)?;
                 }
                 wrote = true;
             }
@@ -290,32 +297,40 @@ impl Shadow {
     /// A `write` through an fd of this process: mappings show it at once.
     fn apply(&self, pos: u64, data: &[u8]) -> Result<(), i32> {
         let _busy = self.busy.lock();
-        let _b = BaseLock::take(self.base)?;
+        let _b = BaseLock::take(self.base.load(Relaxed))?;
         let end = pos + data.len() as u64;
         if end > size_of(self.data)? {
-            set_size(self.base, end)?;
+            set_size(self.base.load(Relaxed), end)?;
             set_size(self.data, end)?;
         }
-        pwrite_full(self.base, data, pos)?;
+        pwrite_full(self.base.load(Relaxed), data, pos)?;
         pwrite_full(self.data, data, pos)
     }
 
     fn resize(&self, size: u64) -> Result<(), i32> {
         let _busy = self.busy.lock();
-        let _b = BaseLock::take(self.base)?;
+        let _b = BaseLock::take(self.base.load(Relaxed))?;
         set_size(self.data, size)?;
-        set_size(self.base, size)
+        set_size(self.base.load(Relaxed), size)
+    }
+}
+
+impl Shadow {
+    /// Gives up this process's hold and removes the files if no other
+    /// process holds them (the pages stay mapped here until unmapped).
+    fn give_up(&self) {
+        let hold = self.hold.swap(-1, Relaxed);
+        if hold >= 0 {
+            close_all(&[hold]);
+            leave(&self.dir, &self.key);
+        }
     }
 }
 
 impl Drop for Shadow {
     fn drop(&mut self) {
-        // SAFETY: our own descriptors, closed once, here.
-        unsafe {
-            real::close(self.data);
-            real::close(self.base);
-        }
-        leave(&self.dir, &self.key);
+        close_all(&[self.data, self.base.load(Relaxed)]);
+        self.give_up();
     }
 }
 
@@ -395,46 +410,47 @@ fn lock_key(dir: &str, key: &str) -> Result<c_int, i32> {
 
 /// Joins (or starts) the host-wide shadow `key`: its data and base fds,
 /// whether it is new, and the held lock file (closed once it is filled).
-fn join(dir: &str, key: &str) -> Result<(c_int, c_int, bool, c_int), i32> {
+/// Joined files: data, base and hold descriptors, whether the shadow is
+/// new, and the held lock file (closed once the shadow is filled).
+struct Joined {
+    data: c_int,
+    base: c_int,
+    hold: c_int,
+    fresh: bool,
+    lk: c_int,
+}
+
+fn close_all(fds: &[c_int]) {
+    for &fd in fds {
+        // SAFETY: our own descriptors, each closed once.
+        unsafe { real::close(fd) };
+    }
+}
+
+fn join(dir: &str, key: &str) -> Result<Joined, i32> {
     let lk = lock_key(dir, key)?;
+    let mut fds: Vec<c_int> = vec![lk];
     let result = (|| {
         let data = open_in(dir, key, true)?;
-        let base = match open_in(dir, &format!("{key}.base"), true) {
-            Ok(b) => b,
-            Err(e) => {
-                // SAFETY: our fd.
-                unsafe { real::close(data) };
-                return Err(e);
-            }
-        };
+        fds.push(data);
+        let base = open_in(dir, &format!("{key}.base"), true)?;
+        fds.push(base);
+        let hold = open_in(dir, key, false)?;
+        fds.push(hold);
         // No other holder: whatever is there is a leftover (its last holder
         // was killed), never trusted.
-        let fresh = flock(data, libc::LOCK_EX | libc::LOCK_NB).is_ok();
-        let r = (|| {
-            if fresh {
-                set_size(data, 0)?;
-                set_size(base, 0)?;
-            }
-            flock(data, libc::LOCK_SH)
-        })();
-        if let Err(e) = r {
-            // SAFETY: our fds.
-            unsafe {
-                real::close(data);
-                real::close(base);
-            }
-            return Err(e);
+        let fresh = flock(hold, libc::LOCK_EX | libc::LOCK_NB).is_ok();
+        if fresh {
+            set_size(data, 0)?;
+            set_size(base, 0)?;
         }
-        Ok((data, base, fresh))
+        flock(hold, libc::LOCK_SH)?;
+        Ok(Joined { data, base, hold, fresh, lk })
     })();
-    match result {
-        Ok((d, b, f)) => Ok((d, b, f, lk)),
-        Err(e) => {
-            // SAFETY: our fd.
-            unsafe { real::close(lk) };
-            Err(e)
-        }
+    if result.is_err() {
+        close_all(&fds);
     }
+    result
 }
 
 /// After this process dropped its hold on `key`: the last holder removes
@@ -477,25 +493,25 @@ fn shadow_for(o: &Arc<Open>, attr: &ferry_client::Attr) -> Result<Arc<Shadow>, i
         sh.merge(attr, false)?;
         return Ok(sh);
     }
-    let new = |data, base, dir| Shadow {
-        key: key.clone(),
-        mount: o.mount,
-        path: o.path.clone(),
-        open: Mutex::new(o.clone()),
-        data,
-        base,
-        dir,
-        busy: Mutex::new(()),
-    };
     // Pages private to this process would let another process's mapping
     // of the same file diverge (sqlite's WAL index loses commits): with no
     // place to share them, refuse.
     let Some(dir) = user_dir() else { return Err(libc::ENODEV) };
-    let (data, base, fresh, lk) = join(&dir, &key)?;
-    let sh = Arc::new(new(data, base, dir));
-    let r = sh.merge(attr, fresh);
-    // SAFETY: our fd; closing it lets the next joiner in.
-    unsafe { real::close(lk) };
+    let j = join(&dir, &key)?;
+    let sh = Arc::new(Shadow {
+        key: key.clone(),
+        mount: o.mount,
+        path: o.path.clone(),
+        open: Mutex::new(o.clone()),
+        data: j.data,
+        base: AtomicI32::new(j.base),
+        hold: AtomicI32::new(j.hold),
+        dir,
+        busy: Mutex::new(()),
+    });
+    let r = sh.merge(attr, j.fresh);
+    // Closing it lets the next joiner in.
+    close_all(&[j.lk]);
     r.map(|_| sh)
 }
 
@@ -679,6 +695,52 @@ pub fn written(mount: usize, path: &[u8], pos: u64, data: &[u8]) {
 pub fn truncated(mount: usize, path: &[u8], size: u64) {
     for sh in shadows_of(mount, path) {
         let _ = sh.resize(size);
+    }
+}
+
+fn distinct() -> Vec<Arc<Shadow>> {
+    let mut out: Vec<Arc<Shadow>> = Vec::new();
+    for m in MAPS.lock().iter() {
+        if !out.iter().any(|s| Arc::ptr_eq(s, &m.shadow)) {
+            out.push(m.shadow.clone());
+        }
+    }
+    out
+}
+
+/// At the end of the process (after the last write-back): every shadow is
+/// given up, so the last process out removes the files even when it never
+/// unmapped (most programs do not).
+pub fn leave_all() {
+    if COUNT.load(Relaxed) == 0 {
+        return;
+    }
+    for sh in distinct() {
+        sh.give_up();
+    }
+}
+
+/// In a `fork` child: each inherited shadow gets a hold and a base
+/// description of the child's own, so the child counts as a user of its
+/// own, and its write-backs and the parent's exclude each other.
+pub fn after_fork_child() {
+    if COUNT.load(Relaxed) == 0 {
+        return;
+    }
+    for sh in distinct() {
+        if let Ok(h) = open_in(&sh.dir, &sh.key, false) {
+            if flock(h, libc::LOCK_SH).is_ok() {
+                let old = sh.hold.swap(h, Relaxed);
+                if old >= 0 {
+                    close_all(&[old]);
+                }
+            } else {
+                close_all(&[h]);
+            }
+        }
+        if let Ok(b) = open_in(&sh.dir, &format!("{}.base", sh.key), false) {
+            close_all(&[sh.base.swap(b, Relaxed)]);
+        }
     }
 }
 

@@ -385,6 +385,7 @@ pub fn after_fork_parent() {
 
 pub fn after_fork_child() {
     release_after_fork();
+    crate::maps::after_fork_child();
     OWNER.store(getpid(), Relaxed);
     EPOCH.fetch_add(1, Relaxed);
     // The parent's connections are the parent's: never used here. Their

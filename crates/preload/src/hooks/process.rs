@@ -15,6 +15,16 @@ extern "C" {
     static mut environ: *const *const c_char;
 }
 
+/// The process ends: its shared mappings' files go if no one else uses them.
+fn leave_mappings() {
+    if state::ACTIVE.load(Relaxed) && !guard::busy() && state::owner() {
+        let _ = enter(|| {
+            crate::maps::leave_all();
+            Ok(())
+        });
+    }
+}
+
 /// Writes gathered data through before the process image changes hands.
 fn sync_before_handoff() {
     if state::ACTIVE.load(Relaxed) && !guard::busy() && state::owner() {
@@ -251,6 +261,7 @@ pub unsafe extern "C" fn popen(c: *const c_char, m: *const c_char) -> *mut libc:
 #[no_mangle]
 pub unsafe extern "C" fn _exit(s: c_int) -> ! {
     sync_before_handoff();
+    leave_mappings();
     // SAFETY: ends the process.
     pass!(_exit(s));
     unreachable!("_exit returned")
@@ -259,6 +270,7 @@ pub unsafe extern "C" fn _exit(s: c_int) -> ! {
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(s: c_int) -> ! {
     sync_before_handoff();
+    leave_mappings();
     // SAFETY: ends the process.
     pass!(_Exit(s));
     unreachable!("_Exit returned")
@@ -508,6 +520,7 @@ pub fn fini() {
     state::EXITING.store(true, Relaxed);
     let _ = enter(|| {
         ops::sync_all();
+        crate::maps::leave_all();
         Ok(())
     });
 }
