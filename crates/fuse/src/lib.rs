@@ -666,11 +666,35 @@ impl FerryFs {
             Some(fh) => Some(self.server_handle(fh)?),
             None => None,
         };
-        let obj = match (self.obj(ino), handle) {
-            (Ok(o), _) => o,
-            (Err(_), Some(h)) => Obj::Handle(h),
+        let (obj, borrowed) = match (self.obj(ino), handle) {
+            (Ok(o), _) => {
+                let borrowed = matches!(o, Obj::Handle(_));
+                (o, borrowed)
+            }
+            (Err(_), Some(h)) => (Obj::Handle(h), false),
             (Err(e), None) => return Err(e),
         };
+        let r = self.set_attrs(&obj, handle, mode, uid, gid, size, atime, mtime);
+        match r {
+            // A handle borrowed from another open of a nameless node went
+            // with that open's release meanwhile: the kernel looks again.
+            Err(e) if borrowed && e == Errno::EBADF => Err(Errno::ESTALE),
+            r => r,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_attrs(
+        &self,
+        obj: &Obj,
+        handle: Option<u64>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+    ) -> R<Attr> {
         let by_path = || obj.target();
         let mut attr = None;
         if let Some(m) = mode {
@@ -876,7 +900,12 @@ impl Filesystem for FerryFs {
         let r = match fh.map(|fh| self.server_handle(fh)) {
             Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
             _ => match self.obj(ino) {
-                Ok(o) => self.client.stat(o.target()).map_err(errno),
+                Ok(o) => match self.client.stat(o.target()).map_err(errno) {
+                    // A handle borrowed from another open of a nameless node
+                    // went with that open's release meanwhile.
+                    Err(e) if e == Errno::EBADF && matches!(o, Obj::Handle(_)) => self.former_attr(ino, Errno::ESTALE),
+                    r => r,
+                },
                 Err(stale) => self.former_attr(ino, stale),
             },
         };
