@@ -66,6 +66,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "sessions" => ferry_proto::caps::SESSIONS,
             "file-ids" => ferry_proto::caps::FILE_IDS,
             "replay" => ferry_proto::caps::REPLAY,
+            "open-read" => ferry_proto::caps::OPEN_READ,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

@@ -70,7 +70,7 @@ both_backends!(
         non_utf8_names,
         trees_deeper_than_path_max,
     ],
-    args: [degraded_capabilities, special_nodes],
+    args: [degraded_capabilities, special_nodes, open_read_brings_the_first_bytes],
 );
 
 /// FIFOs and sockets can be made anywhere; device nodes only on a server
@@ -961,6 +961,56 @@ fn write_behind_error_surfaces(server: &Server) {
 }
 
 // ---------------------------------------------------------------- negotiation
+
+/// `OpenRead`: a read-only open brings the file's first 64 KiB; a small
+/// file is read in that one round trip, a larger one goes on from there;
+/// the same results with the capability off.
+fn open_read_brings_the_first_bytes(backend: &[&str]) {
+    for off in [false, true] {
+        let mut args = backend.to_vec();
+        if off {
+            args.extend(["--disable-caps", "open-read"]);
+        }
+        let server = Server::start(&args);
+        let c = server.client();
+        assert_eq!(c.engine().has_cap(caps::OPEN_READ), !off);
+        let sizes = [0usize, 1, 1000, 65535, 65536, 65537, 300_000];
+        for (i, &n) in sizes.iter().enumerate() {
+            let data = random_bytes(n, 40 + i as u64);
+            let p = format!("/f{n}");
+            c.write(&p, &data).unwrap();
+            assert!(c.read(&p).unwrap() == data, "read of {n} bytes (open-read off: {off})");
+            // Small reads through `Read` after the open, then a seek.
+            let mut f = c.open(&p, OpenOptions::new().read(true)).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 777];
+            loop {
+                let k = f.read(&mut buf).unwrap();
+                if k == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..k]);
+            }
+            assert!(got == data, "small reads of {n} bytes (open-read off: {off})");
+            if n > 10 {
+                f.seek(SeekFrom::Start(n as u64 / 2)).unwrap();
+                let k = f.read(&mut buf).unwrap();
+                assert_eq!(&buf[..k], &data[n / 2..(n / 2 + k).min(n)]);
+            }
+            f.close().unwrap();
+        }
+        // A directory opened read-only brings nothing; a write-only open
+        // of a file is an ordinary open.
+        c.create_dir("/dir", 0o755).unwrap();
+        assert!(c.read_dir("/dir").unwrap().is_empty());
+        let mut w = c.open("/f1", OpenOptions::new().write(true)).unwrap();
+        w.write_all(b"Z").unwrap();
+        w.close().unwrap();
+        assert_eq!(c.read("/f1").unwrap(), b"Z");
+        assert_eq!(errno(c.read("/missing")), libc::ENOENT);
+        c.ping().unwrap();
+    }
+}
 
 fn degraded_capabilities(backend: &[&str]) {
     let mut args = vec!["--disable-caps", "readdirplus,xattr,rename-flags"];

@@ -453,6 +453,12 @@ impl Client {
     /// Reads a whole file.
     pub fn read(&self, path: impl AsRef<Path>) -> Result<Vec<u8>> {
         let f = self.open(path, OpenOptions::new().read(true))?;
+        if let Some(all) = f.whole() {
+            // Opened and read in one round trip.
+            let all = all.to_vec();
+            f.close()?;
+            return Ok(all);
+        }
         let mut buf = vec![0u8; (f.attr().size as usize).max(64 * 1024)];
         let mut len = 0;
         loop {

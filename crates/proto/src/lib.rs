@@ -81,8 +81,10 @@ pub mod caps {
     /// same id (after a lost connection, on the session rejoined) gets the
     /// kept reply instead of running again. Needs `SESSIONS`.
     pub const REPLAY: u64 = 1 << 6;
+    /// `OpenRead`: open and read a small file in one round trip.
+    pub const OPEN_READ: u64 = 1 << 7;
     /// Everything this implementation offers.
-    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY;
+    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY | OPEN_READ;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

@@ -78,6 +78,7 @@ impl Request<'_> {
         match self {
             Request::Open { path: p, .. }
             | Request::OpenId { path: p, .. }
+            | Request::OpenRead { path: p, .. }
             | Request::Reopen { path: p, .. }
             | Request::Mkdir { path: p, .. }
             | Request::Rmdir { path: p }

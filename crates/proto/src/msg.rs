@@ -46,6 +46,7 @@ pub mod op {
     /// `FILE_IDS`).
     pub const OPEN_ID: u16 = 42;
     pub const REOPEN: u16 = 43;
+    pub const OPEN_READ: u16 = 44;
 }
 
 /// Record-lock constants of `Lock` and `GetLock` (capability `LOCKS`).
@@ -90,6 +91,15 @@ pub enum Request<'a> {
         path: &'a [u8],
         flags: u32,
         mode: u32,
+    },
+    /// `OpenId` that also reads the first `max` bytes of a regular file,
+    /// answered with `OpenedData` (capability `OPEN_READ`): a small file
+    /// is opened and read in one round trip.
+    OpenRead {
+        path: &'a [u8],
+        flags: u32,
+        mode: u32,
+        max: u32,
     },
     /// Opens again a file opened before, by the `id` an `OpenedId` gave
     /// and, where the server cannot use the id, by `path` if it still
@@ -281,7 +291,9 @@ impl<'a> Request<'a> {
             | Request::Link { .. }
             | Request::Symlink { .. }
             | Request::Mknod { .. } => true,
-            Request::Open { flags, .. } | Request::OpenId { flags, .. } => flags & EXCL != 0,
+            Request::Open { flags, .. } | Request::OpenId { flags, .. } | Request::OpenRead { flags, .. } => {
+                flags & EXCL != 0
+            }
             _ => false,
         }
     }
@@ -293,6 +305,7 @@ impl<'a> Request<'a> {
             Request::Ping => op::PING,
             Request::Open { .. } => op::OPEN,
             Request::OpenId { .. } => op::OPEN_ID,
+            Request::OpenRead { .. } => op::OPEN_READ,
             Request::Reopen { .. } => op::REOPEN,
             Request::Close { .. } => op::CLOSE,
             Request::Read { .. } => op::READ,
@@ -367,6 +380,12 @@ impl<'a> Request<'a> {
             Request::Open { path, flags, mode } | Request::OpenId { path, flags, mode } => {
                 w.u32(*flags);
                 w.u32(*mode);
+                w.name(path);
+            }
+            Request::OpenRead { path, flags, mode, max } => {
+                w.u32(*flags);
+                w.u32(*mode);
+                w.u32(*max);
                 w.name(path);
             }
             Request::Reopen { flags, dev, ino, id, path } => {
@@ -515,6 +534,12 @@ impl<'a> Request<'a> {
                     Request::OpenId { path, flags, mode }
                 }
             }
+            op::OPEN_READ => Request::OpenRead {
+                flags: r.u32("open_read.flags")?,
+                mode: r.u32("open_read.mode")?,
+                max: r.u32("open_read.max")?,
+                path: r.name("open_read.path")?,
+            },
             op::REOPEN => Request::Reopen {
                 flags: r.u32("reopen.flags")?,
                 dev: r.u64("reopen.dev")?,
@@ -676,6 +701,15 @@ pub enum Reply<'a> {
         attr: Attr,
         id: &'a [u8],
     },
+    /// Answer to `OpenRead`: `OpenedId` plus the file's first bytes (all of
+    /// it when `data` is shorter than the `max` asked; none for a file
+    /// that is not regular).
+    OpenedData {
+        handle: u64,
+        attr: Attr,
+        id: &'a [u8],
+        data: &'a [u8],
+    },
     Data(&'a [u8]),
     Written {
         count: u32,
@@ -757,6 +791,12 @@ impl<'a> Reply<'a> {
                 attr.put(w);
                 w.bytes(id);
             }
+            Reply::OpenedData { handle, attr, id, data } => {
+                w.u64(*handle);
+                attr.put(w);
+                w.bytes(id);
+                w.raw(data);
+            }
             Reply::Data(d) => return d.len(),
             Reply::Written { count } => w.u32(*count),
             Reply::Offset { offset } => w.u64(*offset),
@@ -807,6 +847,12 @@ impl<'a> Reply<'a> {
             op::OPEN_ID | op::REOPEN => {
                 Reply::OpenedId { handle: r.u64("opened.handle")?, attr: Attr::get(&mut r)?, id: r.bytes("opened.id")? }
             }
+            op::OPEN_READ => Reply::OpenedData {
+                handle: r.u64("opened.handle")?,
+                attr: Attr::get(&mut r)?,
+                id: r.bytes("opened.id")?,
+                data: r.rest(),
+            },
             op::READ | op::PREAD => Reply::Data(r.rest()),
             op::WRITE | op::PWRITE => Reply::Written { count: r.u32("written.count")? },
             op::SEEK => Reply::Offset { offset: r.u64("offset")? },

@@ -12,9 +12,10 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 37] = [
+const ALL_OPS: [u16; 38] = [
     op::OPEN_ID,
     op::REOPEN,
+    op::OPEN_READ,
     op::MKNOD,
     op::LOCK,
     op::GETLOCK,
@@ -55,7 +56,7 @@ const ALL_OPS: [u16; 37] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 37;
+const REQUEST_VARIANTS: usize = 38;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -98,6 +99,7 @@ fn request_index(r: &Request) -> usize {
         Request::SessionAttach { .. } => 34,
         Request::OpenId { .. } => 35,
         Request::Reopen { .. } => 36,
+        Request::OpenRead { .. } => 37,
     }
 }
 
@@ -198,6 +200,7 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         34 => Request::SessionAttach { id: r.a, proof: [r.c as u8; 32] },
         35 => Request::OpenId { path: &r.s1, flags: r.c, mode: r.d },
         36 => Request::Reopen { flags: r.c, dev: r.a, ino: r.b, id: &r.data, path: &r.s1 },
+        37 => Request::OpenRead { path: &r.s1, flags: r.c, mode: r.d, max: r.a as u32 },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -286,7 +289,7 @@ fn split(frame: &[u8]) -> (Header, &[u8]) {
 // ---------------------------------------------------------------------------
 // Replies.
 
-const REPLY_VARIANTS: usize = 15;
+const REPLY_VARIANTS: usize = 16;
 
 /// Index of a reply's variant; no wildcard, as for `request_index`.
 fn reply_index(r: &Reply) -> usize {
@@ -306,6 +309,7 @@ fn reply_index(r: &Reply) -> usize {
         Reply::Lock { .. } => 12,
         Reply::Session { .. } => 13,
         Reply::OpenedId { .. } => 14,
+        Reply::OpenedData { .. } => 15,
     }
 }
 
@@ -338,6 +342,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         12 => &[op::GETLOCK],
         13 => &[op::SESSION_NEW, op::SESSION_ATTACH],
         14 => &[op::OPEN_ID, op::REOPEN],
+        15 => &[op::OPEN_READ],
         n => unreachable!("reply variant {n}"),
     }
 }
@@ -378,6 +383,7 @@ fn build_reply(r: &RawReply) -> (u16, Reply<'_>) {
         12 => Reply::Lock { typ: (r.c % 3) as u8, start: r.a, len: r.a.rotate_left(11), pid: r.c },
         13 => Reply::Session { id: r.a, lease_ms: r.c },
         14 => Reply::OpenedId { handle: r.a, attr: r.attr, id: &r.data },
+        15 => Reply::OpenedData { handle: r.a, attr: r.attr, id: &r.name, data: &r.data },
         n => unreachable!("reply variant {n}"),
     };
     (op, reply)

@@ -426,6 +426,9 @@ fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {
         Answer::Empty => Reply::Empty.encode(op, id, out),
         Answer::Opened { handle, attr } => Reply::Opened { handle, attr }.encode(op, id, out),
         Answer::OpenedId { handle, attr, id: file } => Reply::OpenedId { handle, attr, id: &file }.encode(op, id, out),
+        Answer::OpenedData { handle, attr, id: file, data } => {
+            Reply::OpenedData { handle, attr, id: &file, data: &data }.encode(op, id, out)
+        }
         Answer::Data(_) => unreachable!("data answers are sent by send_data"),
         Answer::Written(count) => Reply::Written { count }.encode(op, id, out),
         Answer::Offset(offset) => Reply::Offset { offset }.encode(op, id, out),
