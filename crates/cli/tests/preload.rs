@@ -741,3 +741,42 @@ print(os.path.exists('/remote/d/a'), os.stat('/remote/d/b').st_size)
         assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
     }
 }
+
+/// The end of a file read right after its open is the size the open saw,
+/// for as long as attributes are cached: a program reading to the end asks
+/// the server once (the open), not again for the end. Another client's
+/// append shows after the timeout, or at once with `--attr-timeout 0`.
+#[test]
+fn the_end_of_a_freshly_opened_file_is_its_size_at_open_for_the_attribute_timeout() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let ex = srv.export.path();
+    let script = format!(
+        r#"
+import os, time
+exp = {ex:?}
+fd = os.open('/remote/g', os.O_RDONLY)
+print(len(os.read(fd, 100)), len(os.read(fd, 100)))
+with open(exp + '/g', 'a') as f: f.write('yyy')
+print(len(os.read(fd, 100)))
+time.sleep(1.3)
+print(len(os.read(fd, 100)))
+os.close(fd)
+"#,
+        ex = ex.to_str().unwrap()
+    );
+    for (timeout, want) in [("1", "5 0\n0\n3\n"), ("0", "5 0\n3\n0\n")] {
+        std::fs::write(ex.join("g"), "12345").unwrap();
+        let o = std::process::Command::new("timeout")
+            .args(["60", FERRY, "run", "--attr-timeout", timeout, "--mount"])
+            .arg(format!("/remote={}", srv.url("/")))
+            .args(["--", "python3", "-c", &script])
+            .current_dir(local.path())
+            .env("FERRY_TOKEN_FILE", &srv.token_file)
+            .env_remove("FERRY_TOKEN")
+            .env_remove("FERRY_MOUNTS")
+            .output()
+            .unwrap();
+        assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
+    }
+}

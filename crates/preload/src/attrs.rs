@@ -44,7 +44,7 @@ pub fn configure(env: Option<&str>) {
     TIMEOUT_US.store((secs * 1e6) as u64, Relaxed);
 }
 
-fn timeout() -> Option<Duration> {
+pub fn timeout() -> Option<Duration> {
     match TIMEOUT_US.load(Relaxed) {
         0 => None,
         us => Some(Duration::from_micros(us)),

@@ -65,6 +65,12 @@ pub struct Open {
 struct Io {
     epoch: u64,
     file: Option<File>,
+    /// The file's size when this handle opened it, when, and the change
+    /// counter then: within the attribute timeout, and with no write by
+    /// this process since, a read at or past it is end-of-file without a
+    /// request (as `stat` answers from the attribute cache; a program
+    /// reading to the end asks twice).
+    opened: Option<(u64, std::time::Instant, u32)>,
     /// The file's change counter when this handle last read.
     rgen: u32,
     wbuf: Vec<u8>,
@@ -82,8 +88,12 @@ fn bucket_of(mount: usize, path: &[u8]) -> usize {
 impl Open {
     /// A file this process has just opened on the server.
     pub fn new(mount: usize, path: Vec<u8>, local: Vec<u8>, flags: i32, dir: bool, file: Option<File>) -> Open {
-        let io = Io { epoch: state::EPOCH.load(Relaxed), file, ..Io::default() };
         let bucket = bucket_of(mount, &path);
+        let opened = file
+            .as_ref()
+            .filter(|f| f.attr().mode & libc::S_IFMT == libc::S_IFREG)
+            .map(|f| (f.attr().size, std::time::Instant::now(), GENERATION[bucket].load(Relaxed)));
+        let io = Io { epoch: state::EPOCH.load(Relaxed), file, opened, ..Io::default() };
         Open {
             mount,
             path,
@@ -257,6 +267,17 @@ impl Open {
         let io = &mut *guard;
         self.send_gathered(io)?;
         let gen = self.generation();
+        let known_end = match (io.opened, crate::attrs::timeout()) {
+            (Some((size, at, g)), Some(ttl))
+                if g == gen && at.elapsed() < ttl && io.epoch == state::EPOCH.load(Relaxed) =>
+            {
+                Some(size)
+            }
+            _ => None,
+        };
+        if known_end.is_some_and(|end| pos >= end) {
+            return Ok(0);
+        }
         let stale = io.rgen != gen;
         io.rgen = gen;
         let f = self.file(io)?;
@@ -272,6 +293,9 @@ impl Open {
                 break;
             }
             done += n;
+            if known_end.is_some_and(|end| pos + done as u64 >= end) {
+                break;
+            }
         }
         Ok(done)
     }
