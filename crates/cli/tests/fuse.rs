@@ -553,6 +553,21 @@ fn write_behind_is_seen_by_later_calls() {
     assert_eq!(&exp[..6], b"SECOND");
     assert!(exp[6..1 << 20] == block[6..]);
     assert!(exp[24 << 20..].iter().all(|b| *b == 0));
+
+    // A small file comes whole with a read-only open: a write through
+    // another descriptor after that open must still be seen.
+    fs::write(m.p("small"), "hello").unwrap();
+    let mut r = fs::File::open(m.p("small")).unwrap();
+    let w = fs::OpenOptions::new().write(true).open(m.p("small")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&w, b"HE", 0).unwrap();
+    let mut got = String::new();
+    r.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "HEllo");
+    w.set_len(2).unwrap();
+    let mut again = fs::File::open(m.p("small")).unwrap();
+    got.clear();
+    again.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "HE");
 }
 
 /// `ferry umount` must not need the server: with it gone, a `stat` through

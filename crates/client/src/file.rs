@@ -257,6 +257,23 @@ impl File {
         })
     }
 
+    /// A positional read answered from what the open brought, when that
+    /// is the whole file: reads inside it, and one at its end (end of
+    /// file), after which they go to the server again (a reader that
+    /// reached the end and keeps reading, as `tail -f`, sees changes).
+    pub fn read_from_open(&self, offset: u64, buf: &mut [u8]) -> Option<usize> {
+        let all = self.whole()?;
+        let len = all.len() as u64;
+        if offset >= len {
+            self.gen.fetch_add(1, Ordering::Relaxed);
+            return (offset == len).then_some(0);
+        }
+        let at = offset as usize;
+        let n = (all.len() - at).min(buf.len());
+        buf[..n].copy_from_slice(&all[at..at + n]);
+        Some(n)
+    }
+
     /// The whole file, if the open brought all of it (a small file opened
     /// read-only from a server with `OPEN_READ`) and nothing changed since.
     pub(crate) fn whole(&self) -> Option<&[u8]> {

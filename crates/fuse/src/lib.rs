@@ -717,6 +717,23 @@ impl FerryFs {
         }
     }
 
+    /// After a change of the node's data through the mount: what other
+    /// handles of it read ahead, or got with their open, is stale.
+    fn changed(&self, ino: u64) {
+        let files: Vec<Arc<OpenFile>> = lock(&self.handles)
+            .values()
+            .filter_map(|h| match h {
+                Handle::File(f) if f.ino.load(Ordering::Relaxed) == ino => Some(Arc::clone(f)),
+                _ => None,
+            })
+            .collect();
+        for f in files {
+            if let Some(file) = f.file.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                file.discard_read_ahead();
+            }
+        }
+    }
+
     /// `getattr` of a node renamed over while the kernel held it (see
     /// `open`): the attributes of what its name holds now, if of the same
     /// type (the kernel refuses a node whose type changes); else `stale`.
@@ -932,6 +949,9 @@ impl Filesystem for FerryFs {
         reply: ReplyAttr,
     ) {
         let a = tri!(reply, self.do_setattr(ino, mode, uid, gid, size, atime, mtime, fh));
+        if size.is_some() {
+            self.changed(ino.0);
+        }
         if mode.is_some() || uid.is_some() || gid.is_some() {
             // Open handles of the node learn its set-id bits (see `kill_setid`).
             for h in lock(&self.handles).values() {
@@ -1067,6 +1087,10 @@ impl Filesystem for FerryFs {
             if buf.len() < size as usize {
                 buf.resize(size as usize, 0);
             }
+            // A small file came whole with its open (`OpenRead`).
+            if let Some(n) = file.read_from_open(offset, &mut buf[..size as usize]) {
+                return reply.data(&buf[..n]);
+            }
             match file.read_at(&mut buf[..size as usize], offset) {
                 Ok(n) => reply.data(&buf[..n]),
                 Err(e) => reply.error(errno(e)),
@@ -1077,7 +1101,7 @@ impl Filesystem for FerryFs {
     fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -1094,6 +1118,7 @@ impl Filesystem for FerryFs {
             tri!(reply, self.kill_setid(req, fh));
         }
         let n = tri!(reply, self.do_write(fh, offset, data));
+        self.changed(ino.0);
         reply.written(n);
     }
 
