@@ -89,9 +89,13 @@ impl Open {
     /// A file this process has just opened on the server.
     pub fn new(mount: usize, path: Vec<u8>, local: Vec<u8>, flags: i32, dir: bool, file: Option<File>) -> Open {
         let bucket = bucket_of(mount, &path);
+        // Only read-only opens: a program that opens for writing may be one
+        // of several processes sharing the file under locks on another file
+        // (sqlite's WAL is read under locks on its -shm), whose appends it
+        // must see at once.
         let opened = file
             .as_ref()
-            .filter(|f| f.attr().mode & libc::S_IFMT == libc::S_IFREG)
+            .filter(|f| f.attr().mode & libc::S_IFMT == libc::S_IFREG && flags & libc::O_ACCMODE == libc::O_RDONLY)
             .map(|f| (f.attr().size, std::time::Instant::now(), GENERATION[bucket].load(Relaxed)));
         let io = Io { epoch: state::EPOCH.load(Relaxed), file, opened, ..Io::default() };
         Open {
