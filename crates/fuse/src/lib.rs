@@ -35,6 +35,7 @@ pub use fuser::BackgroundSession;
 pub use null::{spawn_null, NullFs, NULL_FILE};
 
 mod null;
+mod recent;
 
 /// Largest read or write the kernel sends in one request.
 const MAX_IO: u32 = 1024 * 1024;
@@ -524,6 +525,7 @@ pub struct FerryFs {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     locks: locks::MountLocks,
+    recent: recent::Recent,
 }
 
 thread_local! {
@@ -544,11 +546,20 @@ impl FerryFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             locks: locks::MountLocks::default(),
+            recent: recent::Recent::default(),
         }
     }
 
     fn path(&self, ino: INodeNo) -> R<OsString> {
         lock(&self.nodes).path(ino.0)
+    }
+
+    /// What a listing or lookup of the node's path returned a moment ago.
+    fn recent_of(&self, o: &Obj) -> Option<Attr> {
+        match o {
+            Obj::Path(p) => self.recent.take(p),
+            Obj::Handle(_) => None,
+        }
     }
 
     /// The node's path, or for a removed node still open, one of its handles.
@@ -896,8 +907,18 @@ impl Filesystem for FerryFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let path = tri!(reply, self.child(parent, name));
+        let gen = self.recent.generation();
+        if let Some(a) = self.recent.take(&path) {
+            // From the listing just read; kept once more for the GETATTR
+            // that follows.
+            self.recent.put(gen, [(path.clone(), &a)]);
+            return self.entry(&path, &a, reply);
+        }
         match self.client.symlink_metadata(&path) {
-            Ok(a) => self.entry(&path, &a, reply),
+            Ok(a) => {
+                self.recent.put(gen, [(path.clone(), &a)]);
+                self.entry(&path, &a, reply)
+            }
             // A negative entry with a TTL spares the server repeated misses
             // (a node id of 0 is FUSE's "no such entry, cache that").
             Err(e) if e.errno() == libc::ENOENT && !self.opts.entry_timeout.is_zero() => {
@@ -917,11 +938,15 @@ impl Filesystem for FerryFs {
         let r = match fh.map(|fh| self.server_handle(fh)) {
             Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
             _ => match self.obj(ino) {
-                Ok(o) => match self.client.stat(o.target()).map_err(errno) {
-                    // A handle borrowed from another open of a nameless node
-                    // went with that open's release meanwhile.
-                    Err(e) if e == Errno::EBADF && matches!(o, Obj::Handle(_)) => self.former_attr(ino, Errno::ESTALE),
-                    r => r,
+                Ok(o) => match (&o, self.recent_of(&o)) {
+                    (_, Some(a)) => Ok(a),
+                    (Obj::Handle(_), None) => match self.client.stat(o.target()).map_err(errno) {
+                        // A handle borrowed from another open of a nameless
+                        // node went with that open's release meanwhile.
+                        Err(e) if e == Errno::EBADF => self.former_attr(ino, Errno::ESTALE),
+                        r => r,
+                    },
+                    (Obj::Path(_), None) => self.client.stat(o.target()).map_err(errno),
                 },
                 Err(stale) => self.former_attr(ino, stale),
             },
@@ -948,6 +973,7 @@ impl Filesystem for FerryFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _changes = self.recent.changing();
         let a = tri!(reply, self.do_setattr(ino, mode, uid, gid, size, atime, mtime, fh));
         if size.is_some() {
             self.changed(ino.0);
@@ -982,6 +1008,7 @@ impl Filesystem for FerryFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         let a = tri!(reply, self.client.mknod(&path, mode, u64::from(rdev)).map_err(errno));
         let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)));
@@ -989,6 +1016,7 @@ impl Filesystem for FerryFs {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         let a = tri!(reply, self.client.create_dir(&path, mode & 0o7777).map_err(errno));
         let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, true)));
@@ -996,6 +1024,7 @@ impl Filesystem for FerryFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         tri!(reply, self.client.remove_file(&path).map_err(errno));
         lock(&self.nodes).detach(&path);
@@ -1003,6 +1032,7 @@ impl Filesystem for FerryFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         tri!(reply, self.client.remove_dir(&path).map_err(errno));
         lock(&self.nodes).detach(&path);
@@ -1010,6 +1040,7 @@ impl Filesystem for FerryFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, link_name));
         let a = tri!(reply, self.client.symlink(target, &path).map_err(errno));
         let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)));
@@ -1026,6 +1057,7 @@ impl Filesystem for FerryFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _changes = self.recent.changing();
         let from = tri!(reply, self.child(parent, name));
         let to = tri!(reply, self.child(newparent, newname));
         // Holding the table across the call keeps a lookup of either name
@@ -1042,6 +1074,7 @@ impl Filesystem for FerryFs {
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _changes = self.recent.changing();
         let from = tri!(reply, self.path(ino));
         let to = tri!(reply, self.child(newparent, newname));
         let a = tri!(reply, self.client.hard_link(&from, &to).map_err(errno));
@@ -1049,6 +1082,9 @@ impl Filesystem for FerryFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // An open for writing may truncate, and its writes change the size.
+        let writes = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC) != libc::O_RDONLY;
+        let _changes = writes.then(|| self.recent.changing());
         let o = Self::open_options(flags.0);
         let (_, fh, _) = match self.path(ino) {
             Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0)),
@@ -1110,6 +1146,7 @@ impl Filesystem for FerryFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _changes = self.recent.changing();
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             // The writer lacks CAP_FSETID (direct I/O asks us; the page
             // cache path clears the bits with a setattr of its own). The
@@ -1123,6 +1160,7 @@ impl Filesystem for FerryFs {
     }
 
     fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        let _changes = self.recent.changing();
         // close(2) returns once every write of this handle is acknowledged,
         // and reports the first one that failed.
         let f = tri!(reply, self.file(fh));
@@ -1144,6 +1182,7 @@ impl Filesystem for FerryFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _changes = self.recent.changing();
         // The last close of the file; the owner is there if it held a flock.
         self.locks.released(self.file(fh).ok().as_deref(), fh.0, ino.0, lock_owner.map(|o| o.0));
         let h = lock(&self.handles).remove(&fh.0);
@@ -1156,6 +1195,7 @@ impl Filesystem for FerryFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let _changes = self.recent.changing();
         let f = tri!(reply, self.file(fh));
         let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
         let file = tri!(reply, g.as_mut().ok_or(Errno::EBADF));
@@ -1201,7 +1241,14 @@ impl Filesystem for FerryFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let path = tri!(reply, self.path(ino));
+        let gen = self.recent.generation();
         let entries = tri!(reply, self.client.read_dir(&path).map_err(errno));
+        self.recent.put(
+            gen,
+            entries
+                .iter()
+                .filter_map(|e| Some((join(&path, OsStr::from_bytes(&e.name)).into_os_string(), e.attr.as_ref()?))),
+        );
         let items = entries
             .into_iter()
             .map(|e| DirItem {
@@ -1317,6 +1364,7 @@ impl Filesystem for FerryFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _changes = self.recent.changing();
         let path = tri!(reply, self.path(ino));
         tri!(
             reply,
@@ -1343,6 +1391,7 @@ impl Filesystem for FerryFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _changes = self.recent.changing();
         let path = tri!(reply, self.path(ino));
         tri!(reply, self.client.remove_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         reply.ok();
@@ -1364,6 +1413,7 @@ impl Filesystem for FerryFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _changes = self.recent.changing();
         let (ino, fh, attr) = tri!(reply, self.do_create(parent, name, mode, flags));
         let attr = match self.child(parent, name).and_then(|p| {
             self.own(req, &p, attr).inspect_err(|_| {
