@@ -8,12 +8,11 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use common::fuse::{is_live, require_fuse, wait_for, Detach};
+use common::fuse::{mount_url, require_fuse, Detach};
 use common::preload::bash;
-use common::{random_bytes, stderr, Server, FERRY};
+use common::{random_bytes, stderr, Server};
 use ferry_client::OpenOptions;
 use rustix::mount::UnmountFlags;
 
@@ -76,34 +75,14 @@ fn the_library_reports_enospc_and_the_session_goes_on() {
     c.ping().unwrap();
 }
 
-struct Mounted(Child);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn the_mount_reports_enospc_and_goes_on() {
     require_fuse();
     let (server, disk, keep) = full_disk_server();
     let mp = server.state.path().join("mnt");
     fs::create_dir(&mp).unwrap();
-    let child = Command::new(FERRY)
-        .arg("mount")
-        .arg(server.url("/"))
-        .arg(&mp)
-        .env("FERRY_TOKEN_FILE", &server.token_file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _m = Mounted(child);
+    let _m = mount_url(&server.url("/"), &mp, &server.token_file, &[]);
     let _d = Detach(mp.clone());
-    assert!(wait_for(Duration::from_secs(20), || is_live(&mp)), "mount did not come up");
     let o = Command::new("dd")
         .arg("if=/dev/zero")
         .arg(format!("of={}", mp.join("disk/big").display()))

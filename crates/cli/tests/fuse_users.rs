@@ -8,9 +8,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
-use common::fuse::{is_live, require_fuse, wait_for, Detach};
+use common::fuse::{mount_url, require_fuse, Detach, Mounted};
 use common::{Server, FERRY};
 
 fn as_nobody(script: &str) -> (bool, String) {
@@ -22,31 +21,8 @@ fn as_nobody(script: &str) -> (bool, String) {
     (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
-struct Mounted {
-    child: Child,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn mount(server: &Server, mp: &Path, extra: &[&str]) -> Mounted {
-    let child = Command::new(FERRY)
-        .arg("mount")
-        .arg(server.url("/"))
-        .arg(mp)
-        .args(extra)
-        .env("FERRY_TOKEN_FILE", &server.token_file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(20), || is_live(mp)), "mount did not come up");
-    Mounted { child }
+    mount_url(&server.url("/"), mp, &server.token_file, extra)
 }
 
 /// A server whose export, state directory and a mount point `mnt` in it
@@ -137,17 +113,7 @@ fn creating_through_a_server_that_is_not_root_succeeds_and_leaves_nothing_half_d
     let server = serve_as_nobody(&export, &state);
     let mp = base.path().join("mnt");
     fs::create_dir(&mp).unwrap();
-    let child = Command::new(FERRY)
-        .args(["mount", &server.url])
-        .arg(&mp)
-        .env("FERRY_TOKEN_FILE", &server.token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _m = Mounted { child };
-    assert!(wait_for(Duration::from_secs(20), || is_live(&mp)), "mount did not come up");
+    let _m = mount_url(&server.url, &mp, &server.token, &[]);
     let _d = Detach(mp.clone());
     // root creates through the mount: every kind of node works, and belongs
     // to the server's user (who cannot give it away).

@@ -697,6 +697,11 @@ fn ld_preload_by_hand_with_ferry_mounts() {
     );
 }
 
+/// `python3 -c SCRIPT` under `ferry run --attr-timeout SECS`.
+fn python_with_attr_timeout(srv: &Server, cwd: &Path, secs: &str, script: &str) -> Output {
+    common::preload::run_cmd_with(srv, cwd, 60, &["--attr-timeout", secs], &["python3", "-c", script])
+}
+
 /// What a listing or a `stat` fetched answers later `stat`s for
 /// `--attr-timeout` (1 s by default): this process's own changes show at
 /// once, another client's after the timeout; 0 asks the server every time.
@@ -728,16 +733,7 @@ print(os.path.exists('/remote/d/a'), os.stat('/remote/d/b').st_size)
         std::fs::create_dir_all(ex.join("d")).unwrap();
         let _ = std::fs::remove_file(ex.join("d/b"));
         std::fs::write(ex.join("d/a"), "x").unwrap();
-        let o = std::process::Command::new("timeout")
-            .args(["60", FERRY, "run", "--attr-timeout", timeout, "--mount"])
-            .arg(format!("/remote={}", srv.url("/")))
-            .args(["--", "python3", "-c", &script])
-            .current_dir(local.path())
-            .env("FERRY_TOKEN_FILE", &srv.token_file)
-            .env_remove("FERRY_TOKEN")
-            .env_remove("FERRY_MOUNTS")
-            .output()
-            .unwrap();
+        let o = python_with_attr_timeout(&srv, local.path(), timeout, &script);
         assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
     }
 }
@@ -767,16 +763,7 @@ os.close(fd)
     );
     for (timeout, want) in [("1", "5 0\n0\n3\n"), ("0", "5 0\n3\n0\n")] {
         std::fs::write(ex.join("g"), "12345").unwrap();
-        let o = std::process::Command::new("timeout")
-            .args(["60", FERRY, "run", "--attr-timeout", timeout, "--mount"])
-            .arg(format!("/remote={}", srv.url("/")))
-            .args(["--", "python3", "-c", &script])
-            .current_dir(local.path())
-            .env("FERRY_TOKEN_FILE", &srv.token_file)
-            .env_remove("FERRY_TOKEN")
-            .env_remove("FERRY_MOUNTS")
-            .output()
-            .unwrap();
+        let o = python_with_attr_timeout(&srv, local.path(), timeout, &script);
         assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
     }
 }

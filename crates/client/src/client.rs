@@ -96,20 +96,7 @@ fn names_handle(req: &Request<'_>) -> bool {
 /// and `Write` at the handle's offset, must not run twice: after a lost
 /// connection they fail unless they were certainly never sent.
 fn repeatable(req: &Request<'_>) -> bool {
-    match req {
-        Request::Mkdir { .. }
-        | Request::Rmdir { .. }
-        | Request::Unlink { .. }
-        | Request::Rename { .. }
-        | Request::Link { .. }
-        | Request::Symlink { .. }
-        | Request::Mknod { .. }
-        | Request::Write { .. }
-        | Request::Read { .. }
-        | Request::Seek { .. } => false,
-        Request::Open { flags, .. } | Request::OpenId { flags, .. } => flags & libc::O_EXCL as u32 == 0,
-        _ => true,
-    }
+    !req.once_only() && !matches!(req, Request::Write { .. } | Request::Read { .. } | Request::Seek { .. })
 }
 
 /// The empty reply of a request that needs nothing more done (a `Close` of

@@ -518,6 +518,17 @@ enum Handle {
     Dir(Arc<Vec<DirItem>>),
 }
 
+/// What a `setattr` changes.
+#[derive(Clone, Copy)]
+struct SetAttrs {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+}
+
 pub struct FerryFs {
     client: Client,
     opts: FsOptions,
@@ -661,18 +672,7 @@ impl FerryFs {
     }
 
     // The arguments are FUSE's setattr fields, one for one.
-    #[allow(clippy::too_many_arguments)]
-    fn do_setattr(
-        &self,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        fh: Option<FileHandle>,
-    ) -> R<Attr> {
+    fn do_setattr(&self, ino: INodeNo, set: &SetAttrs, fh: Option<FileHandle>) -> R<Attr> {
         let handle = match fh {
             Some(fh) => Some(self.server_handle(fh)?),
             None => None,
@@ -685,8 +685,7 @@ impl FerryFs {
             (Err(_), Some(h)) => (Obj::Handle(h), false),
             (Err(e), None) => return Err(e),
         };
-        let r = self.set_attrs(&obj, handle, mode, uid, gid, size, atime, mtime);
-        match r {
+        match self.set_attrs(&obj, handle, set) {
             // A handle borrowed from another open of a nameless node went
             // with that open's release meanwhile: the kernel looks again.
             Err(e) if borrowed && e == Errno::EBADF => Err(Errno::ESTALE),
@@ -694,18 +693,8 @@ impl FerryFs {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn set_attrs(
-        &self,
-        obj: &Obj,
-        handle: Option<u64>,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-    ) -> R<Attr> {
+    fn set_attrs(&self, obj: &Obj, handle: Option<u64>, set: &SetAttrs) -> R<Attr> {
+        let SetAttrs { mode, uid, gid, size, atime, mtime } = *set;
         let by_path = || obj.target();
         let mut attr = None;
         if let Some(m) = mode {
@@ -974,7 +963,7 @@ impl Filesystem for FerryFs {
         reply: ReplyAttr,
     ) {
         let _changes = self.recent.changing();
-        let a = tri!(reply, self.do_setattr(ino, mode, uid, gid, size, atime, mtime, fh));
+        let a = tri!(reply, self.do_setattr(ino, &SetAttrs { mode, uid, gid, size, atime, mtime }, fh));
         if size.is_some() {
             self.changed(ino.0);
         }

@@ -4,6 +4,7 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::mount::UnmountFlags;
@@ -54,4 +55,35 @@ impl Drop for Detach {
             let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
         }
     }
+}
+
+/// A foreground `ferry mount` daemon, killed (by PID) on drop.
+pub struct Mounted {
+    child: Child,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `ferry mount URL MP EXTRA...` with `token_file`, once it answers.
+pub fn mount_url(url: &str, mp: &Path, token_file: &Path, extra: &[&str]) -> Mounted {
+    let child = Command::new(super::FERRY)
+        .arg("mount")
+        .arg(url)
+        .arg(mp)
+        .args(extra)
+        .env("FERRY_TOKEN_FILE", token_file)
+        .env_remove("FERRY_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ferry mount");
+    let m = Mounted { child };
+    assert!(wait_for(Duration::from_secs(20), || is_live(mp)), "mount did not come up");
+    m
 }

@@ -16,10 +16,17 @@ pub fn library() -> PathBuf {
 
 /// `ferry run --mount /remote=URL -- ARGS...`, bounded by `secs`.
 pub fn run_cmd(srv: &Server, cwd: &Path, secs: u32, args: &[&str]) -> Output {
+    run_cmd_with(srv, cwd, secs, &[], args)
+}
+
+/// `run_cmd` with further `ferry run` options.
+pub fn run_cmd_with(srv: &Server, cwd: &Path, secs: u32, opts: &[&str], args: &[&str]) -> Output {
     library();
     Command::new("timeout")
         .arg(secs.to_string())
-        .args([FERRY, "run", "--mount"])
+        .args([FERRY, "run"])
+        .args(opts)
+        .arg("--mount")
         .arg(format!("/remote={}", srv.url("/")))
         .arg("--")
         .args(args)
