@@ -67,6 +67,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "file-ids" => ferry_proto::caps::FILE_IDS,
             "replay" => ferry_proto::caps::REPLAY,
             "open-read" => ferry_proto::caps::OPEN_READ,
+            "list-dir" => ferry_proto::caps::LIST_DIR,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

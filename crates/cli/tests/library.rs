@@ -70,7 +70,7 @@ both_backends!(
         non_utf8_names,
         trees_deeper_than_path_max,
     ],
-    args: [degraded_capabilities, special_nodes, open_read_brings_the_first_bytes],
+    args: [degraded_capabilities, special_nodes, open_read_brings_the_first_bytes, listings_with_and_without_list_dir],
 );
 
 /// FIFOs and sockets can be made anywhere; device nodes only on a server
@@ -961,6 +961,52 @@ fn write_behind_error_surfaces(server: &Server) {
 }
 
 // ---------------------------------------------------------------- negotiation
+
+/// `ListDir` lists a directory by path in one round trip; one longer than a
+/// batch is read through a handle; the same results without the capability.
+fn listings_with_and_without_list_dir(backend: &[&str]) {
+    let mut seen: Vec<Vec<Vec<u8>>> = Vec::new();
+    for off in [false, true] {
+        let mut args = backend.to_vec();
+        if off {
+            args.extend(["--disable-caps", "list-dir"]);
+        }
+        let server = Server::start(&args);
+        let c = server.client();
+        assert_eq!(c.engine().has_cap(caps::LIST_DIR), !off);
+        c.create_dir("/small", 0o755).unwrap();
+        c.write("/small/a", b"1").unwrap();
+        c.create_dir("/small/d", 0o700).unwrap();
+        c.create_dir("/big", 0o755).unwrap();
+        for i in 0..1500 {
+            c.write(format!("/big/f{i:05}"), b"").unwrap();
+        }
+        let names = |p: &str| -> Vec<Vec<u8>> {
+            let mut v: Vec<Vec<u8>> = c
+                .read_dir(p)
+                .unwrap()
+                .into_iter()
+                .map(|e| {
+                    assert!(e.attr.is_some(), "attributes with every entry");
+                    e.name
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let small = names("/small");
+        assert_eq!(small, [b"a".to_vec(), b"d".to_vec()]);
+        let big = names("/big");
+        assert_eq!(big.len(), 1500);
+        assert_eq!(big[1499], b"f01499");
+        seen.push(big);
+        assert_eq!(errno(c.read_dir("/small/a")), libc::ENOTDIR);
+        assert_eq!(errno(c.read_dir("/missing")), libc::ENOENT);
+        assert!(c.read_dir("/small/d").unwrap().is_empty());
+        c.ping().unwrap();
+    }
+    assert_eq!(seen[0], seen[1]);
+}
 
 /// `OpenRead`: a read-only open brings the file's first 64 KiB; a small
 /// file is read in that one round trip, a larger one goes on from there;

@@ -258,8 +258,36 @@ impl Client {
     /// (readdirplus, or one `stat` each if the server lacks it).
     pub fn read_dir(&self, path: impl AsRef<Path>) -> Result<Vec<DirEntry>> {
         let path = path.as_ref();
-        let dir = self.open(path, OpenOptions::new().read(true).directory(true))?;
         let plus = self.engine().has_cap(caps::READDIRPLUS);
+        // A directory that fits in one batch is listed in one round trip.
+        let listed = if self.engine().has_cap(caps::LIST_DIR) { self.list_dir(path, plus)? } else { None };
+        let mut out = match listed {
+            Some(entries) => entries,
+            None => self.read_dir_by_handle(path, plus)?,
+        };
+        if !plus {
+            for e in &mut out {
+                let p = join(path, e.file_name());
+                e.attr = self.symlink_metadata(&p).ok();
+            }
+        }
+        Ok(out)
+    }
+
+    /// One `ListDir`: the listing if it fitted in one batch.
+    fn list_dir(&self, path: &Path, plus: bool) -> Result<Option<Vec<DirEntry>>> {
+        let f = self.call(&Request::ListDir { path: bytes(path), max_entries: DIR_BATCH, plus })?;
+        match f.reply()? {
+            Reply::Dir { eof: true, entries } => {
+                Ok(Some(entries.into_iter().filter(|e| e.name != b"." && e.name != b"..").collect()))
+            }
+            Reply::Dir { .. } => Ok(None),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    fn read_dir_by_handle(&self, path: &Path, plus: bool) -> Result<Vec<DirEntry>> {
+        let dir = self.open(path, OpenOptions::new().read(true).directory(true))?;
         let mut out = Vec::new();
         let mut cookie = 0;
         loop {
@@ -278,12 +306,6 @@ impl Client {
             }
         }
         dir.close()?;
-        if !plus {
-            for e in &mut out {
-                let p = join(path, e.file_name());
-                e.attr = self.symlink_metadata(&p).ok();
-            }
-        }
         Ok(out)
     }
 

@@ -83,8 +83,11 @@ pub mod caps {
     pub const REPLAY: u64 = 1 << 6;
     /// `OpenRead`: open and read a small file in one round trip.
     pub const OPEN_READ: u64 = 1 << 7;
+    /// `ListDir`: a directory listed by path in one round trip.
+    pub const LIST_DIR: u64 = 1 << 8;
     /// Everything this implementation offers.
-    pub const ALL: u64 = READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY | OPEN_READ;
+    pub const ALL: u64 =
+        READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY | OPEN_READ | LIST_DIR;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

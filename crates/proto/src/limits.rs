@@ -79,6 +79,7 @@ impl Request<'_> {
             Request::Open { path: p, .. }
             | Request::OpenId { path: p, .. }
             | Request::OpenRead { path: p, .. }
+            | Request::ListDir { path: p, .. }
             | Request::Reopen { path: p, .. }
             | Request::Mkdir { path: p, .. }
             | Request::Rmdir { path: p }

@@ -47,6 +47,7 @@ pub mod op {
     pub const OPEN_ID: u16 = 42;
     pub const REOPEN: u16 = 43;
     pub const OPEN_READ: u16 = 44;
+    pub const LIST_DIR: u16 = 45;
 }
 
 /// Record-lock constants of `Lock` and `GetLock` (capability `LOCKS`).
@@ -237,6 +238,15 @@ pub enum Request<'a> {
         max_entries: u32,
         plus: bool,
     },
+    /// A directory's entries by path, from the start, without a handle
+    /// (capability `LIST_DIR`): a directory that fits in `max_entries` is
+    /// listed in one round trip (`eof` set); a longer one is read with
+    /// `Open` and `ReadDir`.
+    ListDir {
+        path: &'a [u8],
+        max_entries: u32,
+        plus: bool,
+    },
     /// Takes, changes or releases a record lock without waiting: a conflict
     /// is `EAGAIN`. `len` 0 means "to the end of the file, however long";
     /// `kind` and `typ` are [`lock`] constants; `pid` is what `GetLock`
@@ -334,6 +344,7 @@ impl<'a> Request<'a> {
             Request::ListXattr { .. } => op::LISTXATTR,
             Request::RemoveXattr { .. } => op::REMOVEXATTR,
             Request::ReadDir { .. } => op::READDIR,
+            Request::ListDir { .. } => op::LIST_DIR,
             Request::Lock { .. } => op::LOCK,
             Request::GetLock { .. } => op::GETLOCK,
             Request::SessionNew => op::SESSION_NEW,
@@ -493,6 +504,11 @@ impl<'a> Request<'a> {
                 w.u32(*max_entries);
                 w.bool(*plus);
             }
+            Request::ListDir { path, max_entries, plus } => {
+                w.u32(*max_entries);
+                w.bool(*plus);
+                w.name(path);
+            }
             Request::Lock { handle, owner, start, len, pid, kind, typ }
             | Request::GetLock { handle, owner, start, len, pid, kind, typ } => {
                 w.u64(*handle);
@@ -630,6 +646,11 @@ impl<'a> Request<'a> {
                 cookie: r.u64("readdir.cookie")?,
                 max_entries: r.u32("readdir.max_entries")?,
                 plus: r.bool("readdir.plus")?,
+            },
+            op::LIST_DIR => Request::ListDir {
+                max_entries: r.u32("list_dir.max_entries")?,
+                plus: r.bool("list_dir.plus")?,
+                path: r.name("list_dir.path")?,
             },
             op::SESSION_NEW => Request::SessionNew,
             op::SESSION_ATTACH => {
@@ -868,7 +889,7 @@ impl<'a> Reply<'a> {
             op::READLINK => Reply::Name(r.name("readlink.target")?),
             op::STATFS => Reply::StatFs(StatFs::get(&mut r)?),
             op::GETXATTR | op::LISTXATTR => Reply::Xattr { size: r.u32("xattr.size")?, value: r.bytes("xattr.value")? },
-            op::READDIR => {
+            op::READDIR | op::LIST_DIR => {
                 let eof = r.bool("dir.eof")?;
                 let n = r.u32("dir.count")?;
                 // Each entry is at least 20 bytes: bound the allocation by the body.

@@ -12,10 +12,11 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 38] = [
+const ALL_OPS: [u16; 39] = [
     op::OPEN_ID,
     op::REOPEN,
     op::OPEN_READ,
+    op::LIST_DIR,
     op::MKNOD,
     op::LOCK,
     op::GETLOCK,
@@ -56,7 +57,7 @@ const ALL_OPS: [u16; 38] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 38;
+const REQUEST_VARIANTS: usize = 39;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -100,6 +101,7 @@ fn request_index(r: &Request) -> usize {
         Request::OpenId { .. } => 35,
         Request::Reopen { .. } => 36,
         Request::OpenRead { .. } => 37,
+        Request::ListDir { .. } => 38,
     }
 }
 
@@ -201,6 +203,7 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         35 => Request::OpenId { path: &r.s1, flags: r.c, mode: r.d },
         36 => Request::Reopen { flags: r.c, dev: r.a, ino: r.b, id: &r.data, path: &r.s1 },
         37 => Request::OpenRead { path: &r.s1, flags: r.c, mode: r.d, max: r.a as u32 },
+        38 => Request::ListDir { path: &r.s1, max_entries: r.c, plus: r.flag },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -338,7 +341,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         8 => &[op::READLINK],
         9 => &[op::STATFS],
         10 => &[op::GETXATTR, op::LISTXATTR],
-        11 => &[op::READDIR],
+        11 => &[op::READDIR, op::LIST_DIR],
         12 => &[op::GETLOCK],
         13 => &[op::SESSION_NEW, op::SESSION_ATTACH],
         14 => &[op::OPEN_ID, op::REOPEN],

@@ -375,6 +375,19 @@ impl<B: Backend> Session<B> {
                 let (entries, eof) = b.readdir(&h.file, cookie, max, plus)?;
                 Ok(Answer::Dir { eof, entries })
             }
+            Request::ListDir { path, max_entries, plus } => {
+                if !self.cap(caps::LIST_DIR) {
+                    return Err(Errno::NOSYS);
+                }
+                // A handle of its own for the length of the call, never
+                // the session's (nothing to close, no budget taken).
+                let flags = (libc::O_RDONLY | libc::O_DIRECTORY) as u32;
+                let (dir, _) = b.open(path, flags, 0)?;
+                let plus = plus && self.cap(caps::READDIRPLUS);
+                let max = (max_entries as usize).clamp(1, READDIR_MAX);
+                let (entries, eof) = b.readdir(&dir, 0, max, plus)?;
+                Ok(Answer::Dir { eof, entries })
+            }
             Request::Lock { handle, owner, start, len, pid, kind, typ } => {
                 self.lock(handle, owner, (start, len), pid, kind, typ)
             }
