@@ -6,7 +6,7 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -205,6 +205,87 @@ fn a_restarted_server_is_reached_again_and_open_files_are_the_same_files() {
     assert_eq!(c.read("/before").unwrap(), b"written before the restart");
 }
 
+/// What a crash of the server machine does to a file: the writes its
+/// kernel had not yet put on disk are gone, only what was committed stays.
+fn lose_uncommitted(path: &Path, committed: &[u8]) {
+    // Same file (same inode), as after a crash: cut back, not replaced.
+    let mut f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(0).unwrap();
+    f.write_all(committed).unwrap();
+}
+
+#[test]
+fn writes_a_restarted_server_lost_are_sent_again_before_the_commit() {
+    let (export, _state, token, mut server) = fresh("wv");
+    let port = server.port;
+    let c = Client::connect(&format!("127.0.0.1:{port}"), &options(&token)).unwrap();
+    let committed = random_bytes(1 << 20, 1);
+    let unstable = random_bytes(3 << 20, 2);
+    let mut f = c.open("/f", OpenOptions::new().read(true).write(true).create(true)).unwrap();
+    f.write_all(&committed).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(f.unstable_bytes(), 0, "a commit drops the copies");
+    f.write_all(&unstable).unwrap();
+    f.flush_writes().unwrap();
+    assert_eq!(f.unstable_bytes(), unstable.len(), "acknowledged, not committed: kept");
+    server.kill();
+    lose_uncommitted(&export.path().join("f"), &committed);
+    let _server = Serve::start(export.path(), port, &token);
+    // A newer write over part of what the server lost must land after the
+    // old copies, not under them.
+    f.seek(SeekFrom::Start(2 << 20)).unwrap();
+    f.write_all(b"newer").unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(f.unstable_bytes(), 0);
+    let mut want = committed.clone();
+    want.extend_from_slice(&unstable);
+    want[2 << 20..(2 << 20) + 5].copy_from_slice(b"newer");
+    let got = fs::read(export.path().join("f")).unwrap();
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the file differs from what was written and fsynced");
+    f.close().unwrap();
+}
+
+#[test]
+fn a_file_closed_after_a_restart_has_what_the_server_lost() {
+    let (export, _state, token, mut server) = fresh("wc");
+    let port = server.port;
+    let c = Client::connect(&format!("127.0.0.1:{port}"), &options(&token)).unwrap();
+    let data = random_bytes(2 << 20, 5);
+    let mut f = c.open("/f", OpenOptions::new().write(true).create(true)).unwrap();
+    f.write_all(&data).unwrap();
+    f.flush_writes().unwrap();
+    server.kill();
+    lose_uncommitted(&export.path().join("f"), b"");
+    let _server = Serve::start(export.path(), port, &token);
+    f.close().unwrap();
+    assert!(fs::read(export.path().join("f")).unwrap() == data, "the close sent the lost writes again");
+}
+
+#[test]
+fn the_copies_kept_for_a_restart_stay_bounded() {
+    let (export, _state, token, _server) = fresh("wb");
+    let c = Client::connect(&format!("127.0.0.1:{}", _server.port), &options(&token)).unwrap();
+    let block = random_bytes(1 << 20, 9);
+    let mut f = c.open("/big", OpenOptions::new().write(true).create(true)).unwrap();
+    let mut most = 0;
+    for _ in 0..160 {
+        f.write_all(&block).unwrap();
+        most = most.max(f.unstable_bytes());
+    }
+    // 64 MiB per file: past it the writer waits for a commit.
+    assert!(most > 0 && most <= 64 << 20, "kept at most {most} bytes");
+    f.close().unwrap();
+    assert_eq!(fs::metadata(export.path().join("big")).unwrap().len(), 160 << 20);
+    // Without reconnecting there is nothing to send again, so nothing kept.
+    let opts = Options { reconnect: None, ..options(&token) };
+    let c = Client::connect(&format!("127.0.0.1:{}", _server.port), &opts).unwrap();
+    let mut f = c.open("/small", OpenOptions::new().write(true).create(true)).unwrap();
+    f.write_all(&block).unwrap();
+    f.flush_writes().unwrap();
+    assert_eq!(f.unstable_bytes(), 0);
+}
+
 #[test]
 fn after_a_restart_of_a_memory_server_open_files_are_stale() {
     let state = TempDir::new("rm-state");
@@ -298,6 +379,67 @@ fn the_mount_goes_on_after_the_server_restarts() {
     assert_eq!(fs::read(export.path().join("b")).unwrap(), b"after");
     fs::create_dir(mp.join("dir")).unwrap();
     assert!(export.path().join("dir").is_dir());
+    let st = Command::new(FERRY).args(["umount"]).arg(&mp).status().unwrap();
+    assert!(st.success());
+    let _ = daemon.wait();
+}
+
+/// The mount and `ferry run` keep what a restarted server lost and send it
+/// again before the program's `fsync` returns (the library's verifier).
+#[test]
+fn the_mount_and_ferry_run_resend_what_a_restarted_server_lost() {
+    require_fuse();
+    let (export, state, token, mut server) = fresh("mv");
+    let port = server.port;
+    let mp: PathBuf = state.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let log = state.path().join("mount.log");
+    let mut daemon = mount(&format!("ferry://127.0.0.1:{port}/"), &mp, &token, &log);
+    let _detach = Detach(mp.clone());
+    let data = random_bytes(2 << 20, 11);
+    let mut held = fs::OpenOptions::new().write(true).create(true).truncate(true).open(mp.join("m")).unwrap();
+    held.write_all(&data).unwrap();
+    // A program under `ferry run` writes too, and waits.
+    let (ready, go) = (state.path().join("ready"), state.path().join("go"));
+    let script = format!(
+        r#"
+import os, time
+fd = os.open("/remote/r", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+data = bytes(range(256)) * 8192
+assert os.write(fd, data) == len(data)
+open({ready:?}, "w").close()
+while not os.path.exists({go:?}):
+    time.sleep(0.01)
+os.fsync(fd)
+os.close(fd)
+"#,
+        ready = ready.to_str().unwrap(),
+        go = go.to_str().unwrap()
+    );
+    let child = Command::new("timeout")
+        .args(["120", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
+        .args(["--", "python3", "-c", &script])
+        .env("FERRY_TOKEN_FILE", &token)
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(30), || ready.exists()), "the program did not start");
+    server.kill();
+    lose_uncommitted(&export.path().join("m"), b"");
+    lose_uncommitted(&export.path().join("r"), b"");
+    let _server = Serve::start(export.path(), port, &token);
+    fs::write(&go, b"").unwrap();
+    held.sync_all().unwrap_or_else(|e| panic!("{e}; log: {}", read(&log)));
+    assert!(fs::read(export.path().join("m")).unwrap() == data, "the mount lost writes; log: {}", read(&log));
+    drop(held);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "ferry run: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let want: Vec<u8> = (0..=255u8).cycle().take(256 * 8192).collect();
+    assert!(fs::read(export.path().join("r")).unwrap() == want, "ferry run lost writes");
     let st = Command::new(FERRY).args(["umount"]).arg(&mp).status().unwrap();
     assert!(st.success());
     let _ = daemon.wait();

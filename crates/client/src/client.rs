@@ -3,6 +3,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferry_proto::{caps, Attr, DirEntry, Reply, Request, StatFs, Target, Time};
@@ -23,6 +24,8 @@ struct Inner {
     /// The connection in use; replaced by a reconnect.
     engine: Mutex<Arc<Engine>>,
     redial: Option<Redial>,
+    /// Bytes of writes kept until the server commits them, over all files.
+    unstable: Arc<AtomicUsize>,
 }
 
 /// What it takes to rejoin a session from another connection: its id and
@@ -113,7 +116,8 @@ impl Client {
     pub fn connect(addr: &str, opts: &Options) -> Result<Client> {
         let engine = Engine::connect(addr, opts)?;
         let redial = opts.reconnect.map(|bound| Redial::new(addr, opts, bound, &engine));
-        Ok(Client { inner: Arc::new(Inner { engine: Mutex::new(Arc::new(engine)), redial }) })
+        let unstable = Arc::new(AtomicUsize::new(0));
+        Ok(Client { inner: Arc::new(Inner { engine: Mutex::new(Arc::new(engine)), redial, unstable }) })
     }
 
     /// The connection in use now (a reconnect replaces it).
@@ -188,6 +192,11 @@ impl Client {
             }
             e = self.engine();
         }
+    }
+
+    /// The client-wide count of bytes kept for commits (see `unstable`).
+    pub(crate) fn unstable_total(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.inner.unstable)
     }
 
     /// Whether a lost connection is replaced (`Options::reconnect`).

@@ -12,6 +12,7 @@ use crate::client::Client;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::lock::{typ_from_wire, LockHolder, LockKind, LockSpec, LockType};
+use crate::unstable::{Commit, Unstable};
 
 /// Like `std::fs::OpenOptions`, plus the flags ferry passes through.
 #[derive(Clone, Debug)]
@@ -144,7 +145,8 @@ struct InFlight {
     /// nowhere.
     engine: Arc<Engine>,
     /// Offset and a copy of the data, kept when the client reconnects, so
-    /// a write lost with its connection is sent again instead of failing.
+    /// a write lost with its connection is sent again instead of failing;
+    /// once acknowledged it is kept on until committed (see `unstable`).
     resend: Option<(u64, Vec<u8>)>,
 }
 
@@ -181,6 +183,11 @@ pub struct File {
     spare: Vec<Vec<u8>>,
     /// A write-behind failure, reported by the next call.
     error: Option<Error>,
+    /// Copies of acknowledged writes not yet committed by the server
+    /// instance that acknowledged them. Behind a lock for `live` and
+    /// `write_at`, which take `&self`; the lock is never held across a
+    /// call of `live`.
+    unstable: Mutex<Unstable>,
     /// Read-ahead in flight. Behind a lock only because `write_at` takes
     /// `&self` and must drop it; every other user has `&mut self`.
     prefetch: Mutex<VecDeque<Prefetch>>,
@@ -197,6 +204,10 @@ pub struct File {
     /// End of the last small read, to see a sequence.
     small_end: Option<u64>,
     closed: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl File {
@@ -229,6 +240,7 @@ impl File {
             r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
         };
         let rlen = first.len();
+        let unstable = Mutex::new(Unstable::new(client.unstable_total()));
         Ok(File {
             client,
             handle: AtomicU64::new(handle),
@@ -245,6 +257,7 @@ impl File {
             writes: VecDeque::new(),
             spare: Vec::new(),
             error: None,
+            unstable,
             prefetch: Mutex::new(VecDeque::new()),
             last_read: None,
             rbuf: first,
@@ -326,14 +339,124 @@ impl File {
             };
             // Read-ahead of the old connection is gone with it.
             self.drop_prefetch();
+            if self.client.epoch() != before {
+                // Another reconnect during the call: that handle may be gone too.
+                continue;
+            }
+            self.handle.store(handle, Ordering::Release);
+            match self.replay(handle) {
+                Err(_) if self.client.epoch() != before => continue,
+                r => r?,
+            }
             if self.client.epoch() == before {
-                self.handle.store(handle, Ordering::Release);
                 self.epoch.store(before, Ordering::Release);
                 return Ok(());
             }
-            // Another reconnect during the call: that handle may be gone too.
         }
         stale()
+    }
+
+    /// Sends the copies of uncommitted writes again, oldest first, if the
+    /// server instance that acknowledged them is gone (its replacement may
+    /// have lost them with its page cache).
+    fn replay(&self, handle: u64) -> Result<()> {
+        let mut u = lock(&self.unstable);
+        let boot = self.client.engine().welcome().boot_id;
+        if u.is_empty() || u.boot() == boot {
+            return Ok(());
+        }
+        if let Some(c) = u.commit.take() {
+            c.engine.forget(c.id);
+        }
+        for (offset, data) in u.copies() {
+            self.client.call(&Request::Pwrite { handle, offset, data })?;
+        }
+        u.rebased(boot);
+        Ok(())
+    }
+
+    /// Bytes written through this file that the server acknowledged but
+    /// has not committed (`fsync`), kept to be sent again if the server
+    /// instance changes before it does. Zero for a client that does not
+    /// reconnect.
+    pub fn unstable_bytes(&self) -> usize {
+        lock(&self.unstable).bytes()
+    }
+
+    /// Keeps the copy of a write acknowledged on `engine`, and sends a
+    /// commit behind the writes when the copies grow.
+    fn keep(&self, engine: &Arc<Engine>, offset: u64, data: Vec<u8>) {
+        let mut u = lock(&self.unstable);
+        u.keep(engine.welcome().boot_id, offset, data);
+        if u.wants_commit() {
+            let req = Request::Fsync { handle: self.handle(), datasync: true };
+            if let Ok(id) = engine.start(&req, 0) {
+                let covers = u.len();
+                u.commit = Some(Commit { id, engine: Arc::clone(engine), covers });
+            }
+        }
+    }
+
+    /// Waits, while the copies kept are over their bound, for the commit
+    /// sent behind the writes, and commits now if that is not enough.
+    fn settle(&mut self) -> Result<()> {
+        let u = self.unstable.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !u.must_wait() {
+            return Ok(());
+        }
+        let mut spare = Vec::new();
+        if let Some(c) = u.commit.take() {
+            if c.engine.finish(c.id, None).is_ok() {
+                spare = u.committed(c.engine.welcome().boot_id, c.covers);
+            }
+        }
+        let still = u.must_wait();
+        self.reuse(spare);
+        if still {
+            self.flush_writes()?;
+            self.commit(true)?;
+        }
+        Ok(())
+    }
+
+    fn reuse(&mut self, bufs: Vec<Vec<u8>>) {
+        for b in bufs {
+            if self.spare.len() > WRITE_BEHIND_MAX {
+                break;
+            }
+            self.spare.push(b);
+        }
+    }
+
+    /// `fsync` of everything the server acknowledged: drops the copies it
+    /// covers once the instance that has them answers. A connection lost
+    /// meanwhile is replaced and the commit sent again (after the copies,
+    /// if the server instance changed).
+    fn commit(&mut self, datasync: bool) -> Result<()> {
+        let spare = self.commit_now(datasync)?;
+        self.reuse(spare);
+        Ok(())
+    }
+
+    /// As `commit`, for callers with `&self`: returns the buffers freed.
+    fn commit_now(&self, datasync: bool) -> Result<Vec<Vec<u8>>> {
+        for _ in 0..3 {
+            self.live()?;
+            let e = self.client.engine();
+            let n = lock(&self.unstable).len();
+            match e.call(&Request::Fsync { handle: self.handle(), datasync }) {
+                Ok(_) => {
+                    let mut u = lock(&self.unstable);
+                    if let Some(c) = u.commit.take() {
+                        c.engine.forget(c.id);
+                    }
+                    return Ok(u.committed(e.welcome().boot_id, n));
+                }
+                Err(err) if self.client.replaced(&e, &err)? => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::remote(libc::EIO))
     }
 
     /// Attributes as of `open`.
@@ -419,7 +542,14 @@ impl File {
     /// Writes all of `buf` at `offset` and waits for the server.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.drop_prefetch();
-        self.again(|engine| self.write_at_once(engine, buf, offset))
+        self.again(|engine| self.write_at_once(engine, buf, offset))?;
+        if self.client.reconnects() {
+            self.keep(&self.client.engine(), offset, buf.to_vec());
+            if lock(&self.unstable).must_wait() {
+                self.commit_now(true)?;
+            }
+        }
+        Ok(())
     }
 
     fn write_at_once(&self, engine: &Arc<Engine>, buf: &[u8], offset: u64) -> Result<()> {
@@ -449,19 +579,22 @@ impl File {
 
     fn reap_one(&mut self) {
         let Some(w) = self.writes.pop_front() else { return };
+        // The connection that acknowledged the write, if one did.
         let r = match w.engine.finish(w.id, None) {
             Err(e) => match &w.resend {
-                Some((offset, data)) => self.resend(&w.engine, &e, *offset, data).map_err(|_| e),
+                Some((offset, data)) => {
+                    self.resend(&w.engine, &e, *offset, data).map(|()| self.client.engine()).map_err(|_| e)
+                }
                 None => Err(e),
             },
-            ok => ok.map(|_| ()),
+            Ok(_) => Ok(w.engine),
         };
-        if let Err(e) = r {
-            self.error.get_or_insert(e);
-        }
-        if let Some((_, buf)) = w.resend {
-            if self.spare.len() <= WRITE_BEHIND_MAX {
-                self.spare.push(buf);
+        match (r, w.resend) {
+            (Ok(by), Some((offset, buf))) => self.keep(&by, offset, buf),
+            (Ok(_), None) => {}
+            (Err(e), resend) => {
+                self.error.get_or_insert(e);
+                self.reuse(resend.into_iter().map(|(_, b)| b).collect());
             }
         }
     }
@@ -632,6 +765,9 @@ impl File {
 
     fn write_seq(&mut self, buf: &[u8]) -> Result<usize> {
         self.take_error()?;
+        // After a server restart the file is opened again (and what it may
+        // have lost sent again) before anything newer is written.
+        self.live()?;
         self.drop_prefetch();
         let mut engine = self.client.engine();
         for part in buf.chunks(self.chunk_for(buf.len())) {
@@ -668,6 +804,7 @@ impl File {
             while self.writes.len() > WRITE_BEHIND_MAX {
                 self.reap_one();
             }
+            self.settle()?;
         }
         if self.append {
             self.pos_unknown = true;
@@ -710,8 +847,7 @@ impl File {
     fn sync(&mut self, datasync: bool) -> Result<()> {
         self.live()?;
         self.flush_writes()?;
-        self.client.call(&Request::Fsync { handle: self.handle(), datasync })?;
-        Ok(())
+        self.commit(datasync)
     }
 
     /// Takes, changes or releases a record lock without waiting: a lock held
@@ -788,19 +924,13 @@ impl File {
         self.close_inner()
     }
 
-    fn close_inner(&mut self) -> Result<()> {
-        if self.closed {
-            return Ok(());
-        }
-        self.closed = true;
-        self.drop_prefetch();
-        let flushed = self.flush_writes();
+    fn close_handle(&self, flushed: bool) -> Result<()> {
         // A stale handle has nothing left to close on the server.
-        let closed = if !self.same_epoch() {
+        if !self.same_epoch() {
             Ok(())
         } else if self.flags & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32
             && !self.locked.load(Ordering::Relaxed)
-            && flushed.is_ok()
+            && flushed
         {
             // Nothing to report from closing a read-only handle that holds
             // no lock: no need to wait (the server runs the close before
@@ -812,7 +942,32 @@ impl File {
             Ok(())
         } else {
             self.client.call(&Request::Close { handle: self.handle() }).map(|_| ())
-        };
+        }
+    }
+
+    fn close_inner(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        self.drop_prefetch();
+        let mut flushed = self.flush_writes();
+        let kept = !lock(&self.unstable).is_empty();
+        if kept && !self.same_epoch() {
+            // The server restarted: what it may have lost goes to it again
+            // before the close, so the next open finds it.
+            flushed = flushed.and(self.live());
+        }
+        let mut closed = self.close_handle(flushed.is_ok());
+        if kept && !self.same_epoch() {
+            // The close itself found the server restarted.
+            flushed = flushed.and(self.live());
+            closed = self.close_handle(flushed.is_ok());
+        }
+        // A close is not a commit (as on a local file system, data not
+        // fsynced may be lost in a crash of the server machine): the copies
+        // go.
+        lock(&self.unstable).clear();
         flushed?;
         closed
     }

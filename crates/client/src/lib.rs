@@ -18,6 +18,7 @@ mod file;
 mod lock;
 mod redial;
 pub mod token;
+mod unstable;
 pub mod url;
 
 pub use client::{join, Client, SessionTicket};
