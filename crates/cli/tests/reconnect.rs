@@ -433,9 +433,12 @@ os.close(fd)
     lose_uncommitted(&export.path().join("r"), b"");
     let _server = Serve::start(export.path(), port, &token);
     fs::write(&go, b"").unwrap();
-    held.sync_all().unwrap_or_else(|e| panic!("{e}; log: {}", read(&log)));
-    assert!(fs::read(export.path().join("m")).unwrap() == data, "the mount lost writes; log: {}", read(&log));
+    let synced = held.sync_all();
+    // Closed before any assertion: a failing one drops the server first,
+    // and a close through the mount would then wait for it to come back.
     drop(held);
+    synced.unwrap_or_else(|e| panic!("{e}; log: {}", read(&log)));
+    assert!(fs::read(export.path().join("m")).unwrap() == data, "the mount lost writes; log: {}", read(&log));
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "ferry run: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     let want: Vec<u8> = (0..=255u8).cycle().take(256 * 8192).collect();
