@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,6 +41,16 @@ pub struct ServeArgs {
     /// last connection, so the client can reconnect and go on.
     #[arg(long, default_value_t = 60.0)]
     session_lease: f64,
+    /// Directory where sessions (ids, secrets, reply caches) outlive the
+    /// server process, so a request in flight when it was killed runs once
+    /// after a restart. Default for a directory export:
+    /// $XDG_STATE_HOME/ferry/serve/<hash of the export path> (else
+    /// ~/.local/state/...); none for --memory.
+    #[arg(long, conflicts_with = "no_state")]
+    state_dir: Option<PathBuf>,
+    /// Keep sessions in memory only: a restart forgets them.
+    #[arg(long)]
+    no_state: bool,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
     /// sessions, file-ids, replay), to test
     /// how clients degrade.
@@ -88,7 +99,9 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         Export::Memory(MemoryBackend::new())
     } else {
         let dir = a.dir.unwrap_or_else(|| PathBuf::from("."));
-        Export::Dir(PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?)
+        let backend = PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        cfg.state_dir = state_dir(&a.state_dir, a.no_state, &dir)?;
+        Export::Dir(backend)
     };
     let addr = listen_addr(&a.listen);
     let listener = TcpListener::bind(&addr)
@@ -102,6 +115,61 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         Export::Dir(b) => ferry_server::serve(listener, Arc::new(b), cfg),
     };
     res.map_err(|e| e.to_string())
+}
+
+/// The state directory to use: the one asked for (which must work), or
+/// the default one for this export (which may not: then sessions stay in
+/// memory, said on stderr).
+fn state_dir(asked: &Option<PathBuf>, none: bool, export: &Path) -> Result<Option<PathBuf>, String> {
+    if none {
+        return Ok(None);
+    }
+    if let Some(d) = asked {
+        ferry_server::check_state_dir(d).map_err(|e| format!("--state-dir {}: {e}", d.display()))?;
+        return Ok(Some(d.clone()));
+    }
+    let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(v) => PathBuf::from(v),
+        None => match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+            Some(h) => PathBuf::from(h).join(".local/state"),
+            None => return Ok(None),
+        },
+    };
+    let serve = base.join("ferry/serve");
+    let export = std::fs::canonicalize(export).unwrap_or_else(|_| export.to_path_buf());
+    sweep(&serve);
+    let hash = export
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let dir = serve.join(format!("{hash:016x}"));
+    match ferry_server::check_state_dir(&dir) {
+        Ok(()) => {
+            // Names the export, for `sweep`.
+            let _ = std::fs::write(dir.join("export"), export.as_os_str().as_bytes());
+            Ok(Some(dir))
+        }
+        Err(e) => {
+            eprintln!("ferry serve: sessions kept in memory only ({}: {e})", dir.display());
+            Ok(None)
+        }
+    }
+}
+
+/// Removes the default state of exports that no longer exist (temporary
+/// directories served once), unless a server still holds it.
+fn sweep(serve: &Path) {
+    let Ok(entries) = std::fs::read_dir(serve) else { return };
+    for e in entries.flatten() {
+        let Ok(export) = std::fs::read(e.path().join("export")) else { continue };
+        if Path::new(std::ffi::OsStr::from_bytes(&export)).exists() {
+            continue;
+        }
+        if ferry_server::check_state_dir(&e.path()).is_ok() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 enum Export {

@@ -9,6 +9,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fuse::{is_live, require_fuse, wait_for, Detach};
@@ -43,6 +44,8 @@ impl Serve {
             .args(["--listen", &format!("127.0.0.1:{port}"), "--token-file"])
             .arg(token_file)
             .args(extra)
+            // The sessions' default state directory, beside the token.
+            .env("XDG_STATE_HOME", token_file.parent().unwrap())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -146,6 +149,67 @@ fn requests_that_must_not_run_twice_run_once_when_their_reply_is_lost() {
     assert_eq!(fs::read(export.path().join("x")).unwrap(), b"once");
 }
 
+/// Kills the server of `export` on `port` (if running) and starts it again.
+fn restarter(
+    server: &Arc<Mutex<Option<Serve>>>,
+    export: &Path,
+    port: u16,
+    token: &Path,
+    extra: &'static [&'static str],
+) -> impl FnOnce() + Send + 'static {
+    let (server, export, token) = (Arc::clone(server), export.to_path_buf(), token.to_path_buf());
+    move || {
+        let mut g = server.lock().unwrap();
+        if let Some(mut old) = g.take() {
+            old.kill();
+        }
+        *g = Some(Serve::launch_with(export.as_os_str(), port, &token, extra));
+    }
+}
+
+#[test]
+fn a_request_in_flight_when_the_server_is_killed_runs_once_after_the_restart() {
+    let (export, _state, token, server) = fresh("kr");
+    fs::write(export.path().join("a"), b"a").unwrap();
+    let port = server.port;
+    let server = Arc::new(Mutex::new(Some(server)));
+    let proxy = Proxy::to(format!("127.0.0.1:{port}"));
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &options(&token)).unwrap();
+    c.ping().unwrap();
+    // Each request runs, and the server is killed and restarted before its
+    // reply leaves: the restarted server has the session's reply cache
+    // (its state directory), so the request sent again is not run again.
+    let restart = || restarter(&server, export.path(), port, &token, &[]);
+    proxy.swallow_next_reply_then(restart());
+    c.create_dir("/d", 0o755).unwrap();
+    proxy.swallow_next_reply_then(restart());
+    c.rename("/a", "/b").unwrap();
+    // An exclusive create: its handle died with the server; the file it
+    // made is opened again.
+    proxy.swallow_next_reply_then(restart());
+    let mut f = c.open("/x", OpenOptions::new().write(true).create_new(true)).unwrap();
+    f.write_all(b"once").unwrap();
+    f.close().unwrap();
+    proxy.swallow_next_reply_then(restart());
+    c.remove_file("/b").unwrap();
+    proxy.swallow_next_reply_then(restart());
+    assert_eq!(errno(c.create_dir("/d", 0o755)), libc::EEXIST, "a kept failure");
+    assert_eq!(c.epoch(), 5, "five server instances");
+    let mut names: Vec<String> =
+        fs::read_dir(export.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["d", "x"]);
+    assert_eq!(fs::read(export.path().join("x")).unwrap(), b"once");
+    // Without the state the restarted server knows nothing of the session:
+    // the client cannot know whether the request ran, and says so.
+    restarter(&server, export.path(), port, &token, &["--no-state"])();
+    c.ping().unwrap();
+    proxy.swallow_next_reply_then(restarter(&server, export.path(), port, &token, &["--no-state"]));
+    let e = c.create_dir("/e", 0o755).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(export.path().join("e").is_dir(), "it ran, once");
+}
+
 #[test]
 fn without_replay_a_lost_reply_of_such_a_request_is_an_error_not_a_second_run() {
     let export = TempDir::new("noreplay-export");
@@ -185,7 +249,7 @@ fn a_restarted_server_is_reached_again_and_open_files_are_the_same_files() {
     c.create_dir("/after", 0o755).unwrap();
     assert!(export.path().join("after").is_dir());
     assert_eq!(c.read("/before").unwrap(), b"written before the restart");
-    assert_eq!(c.epoch(), 1, "the restarted server could not know the old session");
+    assert_eq!(c.epoch(), 1, "another server instance: handles from before are gone");
     // Files open before the restart are opened again: the same files.
     let mut buf = [0u8; 64];
     let n = f.read_at(&mut buf, 0).unwrap();

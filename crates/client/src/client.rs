@@ -36,11 +36,13 @@ pub struct SessionTicket {
     secret: [u8; 32],
     /// How long the server keeps the session after its last connection.
     pub lease: std::time::Duration,
+    /// The server instance the session's handles live in.
+    pub(crate) boot: u64,
 }
 
 impl SessionTicket {
-    pub(crate) fn new(id: u64, secret: [u8; 32], lease: std::time::Duration) -> SessionTicket {
-        SessionTicket { id, secret, lease }
+    pub(crate) fn new(id: u64, secret: [u8; 32], lease: std::time::Duration, boot: u64) -> SessionTicket {
+        SessionTicket { id, secret, lease, boot }
     }
 
     pub(crate) fn secret(&self) -> &[u8; 32] {
@@ -143,6 +145,7 @@ impl Client {
         };
         let mut e = e;
         let epoch = r.epoch();
+        let lost = r.sessions_lost();
         // A request that must not run twice, to a server that keeps the
         // replies of such requests in the session: if the connection is
         // lost after it left, it is sent again with the same id on the
@@ -176,7 +179,7 @@ impl Client {
                 };
             }
             if !was_unsent && !repeatable(req) {
-                if replay && r.epoch() == epoch && id.is_some() {
+                if replay && r.sessions_lost() == lost && id.is_some() {
                     e = self.engine();
                     continue;
                 }

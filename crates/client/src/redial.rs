@@ -20,9 +20,12 @@ pub(crate) struct Redial {
     opts: Options,
     bound: Duration,
     ticket: Mutex<Option<SessionTicket>>,
-    /// Bumped when a reconnect could not rejoin the session: handles from
-    /// before name nothing on the server any more.
+    /// Bumped when a reconnect reached another server instance: handles
+    /// from before name nothing on the server any more.
     epoch: AtomicU64,
+    /// Bumped when a reconnect could not rejoin the session at all: replies
+    /// of requests sent before are gone with it.
+    lost: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -42,7 +45,7 @@ pub(crate) fn new_session(e: &Engine) -> Result<SessionTicket> {
     }
     match e.call(&Request::SessionNew)?.reply()? {
         Reply::Session { id, lease_ms } => {
-            Ok(SessionTicket::new(id, e.session_secret(), Duration::from_millis(lease_ms.into())))
+            Ok(SessionTicket::new(id, e.session_secret(), Duration::from_millis(lease_ms.into()), e.welcome().boot_id))
         }
         r => Err(Error::Protocol(format!("unexpected reply {r:?}"))),
     }
@@ -71,11 +74,16 @@ impl Redial {
             bound,
             ticket: Mutex::new(ticket),
             epoch: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch.load(Relaxed)
+    }
+
+    pub(crate) fn sessions_lost(&self) -> u64 {
+        self.lost.load(Relaxed)
     }
 
     /// Replaces `failed` in `slot` with a new connection, trying for up to
@@ -94,14 +102,20 @@ impl Redial {
         loop {
             match Engine::connect(&self.addr, &self.opts) {
                 Ok(e) => {
-                    let resumed = self.resume(&e);
+                    let (resumed, same_instance) = self.resume(&e);
                     *cur = Arc::new(e);
                     if !resumed {
+                        self.lost.fetch_add(1, Relaxed);
+                    }
+                    if !same_instance {
                         self.epoch.fetch_add(1, Relaxed);
                     }
                     if said {
-                        let how =
-                            if resumed { "session resumed" } else { "new session: files open before are opened again" };
+                        let how = match (resumed, same_instance) {
+                            (true, true) => "session resumed",
+                            (true, false) => "server restarted, session resumed: files open before are opened again",
+                            _ => "new session: files open before are opened again",
+                        };
                         eprintln!("ferry: {}: reconnected ({how})", self.addr);
                     }
                     return Ok(());
@@ -137,15 +151,21 @@ impl Redial {
     }
 
     /// Rejoins the session, or starts a new one when the server no longer
-    /// has it (restarted, or the lease ran out).
-    fn resume(&self, e: &Engine) -> bool {
+    /// has it (restarted without its state, or the lease ran out). Says
+    /// whether the session was rejoined, and whether on the instance that
+    /// made it (a restarted server that kept its sessions has their reply
+    /// caches, not their handles).
+    fn resume(&self, e: &Engine) -> (bool, bool) {
         let mut t = lock(&self.ticket);
-        if let Some(ticket) = t.as_ref() {
+        let boot = e.welcome().boot_id;
+        if let Some(ticket) = t.as_mut() {
             if attach(e, ticket).is_ok() {
-                return true;
+                let same = ticket.boot == boot;
+                ticket.boot = boot;
+                return (true, same);
             }
         }
         *t = new_session(e).ok();
-        false
+        (false, false)
     }
 }

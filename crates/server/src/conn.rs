@@ -52,6 +52,9 @@ pub struct Conn<B: Backend> {
     nonces: (Nonce, Nonce),
     /// The registered session this connection belongs to, if any.
     session_id: Option<u64>,
+    /// What the handshake settled, for a session a previous server process
+    /// left, made when this connection attaches to it.
+    policy: Option<Policy>,
     body: Vec<u8>,
     /// The body of the current frame when it is larger than `OWN_MAX`;
     /// returned to the pool as soon as its request is answered.
@@ -87,6 +90,7 @@ impl<B: Backend> Conn<B> {
             sessions: Arc::clone(&common.sessions),
             nonces: ([0; 32], [0; 32]),
             session_id: None,
+            policy: None,
             body: Vec::new(),
             big: None,
             out: Vec::with_capacity(OUT_FLUSH),
@@ -104,6 +108,7 @@ impl<B: Backend> Conn<B> {
             Err(e) => return e,
         };
         let caps = policy.caps;
+        self.policy = Some(policy.clone());
         let mut session: Shared<B> = Arc::new(Mutex::new(Session::new(Arc::clone(&self.backend), policy)));
         let end = loop {
             let r = self.serve_one(&mut session, caps);
@@ -233,7 +238,9 @@ impl<B: Backend> Conn<B> {
             return Ok(id);
         }
         let (sn, cn) = &self.nonces;
-        let joined = self.sessions.attach(id, caps, |secret| proofs_equal(proof, &attach_proof(secret, id, sn, cn)))?;
+        let make = || Session::new(Arc::clone(&self.backend), self.policy.clone().expect("after the handshake"));
+        let joined =
+            self.sessions.attach(id, caps, |secret| proofs_equal(proof, &attach_proof(secret, id, sn, cn)), make)?;
         if let Some(old) = self.session_id {
             self.sessions.detach(old);
         }
@@ -284,15 +291,40 @@ impl<B: Backend> Conn<B> {
         let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
         let once = caps & ferry_proto::caps::REPLAY != 0 && req.once_only();
         let digest = if once { crate::replay::digest(body) } else { 0 };
+        let mut run = None;
         if once {
-            if let Some(frame) = guard.replies.get(h.id, h.op, digest) {
-                // Sent again after a lost connection: done already.
-                self.out.extend_from_slice(frame);
-                drop(guard);
-                return self.maybe_flush();
+            match guard.replies.get(h.id, h.op, digest) {
+                // Kept by a previous server process: the file it created
+                // is opened again (its handle died with that process).
+                Some((_, true)) if crate::replay::without_create(&req).is_some() => {
+                    run = crate::replay::without_create(&req);
+                }
+                Some((frame, _)) => {
+                    // Sent again after a lost connection: done already.
+                    self.out.extend_from_slice(frame);
+                    drop(guard);
+                    return self.maybe_flush();
+                }
+                None => {}
             }
         }
-        let answer = guard.execute(&req);
+        let settled = once && run.is_none() && guard.replies.take_unknown(h.id, h.op, digest);
+        if once && !settled && run.is_none() {
+            if let Some(log) = guard.log.as_mut() {
+                log.intent(h.id, h.op, digest);
+            }
+        }
+        let mut answer = guard.execute(run.as_ref().unwrap_or(&req));
+        if settled {
+            // Started by a server process that died before answering: if
+            // it finished, this second run says so, and the state found
+            // answers for the first.
+            if let (Err(e), Some((done, instead))) = (&answer, crate::replay::settled(&req)) {
+                if e.0 == done {
+                    answer = guard.execute(&instead);
+                }
+            }
+        }
         let mut out = std::mem::take(&mut self.out);
         let start = out.len();
         let res = match answer {
@@ -314,7 +346,12 @@ impl<B: Backend> Conn<B> {
             }
         };
         if once {
-            guard.replies.keep(h.id, h.op, digest, out[start..].to_vec());
+            let frame = out[start..].to_vec();
+            let g = &mut *guard;
+            if let Some(log) = g.log.as_mut() {
+                log.reply(h.id, h.op, digest, &frame, g.replies.iter(), crate::replay::KEPT);
+            }
+            g.replies.keep(h.id, h.op, digest, frame);
         }
         drop(guard);
         self.out = out;

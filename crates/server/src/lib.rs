@@ -10,6 +10,7 @@ pub mod backend;
 mod bufpool;
 mod conn;
 mod fileid;
+mod journal;
 mod locks;
 pub mod memory;
 pub mod posix;
@@ -52,6 +53,9 @@ pub struct Config {
     /// Capabilities offered (tests turn some off to check degradation).
     pub caps: u64,
     pub boot_id: u64,
+    /// Where sessions (their ids, secrets and reply caches) outlive the
+    /// process, so exactly-once holds across a restart; `None`: in memory.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -74,6 +78,7 @@ impl Default for Config {
             session_lease: Duration::from_secs(60),
             caps: ferry_proto::caps::ALL,
             boot_id: u64::from_le_bytes(id),
+            state_dir: None,
         }
     }
 }
@@ -86,9 +91,21 @@ fn handle_budget(max_connections: usize) -> usize {
     limit.saturating_sub(4 * max_connections + 64).max(64)
 }
 
+/// Whether `dir` can keep sessions (`Config::state_dir`): created if
+/// need be, and not in use by another server.
+pub fn check_state_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    journal::Journal::open(dir).map(drop)
+}
+
 /// Accepts connections forever, one thread each.
 pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
-    let sessions = Arc::new(sessions::Sessions::new(cfg.session_lease));
+    let sessions = Arc::new(match &cfg.state_dir {
+        Some(dir) => {
+            let (journal, restored) = journal::Journal::open(dir)?;
+            sessions::Sessions::with_journal(cfg.session_lease, journal, restored)
+        }
+        None => sessions::Sessions::new(cfg.session_lease),
+    });
     {
         let sessions = Arc::clone(&sessions);
         let tick = (cfg.session_lease / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));

@@ -10,9 +10,11 @@
 
 use std::collections::VecDeque;
 
+use ferry_proto::{Request, Target};
+
 /// Replies kept per session: far more than a client keeps in flight (its
 /// window), so a reply is never gone before the client can ask again.
-const KEPT: usize = 256;
+pub const KEPT: usize = 256;
 
 struct Kept {
     id: u64,
@@ -22,11 +24,17 @@ struct Kept {
     /// client could reuse one) is a new request, run as such.
     digest: u64,
     frame: Vec<u8>,
+    /// Kept by a previous server process (read back from the journal):
+    /// handles it names are gone.
+    old: bool,
 }
 
 #[derive(Default)]
 pub struct Replies {
     kept: VecDeque<Kept>,
+    /// Requests a previous server process started and never answered (it
+    /// died): sent again, their outcome is found out (see `conn`).
+    unknown: Vec<(u64, u16, u64)>,
 }
 
 /// FNV-1a of a request body.
@@ -35,16 +43,75 @@ pub fn digest(body: &[u8]) -> u64 {
 }
 
 impl Replies {
-    /// The reply frame (header included) kept for this request, if any.
-    pub fn get(&self, id: u64, op: u16, digest: u64) -> Option<&[u8]> {
-        self.kept.iter().rev().find(|k| k.id == id && k.op == op && k.digest == digest).map(|k| k.frame.as_slice())
+    /// What a previous server process left of a session's cache.
+    pub fn restored(replies: Vec<(u64, u16, u64, Vec<u8>)>, unknown: Vec<(u64, u16, u64)>) -> Replies {
+        let skip = replies.len().saturating_sub(KEPT);
+        let kept = replies
+            .into_iter()
+            .skip(skip)
+            .map(|(id, op, digest, frame)| Kept { id, op, digest, frame, old: true })
+            .collect();
+        Replies { kept, unknown }
+    }
+
+    /// The reply frame (header included) kept for this request, if any,
+    /// and whether a previous server process kept it.
+    pub fn get(&self, id: u64, op: u16, digest: u64) -> Option<(&[u8], bool)> {
+        self.kept
+            .iter()
+            .rev()
+            .find(|k| k.id == id && k.op == op && k.digest == digest)
+            .map(|k| (k.frame.as_slice(), k.old))
+    }
+
+    /// Whether this request was started by a previous server process that
+    /// died before answering; asked once.
+    pub fn take_unknown(&mut self, id: u64, op: u16, digest: u64) -> bool {
+        let before = self.unknown.len();
+        self.unknown.retain(|u| *u != (id, op, digest));
+        self.unknown.len() != before
+    }
+
+    /// Everything kept, oldest first (for rewriting the journal).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u16, u64, &[u8])> {
+        self.kept.iter().map(|k| (k.id, k.op, k.digest, k.frame.as_slice()))
     }
 
     pub fn keep(&mut self, id: u64, op: u16, digest: u64, frame: Vec<u8>) {
         if self.kept.len() == KEPT {
             self.kept.pop_front();
         }
-        self.kept.push_back(Kept { id, op, digest, frame });
+        self.kept.push_back(Kept { id, op, digest, frame, old: false });
+    }
+}
+
+/// An exclusive open made an open of the file it created: for a reply
+/// kept by a previous server process (its handle died with it), and for
+/// an exclusive create sent again whose first run created the file.
+pub fn without_create<'a>(req: &Request<'a>) -> Option<Request<'a>> {
+    let strip = |f: u32| f & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
+    match *req {
+        Request::Open { path, flags, mode } => Some(Request::Open { path, flags: strip(flags), mode }),
+        Request::OpenId { path, flags, mode } => Some(Request::OpenId { path, flags: strip(flags), mode }),
+        Request::OpenRead { path, flags, mode, max } => {
+            Some(Request::OpenRead { path, flags: strip(flags), mode, max })
+        }
+        _ => None,
+    }
+}
+
+/// A request a dead server process started and never answered, sent
+/// again: the errno its second run gives if the first one finished, and
+/// the request whose answer then stands for the first run's (NFS clients
+/// treat a retransmitted REMOVE's `ENOENT` the same way). Only such
+/// requests get this; a new one's `EEXIST` is an `EEXIST`.
+pub fn settled<'a>(req: &Request<'a>) -> Option<(i32, Request<'a>)> {
+    let made = |path| Some((libc::EEXIST, Request::Stat { target: Target::PathNoFollow(path) }));
+    match *req {
+        Request::Mkdir { path, .. } | Request::Mknod { path, .. } | Request::Symlink { path, .. } => made(path),
+        Request::Link { to, .. } => made(to),
+        Request::Unlink { .. } | Request::Rmdir { .. } | Request::Rename { .. } => Some((libc::ENOENT, Request::Ping)),
+        _ => without_create(req).map(|r| (libc::EEXIST, r)),
     }
 }
 
@@ -60,8 +127,32 @@ mod tests {
         }
         assert!(r.get(0, 9, digest(&0u64.to_le_bytes())).is_none(), "the oldest went");
         let last = KEPT as u64 + 9;
-        assert_eq!(r.get(last, 9, digest(&last.to_le_bytes())), Some(&[last as u8][..]));
+        assert_eq!(r.get(last, 9, digest(&last.to_le_bytes())), Some((&[last as u8][..], false)));
         assert!(r.get(last, 10, digest(&last.to_le_bytes())).is_none(), "another op");
         assert!(r.get(last, 9, digest(b"other body")).is_none(), "another body");
+    }
+
+    #[test]
+    fn a_request_of_unknown_outcome_is_settled_by_what_its_first_run_leaves() {
+        let (errno, instead) = settled(&Request::Mkdir { path: b"/d", mode: 0o755 }).unwrap();
+        assert_eq!(errno, libc::EEXIST);
+        assert!(matches!(instead, Request::Stat { target: Target::PathNoFollow(b"/d") }));
+        assert_eq!(settled(&Request::Unlink { path: b"/f" }).map(|s| s.0), Some(libc::ENOENT));
+        assert_eq!(settled(&Request::Rename { from: b"/a", to: b"/b", flags: 0 }).map(|s| s.0), Some(libc::ENOENT));
+        let excl = (libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY) as u32;
+        let (errno, instead) = settled(&Request::OpenId { path: b"/x", flags: excl, mode: 0o644 }).unwrap();
+        assert_eq!(errno, libc::EEXIST);
+        assert!(matches!(instead, Request::OpenId { flags, .. } if flags == libc::O_WRONLY as u32));
+        assert!(settled(&Request::Ping).is_none());
+    }
+
+    #[test]
+    fn replies_read_back_are_marked_old_and_unknown_requests_asked_once() {
+        let mut r = Replies::restored(vec![(1, 9, 5, vec![1])], vec![(2, 9, 6)]);
+        assert_eq!(r.get(1, 9, 5), Some((&[1u8][..], true)));
+        assert!(r.take_unknown(2, 9, 6));
+        assert!(!r.take_unknown(2, 9, 6), "asked once");
+        r.keep(3, 9, 7, vec![3]);
+        assert_eq!(r.get(3, 9, 7), Some((&[3u8][..], false)));
     }
 }

@@ -121,6 +121,8 @@ pub struct Session<B: Backend> {
     locked: bool,
     /// Replies to its latest requests that must not run twice.
     pub replies: crate::replay::Replies,
+    /// Where they outlive the process (`--state-dir`), once registered.
+    pub log: Option<crate::journal::SessionLog>,
 }
 
 /// A random first handle id below 2^47: a client that reconnects to a new
@@ -168,6 +170,7 @@ impl<B: Backend> Session<B> {
             conn: locks::new_conn_id(),
             locked: false,
             replies: Default::default(),
+            log: None,
         }
     }
 

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, Errno};
+use crate::journal::{Journal, Restored};
+use crate::replay::Replies;
 use crate::session::Session;
 
 /// A session as connections hold it: one request at a time runs on it.
@@ -18,10 +20,15 @@ pub type Shared<B> = Arc<Mutex<Session<B>>>;
 pub struct Sessions<B: Backend> {
     lease: Duration,
     st: Mutex<HashMap<u64, Entry<B>>>,
+    /// Where sessions outlive the server process, if anywhere.
+    journal: Option<Journal>,
 }
 
 struct Entry<B: Backend> {
-    session: Shared<B>,
+    /// `None` for a session a previous server process left (its handles
+    /// died with it): made at the first attach, with `restored`'s replies.
+    session: Option<Shared<B>>,
+    restored: Option<Restored>,
     secret: [u8; 32],
     /// Capabilities the session was created with: a connection that joins
     /// must have negotiated the same, so every request means the same.
@@ -33,7 +40,28 @@ struct Entry<B: Backend> {
 
 impl<B: Backend> Sessions<B> {
     pub fn new(lease: Duration) -> Self {
-        Sessions { lease, st: Mutex::new(HashMap::new()) }
+        Sessions { lease, st: Mutex::new(HashMap::new()), journal: None }
+    }
+
+    /// Sessions kept in `journal`, starting with those a previous server
+    /// process left there (their lease starts now).
+    pub fn with_journal(lease: Duration, journal: Journal, restored: Vec<Restored>) -> Self {
+        let now = Instant::now();
+        let st = restored
+            .into_iter()
+            .map(|r| {
+                let e = Entry {
+                    session: None,
+                    secret: r.secret,
+                    caps: r.caps,
+                    attached: 0,
+                    idle_since: Some(now),
+                    restored: Some(r),
+                };
+                (e.restored.as_ref().map_or(0, |r| r.id), e)
+            })
+            .collect();
+        Sessions { lease, st: Mutex::new(st), journal: Some(journal) }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Entry<B>>> {
@@ -56,14 +84,28 @@ impl<B: Backend> Sessions<B> {
                 break id;
             }
         };
-        st.insert(id, Entry { session, secret, caps, attached: 1, idle_since: None });
+        if let Some(j) = &self.journal {
+            match j.session(id, &secret, caps) {
+                Ok(log) => session.lock().unwrap_or_else(|e| e.into_inner()).log = Some(log),
+                Err(e) => eprintln!("ferry serve: session state not kept (exactly-once only within this process): {e}"),
+            }
+        }
+        st.insert(id, Entry { session: Some(session), secret, caps, attached: 1, idle_since: None, restored: None });
         id
     }
 
     /// Joins session `id` if `proves(secret)` holds: `ESTALE` for a session
     /// that does not exist (never, or no longer: lease over, server
-    /// restarted), `EACCES` for a wrong proof, `EINVAL` for other caps.
-    pub fn attach(&self, id: u64, caps: u64, proves: impl Fn(&[u8; 32]) -> bool) -> Result<Shared<B>, Errno> {
+    /// restarted without its state), `EACCES` for a wrong proof, `EINVAL`
+    /// for other caps. A session a previous server process left is made
+    /// now by `make`, with its reply cache.
+    pub fn attach(
+        &self,
+        id: u64,
+        caps: u64,
+        proves: impl Fn(&[u8; 32]) -> bool,
+        make: impl FnOnce() -> Session<B>,
+    ) -> Result<Shared<B>, Errno> {
         let mut st = self.lock();
         let e = st.get_mut(&id).ok_or(Errno(libc::ESTALE))?;
         if !proves(&e.secret) {
@@ -72,9 +114,24 @@ impl<B: Backend> Sessions<B> {
         if e.caps != caps {
             return Err(Errno::INVAL);
         }
+        let session = match (&e.session, e.restored.take()) {
+            (Some(s), _) => Arc::clone(s),
+            (None, r) => {
+                let mut s = make();
+                if let Some(r) = r {
+                    if let Some(j) = &self.journal {
+                        s.log = j.resume(&r).ok();
+                    }
+                    s.replies = Replies::restored(r.replies, r.unknown);
+                }
+                let s = Arc::new(Mutex::new(s));
+                e.session = Some(Arc::clone(&s));
+                s
+            }
+        };
         e.attached += 1;
         e.idle_since = None;
-        Ok(Arc::clone(&e.session))
+        Ok(session)
     }
 
     /// A connection of session `id` ended.
@@ -90,15 +147,20 @@ impl<B: Backend> Sessions<B> {
 
     /// Drops sessions whose lease ran out; returns how many.
     pub fn reap(&self, now: Instant) -> usize {
-        let expired: Vec<Entry<B>> = {
+        let expired: Vec<(u64, Entry<B>)> = {
             let mut st = self.lock();
             let ids: Vec<u64> = st
                 .iter()
                 .filter(|(_, e)| e.idle_since.is_some_and(|t| now.saturating_duration_since(t) >= self.lease))
                 .map(|(id, _)| *id)
                 .collect();
-            ids.iter().filter_map(|id| st.remove(id)).collect()
+            ids.iter().filter_map(|id| st.remove(id).map(|e| (*id, e))).collect()
         };
+        if let Some(j) = &self.journal {
+            for (id, _) in &expired {
+                j.forget(*id);
+            }
+        }
         // Closing handles happens here, outside the table's lock.
         expired.len()
     }
@@ -114,6 +176,10 @@ mod tests {
     use super::*;
     use crate::memory::MemoryBackend;
     use crate::session::{HandleBudget, Policy};
+
+    fn make() -> Session<MemoryBackend> {
+        Arc::try_unwrap(session()).ok().unwrap().into_inner().unwrap()
+    }
 
     fn session() -> Shared<MemoryBackend> {
         let policy = Policy {
@@ -132,10 +198,10 @@ mod tests {
     fn attach_needs_the_secret_and_the_same_caps() {
         let t = Sessions::new(Duration::from_secs(60));
         let id = t.create(session(), [7; 32], 3);
-        assert_eq!(t.attach(id, 3, |s| s == &[7; 32]).map(|_| ()), Ok(()));
-        assert_eq!(t.attach(id, 3, |s| s == &[8; 32]).map(|_| ()), Err(Errno::ACCES));
-        assert_eq!(t.attach(id, 1, |_| true).map(|_| ()), Err(Errno::INVAL));
-        assert_eq!(t.attach(id ^ 1, 3, |_| true).map(|_| ()), Err(Errno(libc::ESTALE)));
+        assert_eq!(t.attach(id, 3, |s| s == &[7; 32], make).map(|_| ()), Ok(()));
+        assert_eq!(t.attach(id, 3, |s| s == &[8; 32], make).map(|_| ()), Err(Errno::ACCES));
+        assert_eq!(t.attach(id, 1, |_| true, make).map(|_| ()), Err(Errno::INVAL));
+        assert_eq!(t.attach(id ^ 1, 3, |_| true, make).map(|_| ()), Err(Errno(libc::ESTALE)));
     }
 
     #[test]
@@ -146,10 +212,10 @@ mod tests {
         assert_eq!(t.reap(now + Duration::from_secs(3600)), 0, "attached sessions never expire");
         t.detach(id);
         assert_eq!(t.reap(now + Duration::from_secs(30)), 0);
-        assert!(t.attach(id, 0, |_| true).is_ok(), "within the lease the session is there");
+        assert!(t.attach(id, 0, |_| true, make).is_ok(), "within the lease the session is there");
         t.detach(id);
         assert_eq!(t.reap(Instant::now() + Duration::from_secs(61)), 1);
         assert_eq!(t.len(), 0);
-        assert_eq!(t.attach(id, 0, |_| true).map(|_| ()), Err(Errno(libc::ESTALE)));
+        assert_eq!(t.attach(id, 0, |_| true, make).map(|_| ()), Err(Errno(libc::ESTALE)));
     }
 }

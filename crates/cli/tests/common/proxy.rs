@@ -8,10 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
+/// Run when a reply is swallowed, before the connection is cut.
+type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
+
 pub struct Proxy {
     pub port: u16,
     socks: Arc<Mutex<Vec<TcpStream>>>,
     swallow: Arc<AtomicBool>,
+    hook: Hook,
 }
 
 impl Proxy {
@@ -27,18 +31,19 @@ impl Proxy {
         let port = l.local_addr().unwrap().port();
         let socks = Arc::new(Mutex::new(Vec::new()));
         let swallow = Arc::new(AtomicBool::new(false));
-        let (s2, sw) = (Arc::clone(&socks), Arc::clone(&swallow));
+        let hook: Hook = Arc::default();
+        let (s2, sw, hk) = (Arc::clone(&socks), Arc::clone(&swallow), Arc::clone(&hook));
         thread::spawn(move || {
             for c in l.incoming().flatten() {
                 let Ok(s) = TcpStream::connect(&addr) else { continue };
                 s2.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
                 let (c2, s3) = (c.try_clone().unwrap(), s.try_clone().unwrap());
-                let sw = Arc::clone(&sw);
+                let (sw, hk) = (Arc::clone(&sw), Arc::clone(&hk));
                 thread::spawn(move || pump(c, s, up, None));
-                thread::spawn(move || pump(s3, c2, down, Some(sw)));
+                thread::spawn(move || pump(s3, c2, down, Some((sw, hk))));
             }
         });
-        Proxy { port, socks, swallow }
+        Proxy { port, socks, swallow, hook }
     }
 
     /// The next bytes the server sends on any connection are dropped and
@@ -46,6 +51,13 @@ impl Proxy {
     /// reply (the case where a client cannot know whether it ran).
     pub fn swallow_next_reply(&self) {
         self.swallow.store(true, Ordering::SeqCst);
+    }
+
+    /// As `swallow_next_reply`, and `then` runs (a server killed and
+    /// restarted, say) before the connection is cut.
+    pub fn swallow_next_reply_then(&self, then: impl FnOnce() + Send + 'static) {
+        *self.hook.lock().unwrap() = Some(Box::new(then));
+        self.swallow_next_reply();
     }
 
     /// Cuts every connection made so far.
@@ -59,15 +71,20 @@ impl Proxy {
 /// Copies `from` to `to` until either ends or `limit` bytes went, or (when
 /// `swallow` is given and set) data arrives, which is dropped; then cuts
 /// both.
-fn pump(mut from: TcpStream, mut to: TcpStream, mut limit: usize, swallow: Option<Arc<AtomicBool>>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, mut limit: usize, swallow: Option<(Arc<AtomicBool>, Hook)>) {
     let mut buf = vec![0u8; 64 * 1024];
     while limit > 0 {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n.min(limit),
         };
-        if swallow.as_ref().is_some_and(|s| s.swap(false, Ordering::SeqCst)) {
-            break;
+        if let Some((s, hook)) = &swallow {
+            if s.swap(false, Ordering::SeqCst) {
+                if let Some(f) = hook.lock().unwrap().take() {
+                    f();
+                }
+                break;
+            }
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
