@@ -6,7 +6,7 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -14,59 +14,9 @@ use std::time::Duration;
 
 use common::fuse::{is_live, require_fuse, wait_for, Detach};
 use common::proxy::Proxy;
+use common::restart::Serve;
 use common::{random_bytes, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, Options};
-
-/// A `ferry serve` of `dir` on a given port (0: any), killed on drop.
-struct Serve {
-    child: Child,
-    port: u16,
-}
-
-impl Serve {
-    fn start(dir: &Path, port: u16, token_file: &Path) -> Serve {
-        Serve::launch(dir.as_os_str(), port, token_file)
-    }
-
-    /// `ferry serve --memory`: its files live as long as the process.
-    fn start_memory(port: u16, token_file: &Path) -> Serve {
-        Serve::launch("--memory".as_ref(), port, token_file)
-    }
-
-    fn launch(export: &std::ffi::OsStr, port: u16, token_file: &Path) -> Serve {
-        Serve::launch_with(export, port, token_file, &[])
-    }
-
-    fn launch_with(export: &std::ffi::OsStr, port: u16, token_file: &Path, extra: &[&str]) -> Serve {
-        let mut child = Command::new(FERRY)
-            .arg("serve")
-            .arg(export)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--token-file"])
-            .arg(token_file)
-            .args(extra)
-            // The sessions' default state directory, beside the token.
-            .env("XDG_STATE_HOME", token_file.parent().unwrap())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).expect("listening line");
-        Serve { child, port }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// A fresh export and state directory (token file inside) and a server of
 /// the export on any port.

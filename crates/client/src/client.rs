@@ -38,11 +38,13 @@ pub struct SessionTicket {
     pub lease: std::time::Duration,
     /// The server instance the session's handles live in.
     pub(crate) boot: u64,
+    /// Whether its handles outlive a connection (not a volatile session).
+    pub(crate) keeps_handles: bool,
 }
 
 impl SessionTicket {
     pub(crate) fn new(id: u64, secret: [u8; 32], lease: std::time::Duration, boot: u64) -> SessionTicket {
-        SessionTicket { id, secret, lease, boot }
+        SessionTicket { id, secret, lease, boot, keeps_handles: true }
     }
 
     pub(crate) fn secret(&self) -> &[u8; 32] {
@@ -224,7 +226,7 @@ impl Client {
     /// ticket another connection joins it with. Needs the `SESSIONS`
     /// capability (`ENOSYS` without it).
     pub fn new_session(&self) -> Result<SessionTicket> {
-        redial::new_session(&self.engine())
+        redial::new_session(&self.engine(), true)
     }
 
     /// Joins the session of `ticket`: from now on this connection shares its

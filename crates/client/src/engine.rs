@@ -52,6 +52,12 @@ pub struct Options {
     /// With it the client keeps its state in a session, so a reconnect to
     /// the same server instance finds its open files again.
     pub reconnect: Option<Duration>,
+    /// With `reconnect`: whether the session keeps open files and locks
+    /// for its lease when the connection is lost (`true`), or only the
+    /// replies of requests that must not run twice (`false`: a killed
+    /// process's locks must go with its connection; files are opened again
+    /// after every reconnect).
+    pub session_keeps_handles: bool,
     /// Longest path a request may carry: `ferry_proto::MAX_PATH` (paths
     /// from the export root may exceed `PATH_MAX`); the preload library
     /// asks `PATH_MAX - 1`, the limit of a program's own path argument.
@@ -73,6 +79,7 @@ impl Default for Options {
             versions: (VERSION_MIN, VERSION_MAX),
             place_fd: None,
             reconnect: None,
+            session_keeps_handles: true,
             max_path: ferry_proto::MAX_PATH,
         }
     }

@@ -38,14 +38,19 @@ pub(crate) fn is_lost(e: &Error) -> bool {
     matches!(e, Error::Io { errno, .. } if *errno != Some(libc::ENOTCONN))
 }
 
-/// Registers the engine's state as a session (if the server can).
-pub(crate) fn new_session(e: &Engine) -> Result<SessionTicket> {
+/// Registers the engine's state as a session (if the server can); a
+/// volatile one (`keeps_handles` false) keeps only its replies.
+pub(crate) fn new_session(e: &Engine, keeps_handles: bool) -> Result<SessionTicket> {
     if !e.has_cap(caps::SESSIONS) {
         return Err(Error::remote(libc::ENOSYS));
     }
-    match e.call(&Request::SessionNew)?.reply()? {
+    let req = if keeps_handles { Request::SessionNew } else { Request::SessionNewVolatile };
+    match e.call(&req)?.reply()? {
         Reply::Session { id, lease_ms } => {
-            Ok(SessionTicket::new(id, e.session_secret(), Duration::from_millis(lease_ms.into()), e.welcome().boot_id))
+            let lease = Duration::from_millis(lease_ms.into());
+            let mut t = SessionTicket::new(id, e.session_secret(), lease, e.welcome().boot_id);
+            t.keeps_handles = keeps_handles;
+            Ok(t)
         }
         r => Err(Error::Protocol(format!("unexpected reply {r:?}"))),
     }
@@ -67,7 +72,7 @@ impl Redial {
     /// session right away, so that there is something to rejoin.
     pub(crate) fn new(addr: &str, opts: &Options, bound: Duration, first: &Engine) -> Redial {
         // A server without sessions still gets reconnects, just never resumes.
-        let ticket = new_session(first).ok();
+        let ticket = new_session(first, opts.session_keeps_handles).ok();
         Redial {
             addr: addr.to_string(),
             opts: opts.clone(),
@@ -160,12 +165,13 @@ impl Redial {
         let boot = e.welcome().boot_id;
         if let Some(ticket) = t.as_mut() {
             if attach(e, ticket).is_ok() {
-                let same = ticket.boot == boot;
+                // A volatile session's handles went with the connection.
+                let same = ticket.boot == boot && ticket.keeps_handles;
                 ticket.boot = boot;
                 return (true, same);
             }
         }
-        *t = new_session(e).ok();
+        *t = new_session(e, self.opts.session_keeps_handles).ok();
         (false, false)
     }
 }

@@ -48,6 +48,7 @@ pub mod op {
     pub const REOPEN: u16 = 43;
     pub const OPEN_READ: u16 = 44;
     pub const LIST_DIR: u16 = 45;
+    pub const SESSION_NEW_VOLATILE: u16 = 46;
 }
 
 /// Record-lock constants of `Lock` and `GetLock` (capability `LOCKS`).
@@ -273,6 +274,13 @@ pub enum Request<'a> {
     /// Makes the connection's state a session that outlives it for the
     /// lease (capability `SESSIONS`); answered with `Session`.
     SessionNew,
+    /// `SessionNew` for a session whose handles, offsets and locks end
+    /// with its last connection, as without a session; only its reply
+    /// cache outlives it, for the lease (capabilities `SESSIONS` and
+    /// `REPLAY`): for a client whose locks must not outlive a killed
+    /// process (`ferry run`), which opens its files again after any
+    /// reconnect anyway.
+    SessionNewVolatile,
     /// Joins this connection to an existing session: its handles, offsets
     /// and locks become this connection's too. `proof` is
     /// [`attach_proof`](crate::attach_proof) of the session's secret.
@@ -348,6 +356,7 @@ impl<'a> Request<'a> {
             Request::Lock { .. } => op::LOCK,
             Request::GetLock { .. } => op::GETLOCK,
             Request::SessionNew => op::SESSION_NEW,
+            Request::SessionNewVolatile => op::SESSION_NEW_VOLATILE,
             Request::SessionAttach { .. } => op::SESSION_ATTACH,
         }
     }
@@ -383,7 +392,7 @@ impl<'a> Request<'a> {
                 w.raw(nonce);
             }
             Request::Auth { proof } => w.raw(proof),
-            Request::Ping | Request::SessionNew => {}
+            Request::Ping | Request::SessionNew | Request::SessionNewVolatile => {}
             Request::SessionAttach { id, proof } => {
                 w.u64(*id);
                 w.raw(proof);
@@ -653,6 +662,7 @@ impl<'a> Request<'a> {
                 path: r.name("list_dir.path")?,
             },
             op::SESSION_NEW => Request::SessionNew,
+            op::SESSION_NEW_VOLATILE => Request::SessionNewVolatile,
             op::SESSION_ATTACH => {
                 Request::SessionAttach { id: r.u64("session_attach.id")?, proof: r.array32("session_attach.proof")? }
             }
@@ -909,7 +919,7 @@ impl<'a> Reply<'a> {
             | op::SETXATTR
             | op::REMOVEXATTR
             | op::LOCK => Reply::Empty,
-            op::SESSION_NEW | op::SESSION_ATTACH => {
+            op::SESSION_NEW | op::SESSION_NEW_VOLATILE | op::SESSION_ATTACH => {
                 Reply::Session { id: r.u64("session.id")?, lease_ms: r.u32("session.lease_ms")? }
             }
             op::GETLOCK => {

@@ -12,7 +12,8 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 39] = [
+const ALL_OPS: [u16; 40] = [
+    op::SESSION_NEW_VOLATILE,
     op::OPEN_ID,
     op::REOPEN,
     op::OPEN_READ,
@@ -57,7 +58,7 @@ const ALL_OPS: [u16; 39] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 39;
+const REQUEST_VARIANTS: usize = 40;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -102,6 +103,7 @@ fn request_index(r: &Request) -> usize {
         Request::Reopen { .. } => 36,
         Request::OpenRead { .. } => 37,
         Request::ListDir { .. } => 38,
+        Request::SessionNewVolatile => 39,
     }
 }
 
@@ -204,6 +206,7 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         36 => Request::Reopen { flags: r.c, dev: r.a, ino: r.b, id: &r.data, path: &r.s1 },
         37 => Request::OpenRead { path: &r.s1, flags: r.c, mode: r.d, max: r.a as u32 },
         38 => Request::ListDir { path: &r.s1, max_entries: r.c, plus: r.flag },
+        39 => Request::SessionNewVolatile,
         n => unreachable!("request variant {n}"),
     }
 }

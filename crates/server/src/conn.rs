@@ -216,8 +216,8 @@ impl<B: Backend> Conn<B> {
 
     /// `SessionNew`: registers this connection's session (or names the one
     /// it already belongs to).
-    fn session_new(&self, session: &Shared<B>, caps: u64) -> Result<u64, Errno> {
-        if caps & caps::SESSIONS == 0 {
+    fn session_new(&self, session: &Shared<B>, caps: u64, keeps_handles: bool) -> Result<u64, Errno> {
+        if caps & caps::SESSIONS == 0 || (!keeps_handles && caps & caps::REPLAY == 0) {
             return Err(Errno::NOSYS);
         }
         if let Some(id) = self.session_id {
@@ -225,7 +225,7 @@ impl<B: Backend> Conn<B> {
         }
         let (sn, cn) = &self.nonces;
         let secret = session_secret(self.cfg.token.as_deref().unwrap_or_default(), sn, cn);
-        Ok(self.sessions.create(Arc::clone(session), secret, caps))
+        Ok(self.sessions.create(Arc::clone(session), secret, caps, keeps_handles))
     }
 
     /// `SessionAttach`: this connection joins session `id`; whatever it had
@@ -265,7 +265,8 @@ impl<B: Backend> Conn<B> {
             return self.queue_error(h, Errno::INVAL, "handshake already done");
         }
         let control = match req {
-            Request::SessionNew => Some(self.session_new(session, caps)),
+            Request::SessionNew => Some(self.session_new(session, caps, true)),
+            Request::SessionNewVolatile => Some(self.session_new(session, caps, false)),
             Request::SessionAttach { id, proof } => Some(self.session_attach(session, caps, id, &proof)),
             _ => None,
         };

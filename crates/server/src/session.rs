@@ -208,9 +208,11 @@ impl<B: Backend> Session<B> {
         let b = Arc::clone(&self.backend);
         match *req {
             // Connection-level requests: the connection answers them itself.
-            Request::Hello { .. } | Request::Auth { .. } | Request::SessionNew | Request::SessionAttach { .. } => {
-                Err(Errno::INVAL)
-            }
+            Request::Hello { .. }
+            | Request::Auth { .. }
+            | Request::SessionNew
+            | Request::SessionNewVolatile
+            | Request::SessionAttach { .. } => Err(Errno::INVAL),
             Request::Ping => Ok(Answer::Empty),
             Request::Open { path, flags, mode } => {
                 let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;

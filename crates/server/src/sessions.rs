@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, Errno};
-use crate::journal::{Journal, Restored};
+use crate::journal::{Journal, Restored, SessionLog};
 use crate::replay::Replies;
 use crate::session::Session;
 
@@ -25,10 +25,14 @@ pub struct Sessions<B: Backend> {
 }
 
 struct Entry<B: Backend> {
-    /// `None` for a session a previous server process left (its handles
-    /// died with it): made at the first attach, with `restored`'s replies.
+    /// `None` for a session without handles (one a previous server process
+    /// left, or a volatile one whose last connection left): made at the
+    /// next attach, with the `pending` replies.
     session: Option<Shared<B>>,
-    restored: Option<Restored>,
+    pending: Option<(Replies, Option<SessionLog>)>,
+    /// `false` for a volatile session (`SessionNewVolatile`): handles,
+    /// offsets and locks end with its last connection, replies do not.
+    keeps_handles: bool,
     secret: [u8; 32],
     /// Capabilities the session was created with: a connection that joins
     /// must have negotiated the same, so every request means the same.
@@ -49,16 +53,18 @@ impl<B: Backend> Sessions<B> {
         let now = Instant::now();
         let st = restored
             .into_iter()
-            .map(|r| {
+            .map(|r: Restored| {
+                let log = journal.resume(&r).ok();
                 let e = Entry {
                     session: None,
                     secret: r.secret,
                     caps: r.caps,
                     attached: 0,
                     idle_since: Some(now),
-                    restored: Some(r),
+                    pending: Some((Replies::restored(r.replies, r.unknown), log)),
+                    keeps_handles: true,
                 };
-                (e.restored.as_ref().map_or(0, |r| r.id), e)
+                (r.id, e)
             })
             .collect();
         Sessions { lease, st: Mutex::new(st), journal: Some(journal) }
@@ -73,7 +79,7 @@ impl<B: Backend> Sessions<B> {
     }
 
     /// Registers a connection's session; it counts as attached once.
-    pub fn create(&self, session: Shared<B>, secret: [u8; 32], caps: u64) -> u64 {
+    pub fn create(&self, session: Shared<B>, secret: [u8; 32], caps: u64, keeps_handles: bool) -> u64 {
         let mut st = self.lock();
         let id = loop {
             let mut b = [0u8; 8];
@@ -90,7 +96,9 @@ impl<B: Backend> Sessions<B> {
                 Err(e) => eprintln!("ferry serve: session state not kept (exactly-once only within this process): {e}"),
             }
         }
-        st.insert(id, Entry { session: Some(session), secret, caps, attached: 1, idle_since: None, restored: None });
+        let e =
+            Entry { session: Some(session), secret, caps, attached: 1, idle_since: None, pending: None, keeps_handles };
+        st.insert(id, e);
         id
     }
 
@@ -114,15 +122,13 @@ impl<B: Backend> Sessions<B> {
         if e.caps != caps {
             return Err(Errno::INVAL);
         }
-        let session = match (&e.session, e.restored.take()) {
-            (Some(s), _) => Arc::clone(s),
-            (None, r) => {
+        let session = match &e.session {
+            Some(s) => Arc::clone(s),
+            None => {
                 let mut s = make();
-                if let Some(r) = r {
-                    if let Some(j) = &self.journal {
-                        s.log = j.resume(&r).ok();
-                    }
-                    s.replies = Replies::restored(r.replies, r.unknown);
+                if let Some((replies, log)) = e.pending.take() {
+                    s.replies = replies;
+                    s.log = log;
                 }
                 let s = Arc::new(Mutex::new(s));
                 e.session = Some(Arc::clone(&s));
@@ -141,6 +147,14 @@ impl<B: Backend> Sessions<B> {
             e.attached = e.attached.saturating_sub(1);
             if e.attached == 0 {
                 e.idle_since = Some(Instant::now());
+                if !e.keeps_handles {
+                    // Its handles and locks go with the last reference
+                    // (the leaving connection's); its replies stay.
+                    if let Some(s) = e.session.take() {
+                        let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+                        e.pending = Some((std::mem::take(&mut g.replies), g.log.take()));
+                    }
+                }
             }
         }
     }
@@ -197,7 +211,7 @@ mod tests {
     #[test]
     fn attach_needs_the_secret_and_the_same_caps() {
         let t = Sessions::new(Duration::from_secs(60));
-        let id = t.create(session(), [7; 32], 3);
+        let id = t.create(session(), [7; 32], 3, true);
         assert_eq!(t.attach(id, 3, |s| s == &[7; 32], make).map(|_| ()), Ok(()));
         assert_eq!(t.attach(id, 3, |s| s == &[8; 32], make).map(|_| ()), Err(Errno::ACCES));
         assert_eq!(t.attach(id, 1, |_| true, make).map(|_| ()), Err(Errno::INVAL));
@@ -207,7 +221,7 @@ mod tests {
     #[test]
     fn a_session_outlives_its_connections_for_the_lease_only() {
         let t = Sessions::new(Duration::from_secs(60));
-        let id = t.create(session(), [1; 32], 0);
+        let id = t.create(session(), [1; 32], 0, true);
         let now = Instant::now();
         assert_eq!(t.reap(now + Duration::from_secs(3600)), 0, "attached sessions never expire");
         t.detach(id);
@@ -217,5 +231,18 @@ mod tests {
         assert_eq!(t.reap(Instant::now() + Duration::from_secs(61)), 1);
         assert_eq!(t.len(), 0);
         assert_eq!(t.attach(id, 0, |_| true, make).map(|_| ()), Err(Errno(libc::ESTALE)));
+    }
+
+    #[test]
+    fn a_volatile_session_keeps_only_its_replies_when_its_connection_leaves() {
+        let t = Sessions::new(Duration::from_secs(60));
+        let first = session();
+        first.lock().unwrap().replies.keep(5, 9, 1, vec![42]);
+        let id = t.create(Arc::clone(&first), [1; 32], 0, false);
+        t.detach(id);
+        assert_eq!(Arc::strong_count(&first), 1, "the table let go of its handles");
+        let again = t.attach(id, 0, |_| true, make).unwrap();
+        assert!(!Arc::ptr_eq(&first, &again), "a new session");
+        assert_eq!(again.lock().unwrap().replies.get(5, 9, 1), Some((&[42u8][..], false)));
     }
 }

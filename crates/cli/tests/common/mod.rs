@@ -5,6 +5,7 @@
 pub mod fuse;
 pub mod preload;
 pub mod proxy;
+pub mod restart;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

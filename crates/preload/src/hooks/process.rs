@@ -464,15 +464,17 @@ pub fn init() {
         // A lost connection is replaced, as in the CLI and the mount (for up
         // to `ferry run --reconnect` seconds, a minute by default, then
         // `EIO`; 0: at once), and files open before a server restart
-        // are opened again. Without sessions: a process's handles and locks
-        // must end with its connection (a killed process holds no lock for
-        // a lease), so after any reconnect its files are re-opened by
-        // identity, and one that held a lock is stale.
+        // are opened again. A volatile session: a process's handles and
+        // locks must end with its connection (a killed process holds no
+        // lock for a lease), so after any reconnect its files are re-opened
+        // by identity, and one that held a lock is stale; the session keeps
+        // only the replies of requests that must not run twice, so one in
+        // flight when the connection broke runs once.
         let options = ferry_client::Options {
             token,
             place_fd: Some(state::place_high),
             reconnect: reconnect_bound(),
-            caps: ferry_client::caps::ALL & !ferry_client::caps::SESSIONS,
+            session_keeps_handles: false,
             // A program's own path argument: Linux's limit.
             max_path: ferry_proto::PATH_MAX - 1,
             ..Default::default()
