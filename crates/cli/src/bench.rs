@@ -166,10 +166,29 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let mut xping = Series::new("raw TCP ping-pong, cross-core", "µs");
     let mut xnull = Series::new("ferry null request, cross-core", "µs");
     let mut xstat = Series::new("ferry stat, cross-core", "µs");
+    // The session machinery's steady-state cost: a client that reconnects
+    // keeps its state in a session, a copy of each write until the server
+    // commits it (the write verifier), and the server journals its
+    // namespace changes (the reply cache in the state directory).
+    let mut swrite = Series::new("  same, client in a session", "MB/s");
+    let mut sread = Series::new("  same, client in a session", "MB/s");
+    let mut fwrite = Series::new("ferry write + fsync", "MB/s");
+    let mut sfwrite = Series::new("  same, client in a session", "MB/s");
+    let mut ns = Series::new("ferry mkdir + rmdir, per call", "µs");
+    let mut sns = Series::new("  same, client in a session", "µs");
+    let opts = Options { reconnect: Some(Duration::from_secs(60)), ..Options::default() };
+    let session = Client::connect(&format!("127.0.0.1:{port}"), &opts).map_err(|e| e.to_string())?;
+    let calls = if a.quick { 100 } else { 2000 };
     for _ in 0..a.runs {
         tcp.values.push(raw_stream(bytes)?);
         write.values.push(ferry_write(&client, bytes, block)?);
+        swrite.values.push(ferry_write(&session, bytes, block)?);
+        fwrite.values.push(ferry_write_sync(&client, bytes, block, true)?);
+        sfwrite.values.push(ferry_write_sync(&session, bytes, block, true)?);
         read.values.push(ferry_read(&client, "/bench.dat", bytes, block)?);
+        sread.values.push(ferry_read(&session, "/bench.dat", bytes, block)?);
+        ns.values.push(mkdir_rmdir(&client, calls)?);
+        sns.values.push(mkdir_rmdir(&session, calls)?);
         sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
         recvwrite.values.push(raw_recv_write(&dir.join("raw.dat"), bytes)?);
         let addr = format!("127.0.0.1:{port}");
@@ -207,6 +226,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
                 100.0 * read.median() / sendfile.median()
             ),
         ),
+        (&sread, format!("{:.2} x without", sread.median() / read.median())),
         (
             &write,
             format!(
@@ -215,6 +235,11 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
                 100.0 * write.median() / recvwrite.median()
             ),
         ),
+        (&swrite, format!("{:.2} x without", swrite.median() / write.median())),
+        (&fwrite, String::new()),
+        (&sfwrite, format!("{:.2} x without", sfwrite.median() / fwrite.median())),
+        (&ns, String::new()),
+        (&sns, format!("{:.2} x without", sns.median() / ns.median())),
         (&ping, String::new()),
         (&null, format!("{:.2} x raw ping-pong", null.median() / raw_rtt)),
         (&stat, format!("{:.2} x raw ping-pong", stat.median() / raw_rtt)),
@@ -253,6 +278,11 @@ pub(crate) fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
 }
 
 fn ferry_write(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
+    ferry_write_sync(c, bytes, block, false)
+}
+
+/// Writes `bytes` to a fresh file, `fsync`s it if `sync`, closes: MB/s.
+fn ferry_write_sync(c: &Client, bytes: u64, block: usize, sync: bool) -> Result<f64, String> {
     let buf = vec![0x5au8; block];
     let t = Instant::now();
     let mut f =
@@ -263,8 +293,23 @@ fn ferry_write(c: &Client, bytes: u64, block: usize) -> Result<f64, String> {
         f.write_all(&buf[..n]).map_err(|e| e.to_string())?;
         left -= n as u64;
     }
+    if sync {
+        f.sync_all().map_err(|e| e.to_string())?;
+    }
     f.close().map_err(|e| e.to_string())?;
     Ok(mbps(bytes, t.elapsed()))
+}
+
+/// `calls` directories made and removed again: µs per call.
+fn mkdir_rmdir(c: &Client, calls: usize) -> Result<f64, String> {
+    let t = Instant::now();
+    for i in 0..calls / 2 {
+        c.create_dir(format!("/ns-{i}"), 0o755).map_err(|e| e.to_string())?;
+    }
+    for i in 0..calls / 2 {
+        c.remove_dir(format!("/ns-{i}")).map_err(|e| e.to_string())?;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / (calls / 2 * 2) as f64)
 }
 
 /// Reads `path` through with `block`-sized reads: MB/s.

@@ -44,8 +44,8 @@ pub struct ServeArgs {
     /// Directory where sessions (ids, secrets, reply caches) outlive the
     /// server process, so a request in flight when it was killed runs once
     /// after a restart. Default for a directory export:
-    /// $XDG_STATE_HOME/ferry/serve/<hash of the export path> (else
-    /// ~/.local/state/...); none for --memory.
+    /// $XDG_STATE_HOME/ferry/serve/HASH, HASH of the export path (without
+    /// XDG_STATE_HOME: ~/.local/state/ferry/serve/HASH); none for --memory.
     #[arg(long, conflicts_with = "no_state")]
     state_dir: Option<PathBuf>,
     /// Keep sessions in memory only: a restart forgets them.

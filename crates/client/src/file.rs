@@ -419,9 +419,15 @@ impl File {
         Ok(())
     }
 
+    /// Keeps buffers for the next copies: up to half the bound of what a
+    /// file keeps uncommitted, so a writer that commits every so often
+    /// copies into memory it already has (fresh 1 MiB buffers cost a map
+    /// and page faults each: measured 0.77 x the write rate with 9 spares).
     fn reuse(&mut self, bufs: Vec<Vec<u8>>) {
+        let mut kept: usize = self.spare.iter().map(Vec::capacity).sum();
         for b in bufs {
-            if self.spare.len() > WRITE_BEHIND_MAX {
+            kept += b.capacity();
+            if kept > crate::unstable::FILE_MAX / 2 {
                 break;
             }
             self.spare.push(b);
