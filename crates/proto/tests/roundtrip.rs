@@ -346,7 +346,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         10 => &[op::GETXATTR, op::LISTXATTR],
         11 => &[op::READDIR, op::LIST_DIR],
         12 => &[op::GETLOCK],
-        13 => &[op::SESSION_NEW, op::SESSION_ATTACH],
+        13 => &[op::SESSION_NEW, op::SESSION_ATTACH, op::SESSION_NEW_VOLATILE],
         14 => &[op::OPEN_ID, op::REOPEN],
         15 => &[op::OPEN_READ],
         n => unreachable!("reply variant {n}"),
