@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::bufpool::{BufPool, Lent};
+use crate::commit::Committer;
 use crate::locks::LockTable;
 use crate::session::HandleBudget;
 use crate::sessions::{Sessions, Shared};
@@ -60,6 +61,8 @@ pub struct Conn<B: Backend> {
     /// returned to the pool as soon as its request is answered.
     big: Option<Lent>,
     out: Vec<u8>,
+    /// `Fsync`s wait for the disk here, beside later requests.
+    commits: Committer<B>,
 }
 
 /// What every connection of a server shares.
@@ -94,6 +97,7 @@ impl<B: Backend> Conn<B> {
             body: Vec::new(),
             big: None,
             out: Vec::with_capacity(OUT_FLUSH),
+            commits: Committer::new(Arc::clone(&common.backend)),
         })
     }
 
@@ -290,6 +294,17 @@ impl<B: Backend> Conn<B> {
         // brought it.
         let shared = Arc::clone(session);
         let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Request::Fsync { handle, datasync } = req {
+            // Every write the session sent before has run: the commit
+            // covers them, and waits for the disk beside what follows.
+            if let Ok(file) = guard.file_of(handle) {
+                drop(guard);
+                if self.commits.start(&self.tx, h.op, h.id, file, datasync).is_ok() {
+                    return self.maybe_flush();
+                }
+                guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+            }
+        }
         let once = caps & ferry_proto::caps::REPLAY != 0 && req.once_only();
         let digest = if once { crate::replay::digest(body) } else { 0 };
         let mut run = None;
@@ -377,6 +392,7 @@ impl<B: Backend> Conn<B> {
 
     fn flush(&mut self) -> Result<(), End> {
         if !self.out.is_empty() {
+            let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
             self.tx.write_all(&self.out).map_err(End::Io)?;
             self.out.clear();
         }
@@ -394,6 +410,7 @@ impl<B: Backend> Conn<B> {
             // until the kernel's cork timer (200 ms) fires.
             ReadData::Fd { len: 0, .. } => self.flush(),
             ReadData::Fd { fd, offset, len } => {
+                let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
                 send_more(&self.tx, &self.out).map_err(End::Io)?;
                 self.out.clear();
                 sendfile_all(&self.tx, fd, offset, len).map_err(End::Io)

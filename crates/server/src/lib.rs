@@ -8,6 +8,7 @@
 
 pub mod backend;
 mod bufpool;
+mod commit;
 mod conn;
 mod fileid;
 mod journal;

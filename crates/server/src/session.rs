@@ -98,7 +98,8 @@ pub enum Answer<'s> {
 }
 
 struct Handle<F> {
-    file: F,
+    /// Shared with a commit running beside later requests (see `commit`).
+    file: Arc<F>,
     /// The shared file offset that `Read`, `Write` and `Seek` use.
     offset: Cell<u64>,
     is_dir: bool,
@@ -172,6 +173,11 @@ impl<B: Backend> Session<B> {
             replies: Default::default(),
             log: None,
         }
+    }
+
+    /// The open file of handle `h`, to commit outside the session's lock.
+    pub fn file_of(&self, h: u64) -> Result<Arc<B::File>> {
+        self.handle(h).map(|x| Arc::clone(&x.file))
     }
 
     fn handle(&self, h: u64) -> Result<&Handle<B::File>> {
@@ -493,6 +499,7 @@ impl<B: Backend> Session<B> {
         self.next_handle += 1;
         let is_dir = attr.is_dir();
         let (key, acc) = ((attr.dev, attr.ino), flags & libc::O_ACCMODE as u32);
+        let file = Arc::new(file);
         self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir, key, acc, locked: Cell::new(false) });
         Ok((handle, attr))
     }
