@@ -7,8 +7,9 @@
 //!   `HELLO` then `AUTH` end the connection (an error reply first when the
 //!   frame was whole: `EPROTO` for a bad `HELLO`, `EACCES` "authentication
 //!   failed" for a bad `AUTH`);
-//! - after it, a frame over the announced `max_frame` ends the connection
-//!   with one log line; every other frame gets exactly one reply with its id
+//! - after it, a frame over the announced `max_frame` gets an `EMSGSIZE`
+//!   reply naming the limit, then the connection ends, with one log line;
+//!   every other frame gets exactly one reply with its id
 //!   and op: `ENOSYS` for an unknown op, `EBADMSG` for a body that does not
 //!   decode (short, invalid or with trailing bytes), `EINVAL` for a second
 //!   handshake, `EBADF` for an unknown handle;
@@ -675,7 +676,7 @@ fn undecodable_bodies_get_ebadmsg() {
 }
 
 #[test]
-fn frame_over_max_frame_closes_with_one_log_line() {
+fn frame_over_max_frame_gets_an_error_reply_then_a_close_and_one_log_line() {
     let mut server = Server::start(&[]);
     for len in [0x7FFF_FFFFu32, u32::MAX, 0] {
         let (mut s, welcome) = handshake(&server);
@@ -684,6 +685,9 @@ fn frame_over_max_frame_closes_with_one_log_line() {
         ping(&mut s, 3, "the handshake");
         send_lossy(&mut s, &header(len, op::WRITE, 0, 4));
         send_lossy(&mut s, &[0u8; 1024]);
+        // Told why, then closed.
+        let msg = expect_errno(&mut s, op::WRITE, 4, libc::EMSGSIZE as u32, &format!("a frame of {len:#x} bytes"));
+        assert!(msg.contains("exceeds the limit"), "{msg}");
         expect_closed(&mut s, &format!("a frame of {len:#x} bytes"));
         wait_for_log(&server, &[&peer, "exceeds the limit"]);
         // Let any further line land before counting.

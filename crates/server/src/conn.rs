@@ -141,7 +141,13 @@ impl<B: Backend> Conn<B> {
             Err(e) => return Err(End::Io(e)),
         }
         let h = Header::decode(&hb);
-        h.check_len(max).map_err(|e| End::Protocol(e.to_string()))?;
+        if let Err(e) = h.check_len(max) {
+            let why = e.to_string();
+            if self.policy.is_some() {
+                self.refuse_frame(h, &why);
+            }
+            return Err(End::Protocol(why));
+        }
         let len = h.len as usize;
         let dest = if len > OWN_MAX {
             &mut self.big.insert(self.pool.take(len)).as_mut_slice()[..len]
@@ -158,6 +164,31 @@ impl<B: Backend> Conn<B> {
             _ => End::Io(e),
         })?;
         Ok(h)
+    }
+
+    /// Tells an authenticated peer why its frame ends the connection (an
+    /// error reply to it, `EMSGSIZE`), then lets it read that: our side is
+    /// shut for writing and what it still sends is read and dropped for a
+    /// moment, since closing with unread input would reset the connection
+    /// and could discard the reply before the peer reads it.
+    fn refuse_frame(&mut self, h: Header, why: &str) {
+        let mut out = Vec::new();
+        ErrorReply { errno: libc::EMSGSIZE as u32, message: why }.encode(h.op, h.id, &mut out);
+        self.out.extend_from_slice(&out);
+        if self.flush().is_err() {
+            return;
+        }
+        let _ = self.tx.shutdown(std::net::Shutdown::Write);
+        let until = Instant::now() + std::time::Duration::from_secs(2);
+        let _ = self.tx.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+        let mut sink = [0u8; 64 * 1024];
+        let mut left: usize = 64 << 20;
+        while left > 0 && Instant::now() < until {
+            match (&self.tx).read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
     }
 
     /// The handshake has one deadline for all of it, so a peer that never
