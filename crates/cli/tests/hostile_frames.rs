@@ -713,6 +713,36 @@ fn frame_over_max_frame_gets_an_error_reply_then_a_close_and_one_log_line() {
     assert_healthy(&mut server, "a frame of exactly max_frame");
 }
 
+/// Commits run beside the other requests, so their replies may come out of
+/// order; a client that sends far more than its window of them, without
+/// reading, gets every one answered once and leaves the server healthy.
+#[test]
+fn a_flood_of_fsyncs_is_answered_once_each() {
+    let mut server = Server::start(&[]);
+    let (mut s, welcome) = handshake(&server);
+    let f = encode(&Request::Open { path: b"/c", flags: (libc::O_CREAT | libc::O_WRONLY) as u32, mode: 0o644 }, 5);
+    send(&mut s, &f);
+    let body = expect_ok(&mut s, op::OPEN, 5, "OPEN /c");
+    let Reply::Opened { handle, .. } = Reply::decode(op::OPEN, &body).unwrap() else { panic!() };
+    let n = 20 * welcome.window_requests as u64;
+    let mut burst = Vec::new();
+    for id in 0..n {
+        burst.extend(encode(&Request::Pwrite { handle, offset: id, data: b"x" }, 1_000_000 + id));
+        burst.extend(encode(&Request::Fsync { handle, datasync: id % 2 == 0 }, 2_000_000 + id));
+    }
+    let mut w = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || w.write_all(&burst).unwrap());
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..2 * n {
+        let (h, _) = expect_frame(&mut s, "a reply in the flood");
+        assert_eq!(h.flags, 0, "request {} failed", h.id);
+        assert!(seen.insert(h.id), "request {} answered twice", h.id);
+    }
+    sender.join().unwrap();
+    assert_eq!(std::fs::metadata(server.export.path().join("c")).unwrap().len(), n);
+    assert_healthy(&mut server, "a flood of fsyncs");
+}
+
 #[test]
 fn second_handshake_after_auth_is_refused() {
     let mut server = Server::start(&[]);

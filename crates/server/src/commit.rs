@@ -9,6 +9,7 @@
 
 use std::io::Write;
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -26,23 +27,32 @@ struct Job<F> {
 /// A connection's commit thread, started at its first `Fsync`.
 pub struct Committer<B: Backend> {
     backend: Arc<B>,
+    /// Commits queued or running, at most the client's request window:
+    /// a client past its window has its next commit run in line (the
+    /// server stops reading it meanwhile), so the queue stays bounded.
+    queued: Arc<AtomicUsize>,
+    window: usize,
     /// Held by whoever writes to the socket, so frames never interleave.
     pub wlock: Arc<Mutex<()>>,
     jobs: Option<Sender<Job<B::File>>>,
 }
 
 impl<B: Backend> Committer<B> {
-    pub fn new(backend: Arc<B>) -> Self {
-        Committer { backend, wlock: Arc::default(), jobs: None }
+    pub fn new(backend: Arc<B>, window: usize) -> Self {
+        Committer { backend, queued: Arc::default(), window: window.max(1), wlock: Arc::default(), jobs: None }
     }
 
     /// Queues the commit of `file`; its reply goes to `sock`. Fails only if
     /// no thread can be started (the caller then commits in line).
     pub fn start(&mut self, sock: &TcpStream, op: u16, id: u64, file: Arc<B::File>, datasync: bool) -> Result<(), ()> {
+        if self.queued.load(Relaxed) >= self.window {
+            return Err(());
+        }
         if self.jobs.is_none() {
             let (tx, rx) = channel::<Job<B::File>>();
             let sock = sock.try_clone().map_err(drop)?;
-            let (backend, wlock) = (Arc::clone(&self.backend), Arc::clone(&self.wlock));
+            let (backend, wlock, queued) =
+                (Arc::clone(&self.backend), Arc::clone(&self.wlock), Arc::clone(&self.queued));
             std::thread::Builder::new()
                 .name("ferry-commit".into())
                 .stack_size(128 * 1024)
@@ -61,12 +71,18 @@ impl<B: Backend> Committer<B> {
                         let _g = wlock.lock().unwrap_or_else(|e| e.into_inner());
                         // A connection gone meanwhile has no one to tell.
                         let _ = (&sock).write_all(&out);
+                        queued.fetch_sub(1, Relaxed);
                     }
                 })
                 .map_err(drop)?;
             self.jobs = Some(tx);
         }
         let job = Job { op, id, file, datasync };
-        self.jobs.as_ref().map_or(Err(()), |j| j.send(job).map_err(drop))
+        self.queued.fetch_add(1, Relaxed);
+        let sent = self.jobs.as_ref().map_or(Err(()), |j| j.send(job).map_err(drop));
+        if sent.is_err() {
+            self.queued.fetch_sub(1, Relaxed);
+        }
+        sent
     }
 }

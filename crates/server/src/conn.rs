@@ -97,7 +97,7 @@ impl<B: Backend> Conn<B> {
             body: Vec::new(),
             big: None,
             out: Vec::with_capacity(OUT_FLUSH),
-            commits: Committer::new(Arc::clone(&common.backend)),
+            commits: Committer::new(Arc::clone(&common.backend), common.cfg.window_requests as usize),
         })
     }
 
