@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::fuse::{is_live, require_fuse, wait_for, Detach};
 use common::proxy::Proxy;
-use common::restart::Serve;
+use common::restart::{python_under_ferry_run, Serve};
 use common::{random_bytes, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, Options};
 
@@ -430,17 +430,7 @@ os.close(fd)
         ready = ready.to_str().unwrap(),
         go = go.to_str().unwrap()
     );
-    let child = Command::new("timeout")
-        .args(["120", FERRY, "run", "--mount"])
-        .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
-        .args(["--", "python3", "-c", &script])
-        .env("FERRY_TOKEN_FILE", &token)
-        .env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_MOUNTS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = python_under_ferry_run(port, &token, &script);
     assert!(wait_for(Duration::from_secs(30), || ready.exists()), "the program did not start");
     server.kill();
     lose_uncommitted(&export.path().join("m"), b"");
@@ -490,17 +480,7 @@ print(open("/remote/new", "w").write("made after the restart"))
     );
     let lib = Path::new(FERRY).with_file_name("libferry_preload.so");
     assert!(lib.is_file(), "{} missing: build the workspace first", lib.display());
-    let child = Command::new("timeout")
-        .args(["120", FERRY, "run", "--mount"])
-        .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
-        .args(["--", "python3", "-c", &script])
-        .env("FERRY_TOKEN_FILE", &token)
-        .env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_MOUNTS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = python_under_ferry_run(port, &token, &script);
     assert!(wait_for(Duration::from_secs(30), || ready.exists()), "the program did not start");
     server.kill();
     fs::rename(export.path().join("f"), export.path().join("g")).unwrap();

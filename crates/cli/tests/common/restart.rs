@@ -61,3 +61,19 @@ impl Drop for Serve {
         self.kill();
     }
 }
+
+/// `python3 -c SCRIPT` under `ferry run --mount /remote=ferry://127.0.0.1:PORT/`
+/// (bounded by `timeout 120`), its output piped.
+pub fn python_under_ferry_run(port: u16, token: &Path, script: &str) -> Child {
+    Command::new("timeout")
+        .args(["120", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
+        .args(["--", "python3", "-c", script])
+        .env("FERRY_TOKEN_FILE", token)
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
