@@ -72,7 +72,17 @@ struct NobodyServer {
 
 impl Drop for NobodyServer {
     fn drop(&mut self) {
-        // runuser forwards the signal to the server it started.
+        // runuser forwards SIGTERM to the server it started and waits for
+        // it; a SIGKILL would end runuser alone and leave the server running.
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        for _ in 0..500 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
