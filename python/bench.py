@@ -7,6 +7,10 @@
    "ferry sequential read" (the Rust library), run by this script.
 2. ``cat_ranges`` of 1,000 random 64 KiB ranges against one ``seek`` +
    ``read`` per range on an open file.
+3. The same sequential read through fsspec's SFTP implementation (paramiko)
+   over a private ``sshd`` on 127.0.0.1, what these users would otherwise
+   pick: needs ``/usr/sbin/sshd`` (Debian: openssh-server) and ``pip install
+   paramiko``; without them the line says why it was skipped.
 
 Medians of ``--runs`` (3). Client pinned to CPU 0 and server to CPU 1, as
 ``ferry bench`` does. Usage (after ``pip install ./python``):
@@ -38,6 +42,74 @@ import ferry  # noqa: E402
 from ferry.fs import FerryFileSystem  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def start_sshd(work: str) -> "tuple[subprocess.Popen, int, str]":
+    """A private sshd on 127.0.0.1 with fresh host and user keys, for the
+    current user only (key login). Returns it, its port and the key file."""
+    import socket
+
+    for name in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(work, name)], check=True)
+    shutil.copy(os.path.join(work, "user.pub"), os.path.join(work, "authorized_keys"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = os.path.join(work, "sshd_config")
+    with open(cfg, "w") as f:
+        f.write(
+            f"Port {port}\nListenAddress 127.0.0.1\nHostKey {work}/host\nPidFile {work}/sshd.pid\n"
+            f"AuthorizedKeysFile {work}/authorized_keys\nPasswordAuthentication no\nStrictModes no\n"
+            "PermitRootLogin prohibit-password\nUsePAM no\nSubsystem sftp internal-sftp\n"
+        )
+    os.makedirs("/run/sshd", exist_ok=True)
+    p = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", cfg], stderr=subprocess.DEVNULL, preexec_fn=lambda: pin(1))
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return p, port, os.path.join(work, "user")
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    raise RuntimeError("sshd did not start")
+
+
+def sftp_read(path: str, size: int, runs: int) -> str:
+    """The first `size` bytes of `path` read through fsspec's SFTP file
+    system in 1 MiB reads: the median line, or why it was not measured."""
+    if not os.path.exists("/usr/sbin/sshd"):
+        return "not measured: /usr/sbin/sshd missing (apt-get install openssh-server)"
+    try:
+        import fsspec
+        import paramiko  # noqa: F401
+    except ImportError:
+        return "not measured: paramiko missing (pip install paramiko)"
+    import getpass
+
+    work = tempfile.mkdtemp(prefix="ferry-pybench-ssh-")
+    sshd = None
+    try:
+        sshd, port, key = start_sshd(work)
+        fs = fsspec.filesystem("sftp", host="127.0.0.1", port=port, username=getpass.getuser(), key_filename=key)
+        times = []
+        for _ in range(runs):
+            with fs.open(path, "rb") as f:
+                t0 = time.perf_counter()
+                n = 0
+                while n < size:
+                    b = f.read(min(1024 * 1024, size - n))
+                    if not b:
+                        break
+                    n += len(b)
+                times.append(time.perf_counter() - t0)
+            assert n == size, (n, size)
+        return median_mbs(size, times)
+    finally:
+        if sshd is not None:
+            sshd.terminate()
+            sshd.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def pin(cpu: int) -> None:
@@ -105,11 +177,15 @@ def main() -> None:
         del whole
 
         # The Rust library, measured by `ferry bench` (its own server, same pinning).
+        # With this process's CPU 0 mask inherited, `ferry bench` would see
+        # one CPU, pin nothing and run client and server on one core.
+        every_cpu = set(range(os.cpu_count() or 1))
         out = subprocess.run(
             [a.ferry, "bench", "--size-mib", str(a.size_mib), "--runs", str(a.runs), "--rtts", "100"],
             capture_output=True,
             text=True,
             check=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, every_cpu),
         ).stdout
         m = re.search(r"ferry sequential read\s+([\d.]+) MB/s\s+([\d.]+)\.\.([\d.]+)", out)
         rust = float(m.group(1)) if m else float("nan")
@@ -138,6 +214,10 @@ def main() -> None:
         print(f"Python readinto, 1 MiB buffer        {median_mbs(size, t_block)}   {py / rust * 100:.0f} % of the Rust library")
         print(f"Python readinto, one {a.size_mib} MiB buffer  {median_mbs(size, t_whole)}")
         print(f"Rust library (ferry bench)           {rust:8.1f} MB/s  ({m.group(2) if m else '?'}..{m.group(3) if m else '?'})")
+        # At SFTP's speed a whole GiB takes minutes a run: its first 128 MiB.
+        sftp_size = min(size, 128 << 20)
+        sftp = sftp_read(os.path.join(root, "big"), sftp_size, a.runs)
+        print(f"fsspec SFTP (paramiko), first {sftp_size >> 20} MiB {sftp}")
         tr, tl = statistics.median(t_ranges), statistics.median(t_loop)
         print(f"cat_ranges, {a.ranges} x {a.range_kib} KiB          {tr * 1000:8.1f} ms  ({rlen * a.ranges / tr / 1e6:.0f} MB/s)")
         print(f"seek + read per range               {tl * 1000:8.1f} ms  ({rlen * a.ranges / tl / 1e6:.0f} MB/s)  cat_ranges {tl / tr:.1f}x faster")
