@@ -49,7 +49,8 @@ impl Clients {
         }
         let token = ferry_client::token::find_client_token(self.token_file.as_deref())?;
         let reconnect = (!self.reconnect.is_zero()).then_some(self.reconnect);
-        let opts = Options { token, reconnect, ..Options::default() };
+        let cache = ferry_client::cache::Cache::from_env()?;
+        let opts = Options { token, reconnect, cache, ..Options::default() };
         let c = Client::connect(&url.addr, &opts).map_err(|e| format!("ferry://{}: {e}", url.addr))?;
         self.conns.insert(url.addr.clone(), c.clone());
         Ok(c)
@@ -605,4 +606,32 @@ pub fn mv(tf: Option<&Path>, src: &str, dst: &str) -> Result<(), String> {
         d = d.join(&name);
     }
     c.rename(&s.path, &d.path).map_err(|e| fail(&s, e))
+}
+
+/// `ferry cache set|clear|get URL`: the policy stored on the server, and
+/// for `get`, the decision in force for the path and what made it.
+pub fn cache(tf: Option<&Path>, verb: &str, url: &str, policy: Option<&str>) -> Result<(), String> {
+    let u = parse(url)?;
+    let client = Clients::new(tf).get(&u)?;
+    match verb {
+        "set" => {
+            let p = match policy {
+                Some("cache") => ferry_client::cache_policy::CACHE,
+                Some("bypass") => ferry_client::cache_policy::BYPASS,
+                other => return Err(format!("cache set: expected cache or bypass, not {other:?}")),
+            };
+            client.set_cache_policy(&u.path, p).map_err(|e| fail(&u, e))
+        }
+        "clear" => client.set_cache_policy(&u.path, ferry_client::cache_policy::NONE).map_err(|e| fail(&u, e)),
+        _ => {
+            let rules = match ferry_client::cache::Rules::default_path() {
+                Some(p) => ferry_client::cache::Rules::load(&p)?,
+                None => Default::default(),
+            };
+            let (policy, from) = client.cache_policy(&u.path).map_err(|e| fail(&u, e))?;
+            let d = ferry_client::cache::decide(&rules, u.path.as_bytes(), policy, &from);
+            println!("{}: {d}", u.path);
+            Ok(())
+        }
+    }
 }

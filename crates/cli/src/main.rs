@@ -67,6 +67,16 @@ enum Cmd {
     },
     /// Rename within one server.
     Mv { src: String, dst: String },
+    /// The cache policy stored on the server for a file or directory
+    /// (every client sees it): set cache|bypass, clear, or get (which
+    /// prints the policy in force here and where it comes from).
+    Cache {
+        #[arg(value_parser = ["set", "clear", "get"])]
+        verb: String,
+        url: String,
+        #[arg(value_parser = ["cache", "bypass"])]
+        policy: Option<String>,
+    },
     /// Mount a remote directory with FUSE.
     Mount(mount::MountArgs),
     /// Unmount a `ferry mount`.
@@ -102,6 +112,7 @@ fn main() -> ExitCode {
         Cmd::Mkdir { parents, url } => commands::mkdir(tf, &url, parents),
         Cmd::Rm { recursive, url } => commands::rm(tf, &url, recursive),
         Cmd::Mv { src, dst } => commands::mv(tf, &src, &dst),
+        Cmd::Cache { verb, url, policy } => commands::cache(tf, &verb, &url, policy.as_deref()),
         Cmd::Mount(a) => mount::mount(a, tf),
         Cmd::Umount { mountpoint } => mount::umount(&mountpoint),
         Cmd::Run(a) => run::run(a, tf),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferry_proto::{caps, Attr, DirEntry, Reply, Request, StatFs, Target, Time};
 
+use crate::cache::Cache;
 use crate::engine::{Engine, Frame, Options};
 use crate::error::{Error, Result};
 use crate::file::{File, OpenOptions};
@@ -26,6 +27,10 @@ struct Inner {
     redial: Option<Redial>,
     /// Bytes of writes kept until the server commits them, over all files.
     unstable: Arc<AtomicUsize>,
+    /// The local cache, and what names this server in its keys.
+    cache: Option<(Arc<Cache>, Vec<u8>)>,
+    /// File data received from the server by positional reads.
+    fetched: std::sync::atomic::AtomicU64,
 }
 
 /// What it takes to rejoin a session from another connection: its id and
@@ -121,7 +126,69 @@ impl Client {
         let engine = Engine::connect(addr, opts)?;
         let redial = opts.reconnect.map(|bound| Redial::new(addr, opts, bound, &engine));
         let unstable = Arc::new(AtomicUsize::new(0));
-        Ok(Client { inner: Arc::new(Inner { engine: Mutex::new(Arc::new(engine)), redial, unstable }) })
+        let cache = opts.cache.clone().map(|c| (c, format!("{addr}\0").into_bytes()));
+        Ok(Client {
+            inner: Arc::new(Inner { engine: Mutex::new(Arc::new(engine)), redial, unstable, cache, fetched: 0.into() }),
+        })
+    }
+
+    /// Bytes of file data this client's files have read from the server
+    /// with positional reads (what a cache or a read-ahead saves shows
+    /// here).
+    pub fn bytes_fetched(&self) -> u64 {
+        self.inner.fetched.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_fetched(&self, n: usize) {
+        self.inner.fetched.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether files may be cached locally (a cache was given).
+    pub fn caches(&self) -> bool {
+        self.inner.cache.is_some()
+    }
+
+    /// The local cache and this server's prefix of its keys.
+    pub(crate) fn cache(&self) -> Option<&(Arc<Cache>, Vec<u8>)> {
+        self.inner.cache.as_ref()
+    }
+
+    /// Stores a cache policy on the server for `path` (a file, or a
+    /// directory and everything below it): [`cache::CACHE`](ferry_proto::cache),
+    /// `BYPASS`, or `NONE` to remove the setting.
+    pub fn set_cache_policy(&self, path: impl AsRef<Path>, policy: u8) -> Result<()> {
+        self.need(caps::CACHING)?;
+        self.call(&Request::CacheSet { path: bytes(path.as_ref()), policy })?.reply()?;
+        Ok(())
+    }
+
+    /// The policy stored on the server for `path` or a directory above it,
+    /// and where (`cache::NONE` and an empty path when none).
+    pub fn cache_policy(&self, path: impl AsRef<Path>) -> Result<(u8, Vec<u8>)> {
+        self.need(caps::CACHING)?;
+        match self.call(&Request::CacheGet { path: bytes(path.as_ref()) })?.reply()? {
+            Reply::CachePolicy { policy, from } => Ok((policy, from.to_vec())),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// The cache decision for `path`: the server's setting, else the rules
+    /// of `cache` (the configuration file), else the naming convention.
+    pub fn cache_decision(&self, path: impl AsRef<Path>, cache: &Cache) -> Result<crate::cache::Decision> {
+        let (policy, from) = if self.engine().has_cap(caps::CACHING) {
+            self.cache_policy(path.as_ref())?
+        } else {
+            (ferry_proto::cache::NONE, Vec::new())
+        };
+        Ok(cache.decide(bytes(path.as_ref()), policy, &from))
+    }
+
+    fn need(&self, cap: u64) -> Result<()> {
+        if self.engine().has_cap(cap) {
+            Ok(())
+        } else {
+            Err(Error::remote(libc::EOPNOTSUPP))
+        }
     }
 
     /// The connection in use now (a reconnect replaces it).

@@ -62,6 +62,10 @@ pub struct Options {
     /// from the export root may exceed `PATH_MAX`); the preload library
     /// asks `PATH_MAX - 1`, the limit of a program's own path argument.
     pub max_path: usize,
+    /// The local data cache (`Cache::from_env` gives the one the mount,
+    /// `ferry run` and the CLI use); `None`: nothing is cached, whatever
+    /// the server's policy says.
+    pub cache: Option<std::sync::Arc<crate::cache::Cache>>,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
@@ -81,6 +85,7 @@ impl Default for Options {
             reconnect: None,
             session_keeps_handles: true,
             max_path: ferry_proto::MAX_PATH,
+            cache: None,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_proto::{caps, lock, Attr, Reply, Request, Target};
 
+use crate::cache::{Cache, Entry, CHUNK as CACHE_CHUNK};
 use crate::client::Client;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -204,6 +205,47 @@ pub struct File {
     /// End of the last small read, to see a sequence.
     small_end: Option<u64>,
     closed: bool,
+    /// The local cache's copy, for a file the cache policy caches.
+    cached: Option<Entry>,
+    /// End of the last fetch into the cache, and how far ahead the next
+    /// one reaches if it continues there.
+    miss_end: AtomicU64,
+    ahead: AtomicU64,
+}
+
+/// Largest cached file fetched whole at its open when it must be handed
+/// over as a local file.
+pub const WHOLE_FETCH_MAX: u64 = 256 << 20;
+
+/// Bytes fetched ahead at most by a reader of a cached file whose misses
+/// come in sequence.
+const CACHE_AHEAD_MAX: u64 = 32 << 20;
+
+/// The cache entry of a file just opened, if the policy caches it. Any
+/// failure of the local cache leaves the file uncached, never unopened.
+#[allow(clippy::too_many_arguments)]
+fn cache_entry(
+    cache: &Cache,
+    prefix: &[u8],
+    path: &[u8],
+    attr: &Attr,
+    id: &[u8],
+    change: u64,
+    policy: u8,
+    from: &[u8],
+    first: &[u8],
+) -> Option<Entry> {
+    if attr.mode & libc::S_IFMT != libc::S_IFREG || id.is_empty() || !cache.decide(path, policy, from).cache {
+        return None;
+    }
+    let key = [prefix, id].concat();
+    let version = [change.to_le_bytes(), attr.size.to_le_bytes()].concat();
+    let entry = cache.store.entry(&key, &version, attr.size).ok()?;
+    // What the open brought fills the first chunk when it is all of it.
+    if !first.is_empty() && (first.len() as u64 == attr.size.min(CACHE_CHUNK)) && entry.missing(0, 1).is_some() {
+        let _ = entry.fill(0, first);
+    }
+    Some(entry)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -221,7 +263,13 @@ impl File {
         let with_data = engine.has_cap(caps::OPEN_READ)
             && flags & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32
             && flags & libc::O_DIRECTORY as u32 == 0;
-        let f = if with_data {
+        // A read-only open where a cache is configured asks for what the
+        // cache decision needs as well (the same round trip).
+        let cached = with_data && client.cache().is_some() && engine.has_cap(caps::CACHING);
+        let mut policy = None;
+        let f = if cached {
+            client.call(&Request::OpenCached { path, flags, mode: opts.mode, max: FILL_FIRST as u32 })?
+        } else if with_data {
             client.call(&Request::OpenRead { path, flags, mode: opts.mode, max: FILL_FIRST as u32 })?
         } else if ids {
             client.call(&Request::OpenId { path, flags, mode: opts.mode })?
@@ -237,7 +285,18 @@ impl File {
                 first = data.to_vec();
                 (handle, attr, id.to_vec())
             }
+            Reply::OpenedCached { handle, attr, id, change, policy: p, from, data } => {
+                first = data.to_vec();
+                policy = Some((change, p, from.to_vec()));
+                (handle, attr, id.to_vec())
+            }
             r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+        };
+        let entry = match (policy, client.cache()) {
+            (Some((change, p, from)), Some((cache, prefix))) => {
+                cache_entry(cache, prefix, path, &attr, &id, change, p, &from, &first)
+            }
+            _ => None,
         };
         let rlen = first.len();
         let unstable = Mutex::new(Unstable::new(client.unstable_total()));
@@ -267,7 +326,87 @@ impl File {
             gen: std::sync::atomic::AtomicU64::new(0),
             small_end: None,
             closed: false,
+            cached: entry,
+            miss_end: AtomicU64::new(u64::MAX),
+            ahead: AtomicU64::new(0),
         })
+    }
+
+    /// Whether reads are served from the local cache.
+    pub fn is_cached(&self) -> bool {
+        self.cached.is_some()
+    }
+
+    /// For a cached file: the local cache file with all of the file's data
+    /// (fetched now where missing), to hand to the kernel (FUSE
+    /// passthrough) or to a program (`ferry run`). `None` for a file not
+    /// cached, or one larger than [`WHOLE_FETCH_MAX`] not in the cache
+    /// whole yet (a program reading a few bytes of a huge file must not
+    /// wait for all of it: such a file is read through the cache in chunks,
+    /// and handed over whole once it is there).
+    pub fn cache_file(&self) -> Result<Option<std::fs::File>> {
+        let Some(entry) = &self.cached else { return Ok(None) };
+        let size = entry.size();
+        if size > WHOLE_FETCH_MAX && !entry.is_complete() {
+            return Ok(None);
+        }
+        while let Some((start, len)) = entry.missing(0, size) {
+            self.cache_fetch(entry, start, len, len)?;
+        }
+        entry.data_file().map(Some).map_err(Error::from_io)
+    }
+
+    /// A read of a cached file: from the cache, missing chunks fetched from
+    /// the server and kept. The file is as it was at the open (close-to-open
+    /// consistency): its size then bounds the reads.
+    fn cached_read(&self, entry: &Entry, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let size = entry.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let want = buf.len().min((size - offset) as usize);
+        let mut done = 0;
+        while done < want {
+            let at = offset + done as u64;
+            let n = entry.read_at(&mut buf[done..want], at).map_err(Error::from_io)?;
+            if n > 0 {
+                done += n;
+                continue;
+            }
+            if let Some((start, len)) = entry.missing(at, (want - done) as u64) {
+                // Misses in sequence fetch further ahead each time (to
+                // CACHE_AHEAD_MAX); any other miss fetches what it needs.
+                let seq = self.miss_end.load(Ordering::Relaxed) == start;
+                let ahead = if seq {
+                    (self.ahead.load(Ordering::Relaxed) * 2).clamp(CACHE_CHUNK * 4, CACHE_AHEAD_MAX)
+                } else {
+                    0
+                };
+                self.ahead.store(ahead, Ordering::Relaxed);
+                let span = entry.missing(start, len.max(ahead)).map_or(len, |(_, l)| l);
+                self.cache_fetch(entry, start, len, span)?;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Fetches `span` bytes at chunk-aligned `start` (at least `need` of
+    /// them are wanted now) into the cache.
+    fn cache_fetch(&self, entry: &Entry, start: u64, need: u64, span: u64) -> Result<()> {
+        let mut data = vec![0u8; span as usize];
+        let got = self.server_read_at(&mut data, start)?;
+        if (got as u64) < need.min(entry.size() - start) {
+            // The file shrank on the server since the open: its data is no
+            // longer the version the cache entry holds.
+            return Err(Error::remote(libc::ESTALE));
+        }
+        data.truncate(got);
+        // Whole chunks only (or up to the end of the file).
+        let end = start + got as u64;
+        let keep = if end >= entry.size() { got } else { (got as u64 / CACHE_CHUNK * CACHE_CHUNK) as usize };
+        entry.fill(start, &data[..keep]).map_err(Error::from_io)?;
+        self.miss_end.store(start + keep as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// A positional read answered from what the open brought, when that
@@ -492,7 +631,16 @@ impl File {
     /// (short only at end of file). Large buffers go as several requests
     /// in flight, each reply landing in its part of `buf`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        self.again(|engine| self.read_at_once(engine, buf, offset))
+        match &self.cached {
+            Some(entry) => self.cached_read(entry, buf, offset),
+            None => self.server_read_at(buf, offset),
+        }
+    }
+
+    fn server_read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let n = self.again(|engine| self.read_at_once(engine, buf, offset))?;
+        self.client.count_fetched(n);
+        Ok(n)
     }
 
     /// Runs `op` on the current connection with a live handle; if the
@@ -997,6 +1145,11 @@ impl File {
 
 impl io::Read for File {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(entry) = &self.cached {
+            let n = self.cached_read(entry, buf, self.pos)?;
+            self.pos += n as u64;
+            return Ok(n);
+        }
         self.live()?;
         let engine = self.client.engine();
         match self.read_any(buf) {

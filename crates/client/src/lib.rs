@@ -11,6 +11,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cache;
 mod client;
 mod engine;
 mod error;
@@ -24,7 +25,7 @@ pub mod url;
 pub use client::{join, Client, SessionTicket};
 pub use engine::{Engine, Frame, Options, PlaceFd};
 pub use error::{Error, Result};
-pub use ferry_proto::{caps, Attr, DirEntry, StatFs, Target, Time};
+pub use ferry_proto::{cache as cache_policy, caps, Attr, DirEntry, StatFs, Target, Time};
 pub use file::{File, OpenOptions};
 pub use lock::{backoff, LockHolder, LockKind, LockSpec, LockType};
 pub use url::Url;

@@ -35,6 +35,7 @@ pub use fuser::BackgroundSession;
 pub use null::{spawn_null, NullFs, NULL_FILE};
 
 mod null;
+mod passthrough;
 mod recent;
 
 /// Largest read or write the kernel sends in one request.
@@ -461,6 +462,8 @@ struct OpenFile {
     /// caller must clear.
     mode: std::sync::atomic::AtomicU32,
     gid: std::sync::atomic::AtomicU32,
+    /// Opened with FUSE passthrough: its release ends the node's backing.
+    passthrough: std::sync::atomic::AtomicBool,
 }
 
 /// The mode a write by a caller without `CAP_FSETID` leaves, as Linux's
@@ -537,6 +540,9 @@ pub struct FerryFs {
     next_fh: AtomicU64,
     locks: locks::MountLocks,
     recent: recent::Recent,
+    /// Whether the kernel took FUSE passthrough (cached files only).
+    passthrough: bool,
+    backings: passthrough::Backings,
 }
 
 thread_local! {
@@ -558,6 +564,8 @@ impl FerryFs {
             next_fh: AtomicU64::new(1),
             locks: locks::MountLocks::default(),
             recent: recent::Recent::default(),
+            passthrough: false,
+            backings: passthrough::Backings::default(),
         }
     }
 
@@ -666,7 +674,15 @@ impl FerryFs {
         let attr = *file.attr();
         let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
         let (mode, gid) = (attr.mode.into(), attr.gid.into());
-        let f = Arc::new(OpenFile { file: RwLock::new(Some(file)), append, ino: AtomicU64::new(ino), mode, gid });
+        let passthrough = false.into();
+        let f = Arc::new(OpenFile {
+            file: RwLock::new(Some(file)),
+            append,
+            ino: AtomicU64::new(ino),
+            mode,
+            gid,
+            passthrough,
+        });
         let fh = self.add_handle(Handle::File(Arc::clone(&f)));
         Ok((f, fh, attr))
     }
@@ -883,6 +899,13 @@ impl Filesystem for FerryFs {
             // seen to change: the page cache is as fresh as the attributes.
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
+        // Cached files are handed to the kernel, where it can take them.
+        if self.client.caches()
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.passthrough = true;
+        }
         if self.client.engine().has_cap(ferry_client::caps::LOCKS) {
             // Locks go to the server; without the capability the kernel
             // keeps them local to this machine, as before.
@@ -1075,7 +1098,7 @@ impl Filesystem for FerryFs {
         let writes = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC) != libc::O_RDONLY;
         let _changes = writes.then(|| self.recent.changing());
         let o = Self::open_options(flags.0);
-        let (_, fh, _) = match self.path(ino) {
+        let (f, fh, _) = match self.path(ino) {
             Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0)),
             // The kernel looked the name up just before a rename put a new
             // version there (an editor's or git's save): a local open would
@@ -1091,6 +1114,21 @@ impl Filesystem for FerryFs {
             }
             Err(stale) => return reply.error(stale),
         };
+        let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(file) = g.as_ref().filter(|f| f.is_cached()) {
+            // A cached file: the kernel reads the local cache file itself,
+            // or, without passthrough, keeps its pages (every read that
+            // reaches us is served from the local cache anyway).
+            if self.passthrough {
+                let data = file.cache_file().ok().flatten();
+                if let Some(id) = data.and_then(|d| self.backings.acquire(ino.0, &d, |d| reply.open_backing(d))) {
+                    f.passthrough.store(true, Ordering::Relaxed);
+                    return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
+                }
+            }
+            return reply.opened(fh, FopenFlags::empty());
+        }
+        drop(g);
         reply.opened(fh, self.open_flags());
     }
 
@@ -1176,6 +1214,9 @@ impl Filesystem for FerryFs {
         self.locks.released(self.file(fh).ok().as_deref(), fh.0, ino.0, lock_owner.map(|o| o.0));
         let h = lock(&self.handles).remove(&fh.0);
         if let Some(Handle::File(f)) = h {
+            if f.passthrough.load(Ordering::Relaxed) {
+                self.backings.release(ino.0);
+            }
             if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
                 tri!(reply, file.close().map_err(errno));
             }

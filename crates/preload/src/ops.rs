@@ -41,9 +41,27 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
     let file = c
         .open(crate::mounts::as_path(&r.path), OpenOptions::new().custom_flags(pass as u32).mode(mode))
         .map_err(|e| err(r, e))?;
+    if file.is_cached() {
+        // A cached file opened for reading: the program gets a real fd of
+        // the local cache file, so mmap, sendfile and splice work natively.
+        // Any failure of the local copy leaves it a remote file.
+        if let Ok(Some(local)) = file.cache_file() {
+            return Ok(program_fd(local, flags & libc::O_CLOEXEC != 0));
+        }
+    }
     let dir = file.attr().mode & libc::S_IFMT == libc::S_IFDIR;
     let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
     install(r, keep, dir, Some(file), flags & libc::O_CLOEXEC != 0)
+}
+
+/// A local file's descriptor, handed to the program as its own: std opens
+/// close-on-exec, the program's `open` may not have asked for that.
+fn program_fd(f: std::fs::File, cloexec: bool) -> i32 {
+    use std::os::fd::IntoRawFd;
+    if !cloexec {
+        let _ = rustix::io::fcntl_setfd(&f, rustix::io::FdFlags::empty());
+    }
+    f.into_raw_fd()
 }
 
 /// The fd of a directory stream (`opendir`): the listing is read by path,

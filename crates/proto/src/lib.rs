@@ -85,9 +85,12 @@ pub mod caps {
     pub const OPEN_READ: u64 = 1 << 7;
     /// `ListDir`: a directory listed by path in one round trip.
     pub const LIST_DIR: u64 = 1 << 8;
+    /// `OpenCached`, `CacheSet`, `CacheGet`: the change attribute and cache
+    /// policies stored on the server. Needs `FILE_IDS`.
+    pub const CACHING: u64 = 1 << 9;
     /// Everything this implementation offers.
     pub const ALL: u64 =
-        READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY | OPEN_READ | LIST_DIR;
+        READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY | OPEN_READ | LIST_DIR | CACHING;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

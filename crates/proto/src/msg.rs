@@ -49,6 +49,21 @@ pub mod op {
     pub const OPEN_READ: u16 = 44;
     pub const LIST_DIR: u16 = 45;
     pub const SESSION_NEW_VOLATILE: u16 = 46;
+    /// `OpenId` answered with what a caching client needs (capability
+    /// `CACHING`).
+    pub const OPEN_CACHED: u16 = 47;
+    pub const CACHE_SET: u16 = 48;
+    pub const CACHE_GET: u16 = 49;
+}
+
+/// Cache policies stored on the server (capability `CACHING`).
+pub mod cache {
+    /// No setting (`CacheSet`: remove the setting).
+    pub const NONE: u8 = 0;
+    /// Clients may keep the file's data on their disk.
+    pub const CACHE: u8 = 1;
+    /// Clients read and write the file on the server only.
+    pub const BYPASS: u8 = 2;
 }
 
 /// Record-lock constants of `Lock` and `GetLock` (capability `LOCKS`).
@@ -112,6 +127,25 @@ pub enum Request<'a> {
         dev: u64,
         ino: u64,
         id: &'a [u8],
+        path: &'a [u8],
+    },
+    /// `OpenRead` answered with `OpenedCached`: also the file's change
+    /// attribute and the cache policy stored on the server for it
+    /// (capability `CACHING`).
+    OpenCached {
+        path: &'a [u8],
+        flags: u32,
+        mode: u32,
+        max: u32,
+    },
+    /// Stores a [`cache`] policy on `path` (a file, or a directory for
+    /// everything below it); `cache::NONE` removes it.
+    CacheSet {
+        path: &'a [u8],
+        policy: u8,
+    },
+    /// The policy in force for `path`, answered with `CachePolicy`.
+    CacheGet {
         path: &'a [u8],
     },
     Close {
@@ -309,9 +343,10 @@ impl<'a> Request<'a> {
             | Request::Link { .. }
             | Request::Symlink { .. }
             | Request::Mknod { .. } => true,
-            Request::Open { flags, .. } | Request::OpenId { flags, .. } | Request::OpenRead { flags, .. } => {
-                flags & EXCL != 0
-            }
+            Request::Open { flags, .. }
+            | Request::OpenId { flags, .. }
+            | Request::OpenRead { flags, .. }
+            | Request::OpenCached { flags, .. } => flags & EXCL != 0,
             _ => false,
         }
     }
@@ -325,6 +360,9 @@ impl<'a> Request<'a> {
             Request::OpenId { .. } => op::OPEN_ID,
             Request::OpenRead { .. } => op::OPEN_READ,
             Request::Reopen { .. } => op::REOPEN,
+            Request::OpenCached { .. } => op::OPEN_CACHED,
+            Request::CacheSet { .. } => op::CACHE_SET,
+            Request::CacheGet { .. } => op::CACHE_GET,
             Request::Close { .. } => op::CLOSE,
             Request::Read { .. } => op::READ,
             Request::Pread { .. } => op::PREAD,
@@ -402,7 +440,7 @@ impl<'a> Request<'a> {
                 w.u32(*mode);
                 w.name(path);
             }
-            Request::OpenRead { path, flags, mode, max } => {
+            Request::OpenRead { path, flags, mode, max } | Request::OpenCached { path, flags, mode, max } => {
                 w.u32(*flags);
                 w.u32(*mode);
                 w.u32(*max);
@@ -415,6 +453,11 @@ impl<'a> Request<'a> {
                 w.bytes(id);
                 w.name(path);
             }
+            Request::CacheSet { path, policy } => {
+                w.u8(*policy);
+                w.name(path);
+            }
+            Request::CacheGet { path } => w.name(path),
             Request::Close { handle } => w.u64(*handle),
             Request::Read { handle, count } => {
                 w.u64(*handle);
@@ -559,6 +602,20 @@ impl<'a> Request<'a> {
                     Request::OpenId { path, flags, mode }
                 }
             }
+            op::OPEN_CACHED => Request::OpenCached {
+                flags: r.u32("open_cached.flags")?,
+                mode: r.u32("open_cached.mode")?,
+                max: r.u32("open_cached.max")?,
+                path: r.name("open_cached.path")?,
+            },
+            op::CACHE_SET => {
+                let policy = r.u8("cache_set.policy")?;
+                if policy > cache::BYPASS {
+                    return Err(DecodeError::Invalid("cache_set.policy"));
+                }
+                Request::CacheSet { policy, path: r.name("cache_set.path")? }
+            }
+            op::CACHE_GET => Request::CacheGet { path: r.name("cache_get.path")? },
             op::OPEN_READ => Request::OpenRead {
                 flags: r.u32("open_read.flags")?,
                 mode: r.u32("open_read.mode")?,
@@ -741,6 +798,25 @@ pub enum Reply<'a> {
         id: &'a [u8],
         data: &'a [u8],
     },
+    /// Answer to `OpenCached`: `OpenedData` plus the file's change attribute
+    /// (equal values mean equal data: a different value after any change
+    /// made through the server or on its disk) and the policy stored on the
+    /// server for it or a directory above it (`from`: where; empty with
+    /// `cache::NONE`).
+    OpenedCached {
+        handle: u64,
+        attr: Attr,
+        id: &'a [u8],
+        change: u64,
+        policy: u8,
+        from: &'a [u8],
+        data: &'a [u8],
+    },
+    /// Answer to `CacheGet`.
+    CachePolicy {
+        policy: u8,
+        from: &'a [u8],
+    },
     Data(&'a [u8]),
     Written {
         count: u32,
@@ -828,6 +904,19 @@ impl<'a> Reply<'a> {
                 w.bytes(id);
                 w.raw(data);
             }
+            Reply::OpenedCached { handle, attr, id, change, policy, from, data } => {
+                w.u64(*handle);
+                attr.put(w);
+                w.bytes(id);
+                w.u64(*change);
+                w.u8(*policy);
+                w.name(from);
+                w.raw(data);
+            }
+            Reply::CachePolicy { policy, from } => {
+                w.u8(*policy);
+                w.name(from);
+            }
             Reply::Data(d) => return d.len(),
             Reply::Written { count } => w.u32(*count),
             Reply::Offset { offset } => w.u64(*offset),
@@ -884,6 +973,16 @@ impl<'a> Reply<'a> {
                 id: r.bytes("opened.id")?,
                 data: r.rest(),
             },
+            op::OPEN_CACHED => Reply::OpenedCached {
+                handle: r.u64("opened.handle")?,
+                attr: Attr::get(&mut r)?,
+                id: r.bytes("opened.id")?,
+                change: r.u64("opened.change")?,
+                policy: cache_policy(&mut r)?,
+                from: r.name("opened.from")?,
+                data: r.rest(),
+            },
+            op::CACHE_GET => Reply::CachePolicy { policy: cache_policy(&mut r)?, from: r.name("cache.from")? },
             op::READ | op::PREAD => Reply::Data(r.rest()),
             op::WRITE | op::PWRITE => Reply::Written { count: r.u32("written.count")? },
             op::SEEK => Reply::Offset { offset: r.u64("offset")? },
@@ -918,6 +1017,7 @@ impl<'a> Reply<'a> {
             | op::ACCESS
             | op::SETXATTR
             | op::REMOVEXATTR
+            | op::CACHE_SET
             | op::LOCK => Reply::Empty,
             op::SESSION_NEW | op::SESSION_NEW_VOLATILE | op::SESSION_ATTACH => {
                 Reply::Session { id: r.u64("session.id")?, lease_ms: r.u32("session.lease_ms")? }
@@ -952,6 +1052,13 @@ impl<'a> ErrorReply<'a> {
         let e = ErrorReply { errno: r.u32("error.errno")?, message: r.str("error.message")? };
         r.finish("error")?;
         Ok(e)
+    }
+}
+
+fn cache_policy(r: &mut Reader<'_>) -> Result<u8, DecodeError> {
+    match r.u8("cache.policy")? {
+        p @ 0..=cache::BYPASS => Ok(p),
+        _ => Err(DecodeError::Invalid("cache.policy")),
     }
 }
 

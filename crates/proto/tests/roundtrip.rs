@@ -12,7 +12,10 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 40] = [
+const ALL_OPS: [u16; 43] = [
+    op::OPEN_CACHED,
+    op::CACHE_SET,
+    op::CACHE_GET,
     op::SESSION_NEW_VOLATILE,
     op::OPEN_ID,
     op::REOPEN,
@@ -58,7 +61,7 @@ const ALL_OPS: [u16; 40] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 40;
+const REQUEST_VARIANTS: usize = 43;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -104,6 +107,9 @@ fn request_index(r: &Request) -> usize {
         Request::OpenRead { .. } => 37,
         Request::ListDir { .. } => 38,
         Request::SessionNewVolatile => 39,
+        Request::OpenCached { .. } => 40,
+        Request::CacheSet { .. } => 41,
+        Request::CacheGet { .. } => 42,
     }
 }
 
@@ -207,6 +213,9 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         37 => Request::OpenRead { path: &r.s1, flags: r.c, mode: r.d, max: r.a as u32 },
         38 => Request::ListDir { path: &r.s1, max_entries: r.c, plus: r.flag },
         39 => Request::SessionNewVolatile,
+        40 => Request::OpenCached { path: &r.s1, flags: r.c, mode: r.d, max: r.a as u32 },
+        41 => Request::CacheSet { path: &r.s1, policy: (r.c % 3) as u8 },
+        42 => Request::CacheGet { path: &r.s1 },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -295,7 +304,7 @@ fn split(frame: &[u8]) -> (Header, &[u8]) {
 // ---------------------------------------------------------------------------
 // Replies.
 
-const REPLY_VARIANTS: usize = 16;
+const REPLY_VARIANTS: usize = 18;
 
 /// Index of a reply's variant; no wildcard, as for `request_index`.
 fn reply_index(r: &Reply) -> usize {
@@ -316,6 +325,8 @@ fn reply_index(r: &Reply) -> usize {
         Reply::Session { .. } => 13,
         Reply::OpenedId { .. } => 14,
         Reply::OpenedData { .. } => 15,
+        Reply::OpenedCached { .. } => 16,
+        Reply::CachePolicy { .. } => 17,
     }
 }
 
@@ -334,6 +345,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
             op::ACCESS,
             op::SETXATTR,
             op::REMOVEXATTR,
+            op::CACHE_SET,
             op::LOCK,
         ],
         3 => &[op::OPEN],
@@ -349,6 +361,8 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         13 => &[op::SESSION_NEW, op::SESSION_ATTACH, op::SESSION_NEW_VOLATILE],
         14 => &[op::OPEN_ID, op::REOPEN],
         15 => &[op::OPEN_READ],
+        16 => &[op::OPEN_CACHED],
+        17 => &[op::CACHE_GET],
         n => unreachable!("reply variant {n}"),
     }
 }
@@ -390,6 +404,16 @@ fn build_reply(r: &RawReply) -> (u16, Reply<'_>) {
         13 => Reply::Session { id: r.a, lease_ms: r.c },
         14 => Reply::OpenedId { handle: r.a, attr: r.attr, id: &r.data },
         15 => Reply::OpenedData { handle: r.a, attr: r.attr, id: &r.name, data: &r.data },
+        16 => Reply::OpenedCached {
+            handle: r.a,
+            attr: r.attr,
+            id: &r.data,
+            change: r.a.rotate_left(7),
+            policy: (r.c % 3) as u8,
+            from: &r.name,
+            data: &r.data,
+        },
+        17 => Reply::CachePolicy { policy: (r.c % 3) as u8, from: &r.name },
         n => unreachable!("reply variant {n}"),
     };
     (op, reply)

@@ -48,6 +48,7 @@ pub struct Conn<B: Backend> {
     budget: Arc<HandleBudget>,
     pool: Arc<BufPool>,
     locks: Arc<LockTable>,
+    changes: Arc<crate::changes::Changes>,
     sessions: Arc<Sessions<B>>,
     /// This connection's (server, client) nonces, for session proofs.
     nonces: (Nonce, Nonce),
@@ -72,6 +73,7 @@ pub struct Common<B: Backend> {
     pub budget: Arc<HandleBudget>,
     pub pool: Arc<BufPool>,
     pub locks: Arc<LockTable>,
+    pub changes: Arc<crate::changes::Changes>,
     pub sessions: Arc<Sessions<B>>,
 }
 
@@ -90,6 +92,7 @@ impl<B: Backend> Conn<B> {
             budget: Arc::clone(&common.budget),
             pool: Arc::clone(&common.pool),
             locks: Arc::clone(&common.locks),
+            changes: Arc::clone(&common.changes),
             sessions: Arc::clone(&common.sessions),
             nonces: ([0; 32], [0; 32]),
             session_id: None,
@@ -246,6 +249,7 @@ impl<B: Backend> Conn<B> {
             caps: accepted.caps,
             max_read: accepted.client_max_frame.min(self.cfg.max_frame).saturating_sub(4096),
             locks: Arc::clone(&self.locks),
+            changes: Arc::clone(&self.changes),
         })
     }
 
@@ -515,6 +519,11 @@ fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {
         Answer::OpenedData { handle, attr, id: file, data } => {
             Reply::OpenedData { handle, attr, id: &file, data: &data }.encode(op, id, out)
         }
+        Answer::OpenedCached { handle, attr, id: file, change, policy, from, data } => {
+            Reply::OpenedCached { handle, attr, id: &file, change, policy, from: &from, data: &data }
+                .encode(op, id, out)
+        }
+        Answer::CachePolicy { policy, from } => Reply::CachePolicy { policy, from: &from }.encode(op, id, out),
         Answer::Data(_) => unreachable!("data answers are sent by send_data"),
         Answer::Written(count) => Reply::Written { count }.encode(op, id, out),
         Answer::Offset(offset) => Reply::Offset { offset }.encode(op, id, out),

@@ -8,6 +8,7 @@
 
 pub mod backend;
 mod bufpool;
+mod changes;
 mod commit;
 mod conn;
 mod fileid;
@@ -119,6 +120,7 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
         budget: Arc::new(HandleBudget::new(handle_budget(cfg.max_connections))),
         pool: Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes)),
         locks: Arc::new(locks::LockTable::default()),
+        changes: Arc::default(),
         sessions,
         backend,
         cfg: Arc::new(cfg),

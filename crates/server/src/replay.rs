@@ -93,6 +93,9 @@ pub fn without_create<'a>(req: &Request<'a>) -> Option<Request<'a>> {
     match *req {
         Request::Open { path, flags, mode } => Some(Request::Open { path, flags: strip(flags), mode }),
         Request::OpenId { path, flags, mode } => Some(Request::OpenId { path, flags: strip(flags), mode }),
+        Request::OpenCached { path, flags, mode, max } => {
+            Some(Request::OpenCached { path, flags: strip(flags), mode, max })
+        }
         Request::OpenRead { path, flags, mode, max } => {
             Some(Request::OpenRead { path, flags: strip(flags), mode, max })
         }

@@ -3,12 +3,13 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use ferry_proto::{caps, lock, Attr, DirEntry, Request, StatFs, Target};
+use ferry_proto::{cache, caps, lock, Attr, DirEntry, Request, StatFs, Target};
 
 use crate::backend::{Backend, Errno, Node, ReadData, Result};
+use crate::changes::Changes;
 use crate::locks::{self, FileKey, LockTable, Mode, Owner, OwnerId};
 
 /// Settings that shape what a session allows.
@@ -26,6 +27,8 @@ pub struct Policy {
     pub max_read: u32,
     /// Record locks of all sessions together.
     pub locks: Arc<LockTable>,
+    /// Generations behind the change attribute, of all sessions together.
+    pub changes: Arc<Changes>,
 }
 
 /// A cap on open handles across all sessions, below the process's file
@@ -74,6 +77,19 @@ pub enum Answer<'s> {
         id: Vec<u8>,
         data: Vec<u8>,
     },
+    OpenedCached {
+        handle: u64,
+        attr: Attr,
+        id: Vec<u8>,
+        change: u64,
+        policy: u8,
+        from: Vec<u8>,
+        data: Vec<u8>,
+    },
+    CachePolicy {
+        policy: u8,
+        from: Vec<u8>,
+    },
     Data(ReadData<'s>),
     Written(u32),
     Offset(u64),
@@ -109,6 +125,16 @@ struct Handle<F> {
     acc: u32,
     /// Whether an OFD or `flock` lock may be held through this handle.
     locked: Cell<bool>,
+    /// The file's generation, for a handle that may change its data.
+    gen: Option<Arc<AtomicU64>>,
+}
+
+impl<F> Handle<F> {
+    fn changed(&self) {
+        if let Some(g) = &self.gen {
+            g.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 pub struct Session<B: Backend> {
@@ -233,19 +259,36 @@ impl<B: Backend> Session<B> {
                 if !self.cap(caps::OPEN_READ) {
                     return Err(Errno::NOSYS);
                 }
-                let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
-                let file = &self.handle(handle)?.file;
-                let id = if self.cap(caps::FILE_IDS) { self.backend.file_id(file) } else { Vec::new() };
-                let readable = flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32;
-                let data = if readable && attr.mode & libc::S_IFMT == libc::S_IFREG {
-                    // The open stands even if this read fails: the client
-                    // then reads as after any open.
-                    let max = (max as usize).min(OPEN_READ_MAX);
-                    self.backend.read(file, 0, max).and_then(bytes_of).unwrap_or_default()
-                } else {
-                    Vec::new()
-                };
+                let (handle, attr, id, data) = self.open_read(path, flags, mode, max)?;
                 Ok(Answer::OpenedData { handle, attr, id, data })
+            }
+            Request::OpenCached { path, flags, mode, max } => {
+                self.caching()?;
+                // The attribute before the read: a change during it makes
+                // the next open see another value, never this data under
+                // an old one.
+                let (handle, attr, id, data) = self.open_read(path, flags, mode, max)?;
+                let change = self.policy.changes.attribute(&attr);
+                let (policy, from) = self.cache_policy(path);
+                Ok(Answer::OpenedCached { handle, attr, id, change, policy, from, data })
+            }
+            Request::CacheSet { path, policy } => {
+                self.caching()?;
+                self.writable()?;
+                let node = Node::Path(path);
+                match policy {
+                    cache::NONE => match b.removexattr(node, CACHE_XATTR) {
+                        Err(e) if e == Errno::NODATA => Ok(Answer::Empty),
+                        r => r.map(|_| Answer::Empty),
+                    },
+                    p => b.setxattr(node, CACHE_XATTR, policy_name(p), 0).map(|_| Answer::Empty),
+                }
+            }
+            Request::CacheGet { path } => {
+                self.caching()?;
+                b.getattr(Node::Path(path))?;
+                let (policy, from) = self.cache_policy(path);
+                Ok(Answer::CachePolicy { policy, from })
             }
             Request::Reopen { flags, dev, ino, id, path } => {
                 self.file_ids()?;
@@ -276,12 +319,15 @@ impl<B: Backend> Session<B> {
             Request::Write { handle, data } => {
                 self.writable()?;
                 let h = self.handle(handle)?;
+                h.changed();
                 h.offset.set(b.write(&h.file, h.offset.get(), data)?);
                 Ok(Answer::Written(data.len() as u32))
             }
             Request::Pwrite { handle, offset, data } => {
                 self.writable()?;
-                b.write(&self.handle(handle)?.file, offset, data)?;
+                let h = self.handle(handle)?;
+                h.changed();
+                b.write(&h.file, offset, data)?;
                 Ok(Answer::Written(data.len() as u32))
             }
             Request::Seek { handle, offset, whence } => self.seek(handle, offset, whence),
@@ -292,7 +338,9 @@ impl<B: Backend> Session<B> {
             }
             Request::Truncate { target, size } => {
                 self.writable()?;
-                Ok(Answer::Attr(b.truncate(self.node(&target)?, size)?))
+                let attr = b.truncate(self.node(&target)?, size)?;
+                self.policy.changes.bump((attr.dev, attr.ino));
+                Ok(Answer::Attr(attr))
             }
             Request::Mkdir { path, mode } => {
                 self.writable()?;
@@ -500,7 +548,12 @@ impl<B: Backend> Session<B> {
         let is_dir = attr.is_dir();
         let (key, acc) = ((attr.dev, attr.ino), flags & libc::O_ACCMODE as u32);
         let file = Arc::new(file);
-        self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir, key, acc, locked: Cell::new(false) });
+        let gen = (changes && attr.mode & libc::S_IFMT == libc::S_IFREG).then(|| self.policy.changes.counter(key));
+        if flags & libc::O_TRUNC as u32 != 0 {
+            self.policy.changes.bump(key);
+        }
+        let locked = Cell::new(false);
+        self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir, key, acc, locked, gen });
         Ok((handle, attr))
     }
 
@@ -530,6 +583,56 @@ impl<B: Backend> Session<B> {
         Ok(Answer::Offset(to as u64))
     }
 
+    /// An open that brings the first `max` bytes of a regular file.
+    fn open_read(&mut self, path: &[u8], flags: u32, mode: u32, max: u32) -> Result<(u64, Attr, Vec<u8>, Vec<u8>)> {
+        let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
+        let file = &self.handle(handle)?.file;
+        let id = if self.cap(caps::FILE_IDS) { self.backend.file_id(file) } else { Vec::new() };
+        let readable = flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32;
+        let data = if readable && attr.mode & libc::S_IFMT == libc::S_IFREG {
+            // The open stands even if this read fails: the client then
+            // reads as after any open.
+            let max = (max as usize).min(OPEN_READ_MAX);
+            self.backend.read(file, 0, max).and_then(bytes_of).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Ok((handle, attr, id, data))
+    }
+
+    fn caching(&self) -> Result<()> {
+        if self.cap(caps::CACHING) {
+            Ok(())
+        } else {
+            Err(Errno::NOSYS)
+        }
+    }
+
+    /// The policy stored on `path` or the nearest directory above it, and
+    /// where. An unreadable setting counts as none: caching is an
+    /// optimisation, never a reason to fail an open.
+    fn cache_policy(&self, path: &[u8]) -> (u8, Vec<u8>) {
+        let mut at = path;
+        loop {
+            if let Ok(v) = self.backend.getxattr(Node::Path(if at.is_empty() { b"/" } else { at }), CACHE_XATTR) {
+                let p = match &v[..] {
+                    b"cache" => cache::CACHE,
+                    b"bypass" => cache::BYPASS,
+                    _ => cache::NONE,
+                };
+                if p != cache::NONE {
+                    return (p, if at.is_empty() { b"/".to_vec() } else { at.to_vec() });
+                }
+            }
+            if at.is_empty() || at == b"/" {
+                return (cache::NONE, Vec::new());
+            }
+            // The parent: drop trailing slashes, then the last name.
+            let trimmed = at.iter().rposition(|&c| c != b'/').map_or(&at[..0], |i| &at[..=i]);
+            at = trimmed.iter().rposition(|&c| c == b'/').map_or(&trimmed[..0], |i| &trimmed[..i]);
+        }
+    }
+
     fn xattr_cap(&self) -> Result<()> {
         if self.cap(caps::XATTR) {
             Ok(())
@@ -545,6 +648,19 @@ impl<B: Backend> Drop for Session<B> {
         if self.locked {
             self.policy.locks.release_conn(self.conn);
         }
+    }
+}
+
+/// Where a cache policy is stored: an extended attribute, so it follows
+/// the file through renames, lives with the data on both backends, and
+/// any server exporting the same file system (a gateway) sees it.
+const CACHE_XATTR: &[u8] = b"user.ferry.cache";
+
+fn policy_name(p: u8) -> &'static [u8] {
+    if p == cache::CACHE {
+        b"cache"
+    } else {
+        b"bypass"
     }
 }
 

@@ -204,6 +204,7 @@ mod tests {
             caps: 0,
             max_read: 1 << 20,
             locks: Arc::default(),
+            changes: Arc::default(),
         };
         Arc::new(Mutex::new(Session::new(Arc::new(MemoryBackend::new()), policy)))
     }

@@ -452,9 +452,18 @@ pub fn init() {
             }
         };
         let mut keep_env = Vec::new();
-        for k in
-            ["LD_PRELOAD", "FERRY_MOUNTS", "FERRY_TOKEN_FILE", "FERRY_TOKEN", "FERRY_RECONNECT", "FERRY_ATTR_TIMEOUT"]
-        {
+        for k in [
+            "LD_PRELOAD",
+            "FERRY_MOUNTS",
+            "FERRY_TOKEN_FILE",
+            "FERRY_TOKEN",
+            "FERRY_RECONNECT",
+            "FERRY_ATTR_TIMEOUT",
+            "FERRY_CACHE",
+            "FERRY_CACHE_DIR",
+            "FERRY_CACHE_SIZE",
+            "FERRY_CACHE_CONFIG",
+        ] {
             if let Ok(v) = std::env::var(k) {
                 keep_env.push((k.to_string(), v));
             }
@@ -477,6 +486,11 @@ pub fn init() {
             session_keeps_handles: false,
             // A program's own path argument: Linux's limit.
             max_path: ferry_proto::PATH_MAX - 1,
+            // A malformed configuration is said once, and nothing cached.
+            cache: ferry_client::cache::Cache::from_env().unwrap_or_else(|e| {
+                eprintln!("ferry: {e}; nothing is cached");
+                None
+            }),
             ..Default::default()
         };
         state::set_config(state::Config { options, keep_env });

@@ -1,0 +1,396 @@
+//! The cache on the client's disk, shared by every process of one user on
+//! the machine (the mount, each `ferry run` process, the CLI).
+//!
+//! Layout, in `DIR/v1/`: per remote file (its key hashed to 32 hex digits
+//! `K`), a metadata file `K.meta` and, per version of the file's data,
+//! `K-V.data` (`V` the version hashed), sparse, filled chunk by chunk.
+//! `K.meta` holds a header (magic, the boot it was made in, key, version,
+//! size) and one byte per 1 MiB chunk: 1 once the chunk's data is in
+//! `K-V.data`. Rules that make sharing safe without locks on the data path:
+//!
+//! - a chunk is marked after its data is written (`pwrite` then `pwrite`),
+//!   and the page cache is coherent between processes, so a reader that
+//!   sees a mark sees the data; a process killed between the two leaves an
+//!   unmarked chunk, fetched again by the next reader;
+//! - a version's data file is never truncated or rewritten with other
+//!   bytes: fillers of one version write identical bytes; a new version is
+//!   a new file, and a reader holding the old one keeps reading old data;
+//! - a metadata file made in another boot is not trusted (its marks may
+//!   have reached the disk before the data did), nor one whose header does
+//!   not parse or name the same key;
+//! - metadata files are made under a temporary name and renamed into
+//!   place whole.
+//!
+//! Least recently used entries (the metadata file's mtime, touched on use)
+//! are removed when the data held passes the limit, by one process at a
+//! time (an `flock` on `DIR/v1/lock`).
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The unit of filling and of the marks.
+pub const CHUNK: u64 = 1 << 20;
+
+const MAGIC: &[u8; 8] = b"FRYCACH1";
+
+/// How often a use refreshes an entry's place in the LRU order.
+const TOUCH_EVERY: Duration = Duration::from_secs(1);
+
+/// The store: a directory and a size limit. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    limit: u64,
+    boot: Vec<u8>,
+    /// Data held as of the last scan, plus what this process filled since.
+    usage: AtomicU64,
+    scanned: AtomicBool,
+}
+
+/// One version of one remote file's data.
+pub struct Entry {
+    store: Store,
+    meta: File,
+    data: File,
+    /// Offset of the first mark in `meta`.
+    marks_at: u64,
+    size: u64,
+    /// Chunks seen marked (a mark is never taken back within a version).
+    known: Vec<AtomicBool>,
+    meta_path: PathBuf,
+    touched: Mutex<Instant>,
+}
+
+impl Store {
+    pub fn open(dir: &Path, limit: u64) -> io::Result<Store> {
+        let boot = fs::read("/proc/sys/kernel/random/boot_id")?;
+        Store::open_with_boot_id(dir, limit, boot.trim_ascii())
+    }
+
+    /// `open` as if the machine's boot id were `boot` (tests of a reboot).
+    #[doc(hidden)]
+    pub fn open_with_boot_id(dir: &Path, limit: u64, boot: &[u8]) -> io::Result<Store> {
+        let v1 = dir.join("v1");
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&v1)?;
+        let inner =
+            Inner { dir: v1, limit, boot: boot.to_vec(), usage: AtomicU64::new(0), scanned: AtomicBool::new(false) };
+        Ok(Store { inner: Arc::new(inner) })
+    }
+
+    /// `$XDG_CACHE_HOME/ferry`, else `$HOME/.cache/ferry`.
+    pub fn default_dir() -> Option<PathBuf> {
+        match std::env::var_os("XDG_CACHE_HOME") {
+            Some(x) if !x.is_empty() => Some(PathBuf::from(x).join("ferry")),
+            _ => Some(PathBuf::from(std::env::var_os("HOME")?).join(".cache/ferry")),
+        }
+    }
+
+    fn paths(&self, key: &[u8], version: &[u8]) -> (PathBuf, PathBuf) {
+        let k = hex(key);
+        let d = &self.inner.dir;
+        (d.join(format!("{k}.meta")), d.join(format!("{k}-{}.data", hex(version))))
+    }
+
+    /// The entry of `key` in `version`, `size` bytes long: the one held if
+    /// it is that version (and trustworthy), else a new one in its place.
+    pub fn entry(&self, key: &[u8], version: &[u8], size: u64) -> io::Result<Entry> {
+        let (meta_path, data_path) = self.paths(key, version);
+        let header = self.header(key, version, size);
+        let meta = match open_rw(&meta_path) {
+            Ok(f) if read_header(&f, header.len()).is_some_and(|h| h == header) => f,
+            _ => {
+                self.forget(key)?;
+                self.create_meta(&meta_path, &header, size)?
+            }
+        };
+        let data =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&data_path)?;
+        if data.metadata()?.len() < size {
+            data.set_len(size)?;
+        }
+        let chunks = size.div_ceil(CHUNK) as usize;
+        let e = Entry {
+            store: self.clone(),
+            meta,
+            data,
+            marks_at: header.len() as u64,
+            size,
+            known: (0..chunks).map(|_| AtomicBool::new(false)).collect(),
+            meta_path,
+            touched: Mutex::new(Instant::now()),
+        };
+        let _ = e.meta.set_modified(SystemTime::now());
+        Ok(e)
+    }
+
+    fn header(&self, key: &[u8], version: &[u8], size: u64) -> Vec<u8> {
+        let mut h = MAGIC.to_vec();
+        for part in [&self.inner.boot[..], key, version] {
+            h.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            h.extend_from_slice(part);
+        }
+        h.extend_from_slice(&size.to_le_bytes());
+        h
+    }
+
+    /// A metadata file with no chunk marked, put in place whole.
+    fn create_meta(&self, path: &Path, header: &[u8], size: u64) -> io::Result<File> {
+        let mut rnd = [0u8; 8];
+        let _ = getrandom::getrandom(&mut rnd);
+        let tmp = self.inner.dir.join(format!("tmp.{}.{}", std::process::id(), u64::from_le_bytes(rnd)));
+        let f = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&tmp)?;
+        let made = f.write_all_at(header, 0).and_then(|_| f.set_len(header.len() as u64 + size.div_ceil(CHUNK)));
+        let made = made.and_then(|_| fs::rename(&tmp, path));
+        if made.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        made.map(|_| f)
+    }
+
+    /// Drops whatever the store holds for `key`.
+    pub fn forget(&self, key: &[u8]) -> io::Result<()> {
+        let k = hex(key);
+        let _ = fs::remove_file(self.inner.dir.join(format!("{k}.meta")));
+        for e in fs::read_dir(&self.inner.dir)?.flatten() {
+            let name = e.file_name();
+            let name = name.as_encoded_bytes();
+            if name.starts_with(k.as_bytes()) && name.ends_with(b".data") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of data held (the blocks of the data files), scanned now.
+    pub fn usage(&self) -> io::Result<u64> {
+        Ok(self.scan()?.iter().map(|e| e.bytes).sum())
+    }
+
+    /// Every entry with its data files, the temporary files left by a
+    /// process killed while making one, and the data files of no entry.
+    fn scan(&self) -> io::Result<Vec<Held>> {
+        let mut held: std::collections::HashMap<String, Held> = Default::default();
+        let now = SystemTime::now();
+        for e in fs::read_dir(&self.inner.dir)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(m) = e.metadata() else { continue };
+            if name.starts_with("tmp.") {
+                if now.duration_since(m.modified()?).unwrap_or_default() > Duration::from_secs(60) {
+                    let _ = fs::remove_file(e.path());
+                }
+                continue;
+            }
+            let Some(k) = name.get(..32) else { continue };
+            let h = held.entry(k.to_string()).or_insert_with(|| Held {
+                used: SystemTime::UNIX_EPOCH,
+                bytes: 0,
+                files: Vec::new(),
+            });
+            if name.ends_with(".meta") {
+                h.used = m.modified()?;
+                h.files.insert(0, e.path());
+            } else {
+                h.bytes += m.blocks() * 512;
+                h.files.push(e.path());
+            }
+        }
+        Ok(held.into_values().collect())
+    }
+
+    /// Counts `n` bytes just filled, and removes least recently used
+    /// entries if the store is over its limit.
+    fn filled(&self, n: u64) {
+        let i = &self.inner;
+        let usage = i.usage.fetch_add(n, Ordering::Relaxed) + n;
+        if usage <= i.limit && i.scanned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        // Best effort: a failed eviction leaves the store over its limit
+        // until the next fill tries again.
+        if let Ok(u) = self.evict() {
+            i.usage.store(u, Ordering::Relaxed);
+        }
+    }
+
+    fn evict(&self) -> io::Result<u64> {
+        let lock = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.inner.dir.join("lock"))?;
+        // Someone else evicting: they will bring it down.
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Ok(self.inner.usage.load(Ordering::Relaxed));
+        }
+        let mut held = self.scan()?;
+        let mut usage: u64 = held.iter().map(|e| e.bytes).sum();
+        held.sort_by_key(|e| e.used);
+        for e in held {
+            if usage <= self.inner.limit {
+                break;
+            }
+            // The metadata file first: no one trusts the data after that.
+            for f in &e.files {
+                let _ = fs::remove_file(f);
+            }
+            usage -= e.bytes;
+        }
+        Ok(usage)
+    }
+}
+
+struct Held {
+    used: SystemTime,
+    bytes: u64,
+    /// The metadata file first, if any.
+    files: Vec<PathBuf>,
+}
+
+fn open_rw(p: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(p)
+}
+
+fn read_header(f: &File, len: usize) -> Option<Vec<u8>> {
+    let mut h = vec![0u8; len];
+    f.read_exact_at(&mut h, 0).ok()?;
+    Some(h)
+}
+
+/// 128 bits of a stable hash, as 32 hex digits: names from arbitrary key
+/// bytes (the key itself is checked in the header, so a collision costs
+/// a refetch, never wrong data).
+fn hex(b: &[u8]) -> String {
+    let h = |seed: u64| {
+        let mut x = seed;
+        for &c in b {
+            x = (x ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        mix(x ^ b.len() as u64)
+    };
+    format!("{:016x}{:016x}", h(0xcbf2_9ce4_8422_2325), h(0x9e37_79b9_7f4a_7c15))
+}
+
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Entry {
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn chunks(&self) -> u64 {
+        self.known.len() as u64
+    }
+
+    /// Whether chunk `i` is marked, asking the metadata file (for chunks
+    /// from `i` to `to`, at once) when not known yet.
+    fn present(&self, i: u64, to: u64) -> bool {
+        if self.known[i as usize].load(Ordering::Relaxed) {
+            return true;
+        }
+        let n = (to.min(self.chunks()) - i).clamp(1, 4096) as usize;
+        let mut marks = vec![0u8; n];
+        let got = self.meta.read_at(&mut marks, self.marks_at + i).unwrap_or(0);
+        for (j, &m) in marks[..got].iter().enumerate() {
+            if m == 1 {
+                self.known[i as usize + j].store(true, Ordering::Relaxed);
+            }
+        }
+        self.known[i as usize].load(Ordering::Relaxed)
+    }
+
+    fn touch(&self) {
+        let mut t = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+        if t.elapsed() >= TOUCH_EVERY {
+            *t = Instant::now();
+            let _ = self.meta.set_modified(SystemTime::now());
+        }
+    }
+
+    /// Copies bytes at `off` from chunks known present into `buf`, up to
+    /// the first missing chunk or the end; how many.
+    pub fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        if off >= self.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let end = (off + buf.len() as u64).min(self.size);
+        let last = (end - 1) / CHUNK;
+        let mut upto = off;
+        for i in off / CHUNK..=last {
+            if !self.present(i, last + 1) {
+                break;
+            }
+            upto = ((i + 1) * CHUNK).min(end);
+        }
+        let n = (upto - off) as usize;
+        if n > 0 {
+            self.data.read_exact_at(&mut buf[..n], off)?;
+            self.touch();
+        }
+        Ok(n)
+    }
+
+    /// The first run of missing chunks that meets `[off, off + len)`, as
+    /// (start, length), clipped to that range's chunks and the file's end.
+    pub fn missing(&self, off: u64, len: u64) -> Option<(u64, u64)> {
+        if off >= self.size || len == 0 {
+            return None;
+        }
+        let end = off.saturating_add(len).min(self.size);
+        let last = (end - 1) / CHUNK;
+        let first = (off / CHUNK..=last).find(|&i| !self.present(i, last + 1))?;
+        let stop = (first..=last).find(|&i| self.present(i, last + 1)).unwrap_or(last + 1);
+        let start = first * CHUNK;
+        Some((start, (stop * CHUNK).min(self.size) - start))
+    }
+
+    /// Stores `data` at chunk-aligned `off` (whole chunks, the last may end
+    /// at the file's end), then marks its chunks.
+    pub fn fill(&self, off: u64, data: &[u8]) -> io::Result<()> {
+        let end = off + data.len() as u64;
+        if !off.is_multiple_of(CHUNK) || end > self.size || (!end.is_multiple_of(CHUNK) && end != self.size) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a cache fill must cover whole chunks"));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.data.write_all_at(data, off)?;
+        let (first, n) = (off / CHUNK, data.len().div_ceil(CHUNK as usize));
+        self.meta.write_all_at(&vec![1u8; n], self.marks_at + first)?;
+        for i in first..first + n as u64 {
+            self.known[i as usize].store(true, Ordering::Relaxed);
+        }
+        self.touch();
+        self.store.filled(data.len() as u64);
+        Ok(())
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.missing(0, self.size).is_none()
+    }
+
+    /// A read-only descriptor of the data file (a new open of it, so the
+    /// holder cannot write the cache through it).
+    pub fn data_file(&self) -> io::Result<File> {
+        use std::os::fd::AsRawFd;
+        File::open(format!("/proc/self/fd/{}", self.data.as_raw_fd()))
+    }
+
+    /// Where the entry's metadata lives (for tests and diagnostics).
+    pub fn meta_path(&self) -> &Path {
+        &self.meta_path
+    }
+}
