@@ -340,7 +340,7 @@ impl File {
     /// For a cached file: the local cache file with all of the file's data
     /// (fetched now where missing), to hand to the kernel (FUSE
     /// passthrough) or to a program (`ferry run`). `None` for a file not
-    /// cached, or one larger than [`WHOLE_FETCH_MAX`] not in the cache
+    /// cached, or one larger than `WHOLE_FETCH_MAX` (256 MiB) not in the cache
     /// whole yet (a program reading a few bytes of a huge file must not
     /// wait for all of it: such a file is read through the cache in chunks,
     /// and handed over whole once it is there).

@@ -49,6 +49,7 @@ pub struct Conn<B: Backend> {
     pool: Arc<BufPool>,
     locks: Arc<LockTable>,
     changes: Arc<crate::changes::Changes>,
+    dirs: Arc<crate::dirpolicy::DirPolicies>,
     sessions: Arc<Sessions<B>>,
     /// This connection's (server, client) nonces, for session proofs.
     nonces: (Nonce, Nonce),
@@ -74,6 +75,7 @@ pub struct Common<B: Backend> {
     pub pool: Arc<BufPool>,
     pub locks: Arc<LockTable>,
     pub changes: Arc<crate::changes::Changes>,
+    pub dirs: Arc<crate::dirpolicy::DirPolicies>,
     pub sessions: Arc<Sessions<B>>,
 }
 
@@ -93,6 +95,7 @@ impl<B: Backend> Conn<B> {
             pool: Arc::clone(&common.pool),
             locks: Arc::clone(&common.locks),
             changes: Arc::clone(&common.changes),
+            dirs: Arc::clone(&common.dirs),
             sessions: Arc::clone(&common.sessions),
             nonces: ([0; 32], [0; 32]),
             session_id: None,
@@ -250,6 +253,7 @@ impl<B: Backend> Conn<B> {
             max_read: accepted.client_max_frame.min(self.cfg.max_frame).saturating_sub(4096),
             locks: Arc::clone(&self.locks),
             changes: Arc::clone(&self.changes),
+            dirs: Arc::clone(&self.dirs),
         })
     }
 

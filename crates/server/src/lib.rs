@@ -11,6 +11,7 @@ mod bufpool;
 mod changes;
 mod commit;
 mod conn;
+mod dirpolicy;
 mod fileid;
 mod journal;
 mod locks;
@@ -121,6 +122,7 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
         pool: Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes)),
         locks: Arc::new(locks::LockTable::default()),
         changes: Arc::default(),
+        dirs: Arc::default(),
         sessions,
         backend,
         cfg: Arc::new(cfg),

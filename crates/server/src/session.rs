@@ -10,6 +10,7 @@ use ferry_proto::{cache, caps, lock, Attr, DirEntry, Request, StatFs, Target};
 
 use crate::backend::{Backend, Errno, Node, ReadData, Result};
 use crate::changes::Changes;
+use crate::dirpolicy::{self, DirPolicies};
 use crate::locks::{self, FileKey, LockTable, Mode, Owner, OwnerId};
 
 /// Settings that shape what a session allows.
@@ -29,6 +30,8 @@ pub struct Policy {
     pub locks: Arc<LockTable>,
     /// Generations behind the change attribute, of all sessions together.
     pub changes: Arc<Changes>,
+    /// Cache policies of directories, remembered.
+    pub dirs: Arc<DirPolicies>,
 }
 
 /// A cap on open handles across all sessions, below the process's file
@@ -269,13 +272,14 @@ impl<B: Backend> Session<B> {
                 // an old one.
                 let (handle, attr, id, data) = self.open_read(path, flags, mode, max)?;
                 let change = self.policy.changes.attribute(&attr);
-                let (policy, from) = self.cache_policy(path);
+                let (policy, from) = self.cache_policy(path, Some(&self.handle(handle)?.file));
                 Ok(Answer::OpenedCached { handle, attr, id, change, policy, from, data })
             }
             Request::CacheSet { path, policy } => {
                 self.caching()?;
                 self.writable()?;
                 let node = Node::Path(path);
+                self.policy.dirs.forget();
                 match policy {
                     cache::NONE => match b.removexattr(node, CACHE_XATTR) {
                         Err(e) if e == Errno::NODATA => Ok(Answer::Empty),
@@ -287,7 +291,7 @@ impl<B: Backend> Session<B> {
             Request::CacheGet { path } => {
                 self.caching()?;
                 b.getattr(Node::Path(path))?;
-                let (policy, from) = self.cache_policy(path);
+                let (policy, from) = self.cache_policy(path, None);
                 Ok(Answer::CachePolicy { policy, from })
             }
             Request::Reopen { flags, dev, ino, id, path } => {
@@ -611,26 +615,27 @@ impl<B: Backend> Session<B> {
     /// The policy stored on `path` or the nearest directory above it, and
     /// where. An unreadable setting counts as none: caching is an
     /// optimisation, never a reason to fail an open.
-    fn cache_policy(&self, path: &[u8]) -> (u8, Vec<u8>) {
-        let mut at = path;
-        loop {
-            if let Ok(v) = self.backend.getxattr(Node::Path(if at.is_empty() { b"/" } else { at }), CACHE_XATTR) {
-                let p = match &v[..] {
-                    b"cache" => cache::CACHE,
-                    b"bypass" => cache::BYPASS,
-                    _ => cache::NONE,
-                };
-                if p != cache::NONE {
-                    return (p, if at.is_empty() { b"/".to_vec() } else { at.to_vec() });
-                }
-            }
-            if at.is_empty() || at == b"/" {
-                return (cache::NONE, Vec::new());
-            }
-            // The parent: drop trailing slashes, then the last name.
-            let trimmed = at.iter().rposition(|&c| c != b'/').map_or(&at[..0], |i| &at[..=i]);
-            at = trimmed.iter().rposition(|&c| c == b'/').map_or(&trimmed[..0], |i| &trimmed[..i]);
+    /// `file`, when given, is `path` open: its own setting is read
+    /// through it, without resolving the path again.
+    fn cache_policy(&self, path: &[u8], file: Option<&B::File>) -> (u8, Vec<u8>) {
+        let own = |n: Node<'_, B::File>| {
+            self.backend.getxattr(n, CACHE_XATTR).ok().and_then(|v| match &v[..] {
+                b"cache" => Some(cache::CACHE),
+                b"bypass" => Some(cache::BYPASS),
+                _ => None,
+            })
+        };
+        let mine = match file {
+            Some(f) => own(Node::File(f)),
+            None => own(Node::Path(if dirpolicy::is_root(path) { b"/" } else { path })),
+        };
+        if let Some(p) = mine {
+            return (p, if dirpolicy::is_root(path) { b"/".to_vec() } else { path.to_vec() });
         }
+        if dirpolicy::is_root(path) {
+            return (cache::NONE, Vec::new());
+        }
+        self.policy.dirs.get(dirpolicy::parent(path), |d| own(Node::Path(d)))
     }
 
     fn xattr_cap(&self) -> Result<()> {

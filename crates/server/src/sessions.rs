@@ -205,6 +205,7 @@ mod tests {
             max_read: 1 << 20,
             locks: Arc::default(),
             changes: Arc::default(),
+            dirs: Arc::default(),
         };
         Arc::new(Mutex::new(Session::new(Arc::new(MemoryBackend::new()), policy)))
     }

@@ -1,0 +1,273 @@
+//! Selective caching with real servers: where the policy comes from and in
+//! what order, reads served from the local cache through the library, the
+//! mount and `ferry run`, and the next open seeing another client's write.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fuse::{require_fuse, wait_for, Detach};
+use common::preload::ok;
+use common::{random_bytes, stderr, stdout, Server, TempDir, FERRY};
+use ferry_client::cache::{Cache, Rules};
+use ferry_client::{Client, OpenOptions, Options};
+
+fn put(c: &Client, path: &str, data: &[u8]) {
+    let mut f = c.open(path, OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
+    f.write_all(data).unwrap();
+    f.close().unwrap();
+}
+
+fn read_all(c: &Client, path: &str) -> Vec<u8> {
+    let mut v = Vec::new();
+    c.open(path, OpenOptions::new().read(true)).unwrap().read_to_end(&mut v).unwrap();
+    v
+}
+
+/// `ferry cache ARGS` against `srv`, with the cache configuration `conf`.
+fn cache_cmd(srv: &Server, conf: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(FERRY)
+        .arg("cache")
+        .args(args)
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .env("FERRY_CACHE_CONFIG", conf)
+        .env("FERRY_CACHE_DIR", conf.with_file_name("cache"))
+        .output()
+        .unwrap()
+}
+
+fn get(srv: &Server, conf: &Path, path: &str) -> String {
+    let o = cache_cmd(srv, conf, &["get", &srv.url(path)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o).trim().to_string()
+}
+
+fn policy_sources(extra: &[&str]) {
+    let srv = Server::start(extra);
+    let c = srv.client();
+    for d in ["/d", "/__vol", "/d/sub"] {
+        c.create_dir(d, 0o755).unwrap();
+    }
+    for f in ["/plain", "/++kept", "/__vol/f", "/d/a.iso", "/d/sub/b", "/++ruled", "/__vol/++mine"] {
+        put(&c, f, b"x");
+    }
+    let tmp = TempDir::new("conf");
+    let conf = tmp.path().join("cache.conf");
+    std::fs::write(&conf, "# rules\nbypass ++ruled\ncache *.iso\n").unwrap();
+    let conf_s = conf.display().to_string();
+    assert_eq!(get(&srv, &conf, "/plain"), "/plain: bypass (default)");
+    assert_eq!(get(&srv, &conf, "/++kept"), "/++kept: cache (naming convention: ++kept)");
+    assert_eq!(get(&srv, &conf, "/__vol/f"), "/__vol/f: bypass (naming convention: __vol)");
+    assert_eq!(get(&srv, &conf, "/__vol/++mine"), "/__vol/++mine: cache (naming convention: ++mine)");
+    // A rule of the file beats the naming convention.
+    assert_eq!(get(&srv, &conf, "/++ruled"), format!("/++ruled: bypass (rule at {conf_s}:2)"));
+    assert_eq!(get(&srv, &conf, "/d/a.iso"), format!("/d/a.iso: cache (rule at {conf_s}:3)"));
+    // The server's setting beats both, from the nearest directory up.
+    assert!(cache_cmd(&srv, &conf, &["set", &srv.url("/d"), "bypass"]).status.success());
+    assert_eq!(get(&srv, &conf, "/d/a.iso"), "/d/a.iso: bypass (set on the server, on /d)");
+    assert_eq!(get(&srv, &conf, "/d/sub/b"), "/d/sub/b: bypass (set on the server, on /d)");
+    assert!(cache_cmd(&srv, &conf, &["set", &srv.url("/d/sub/b"), "cache"]).status.success());
+    assert_eq!(get(&srv, &conf, "/d/sub/b"), "/d/sub/b: cache (set on the server, on /d/sub/b)");
+    assert!(cache_cmd(&srv, &conf, &["set", &srv.url("/"), "cache"]).status.success());
+    assert_eq!(get(&srv, &conf, "/plain"), "/plain: cache (set on the server, on /)");
+    assert_eq!(get(&srv, &conf, "/++ruled"), "/++ruled: cache (set on the server, on /)");
+    // Another client sees the same settings (they live on the server).
+    let (p, from) = srv.client().cache_policy("/d/sub").unwrap();
+    assert_eq!((p, from), (ferry_client::cache_policy::BYPASS, b"/d".to_vec()));
+    for u in ["/", "/d"] {
+        assert!(cache_cmd(&srv, &conf, &["clear", &srv.url(u)]).status.success());
+    }
+    assert_eq!(get(&srv, &conf, "/d/a.iso"), format!("/d/a.iso: cache (rule at {conf_s}:3)"));
+    // Clearing what is not set is no error; a missing file is.
+    assert!(cache_cmd(&srv, &conf, &["clear", &srv.url("/plain")]).status.success());
+    let o = cache_cmd(&srv, &conf, &["get", &srv.url("/nowhere")]);
+    assert!(!o.status.success() && stderr(&o).contains("No such file"), "{}", stderr(&o));
+    // A malformed configuration is an error naming its line.
+    std::fs::write(&conf, "cache *.iso\nkeep all\n").unwrap();
+    let o = cache_cmd(&srv, &conf, &["get", &srv.url("/plain")]);
+    assert!(!o.status.success() && stderr(&o).contains("cache.conf:2"), "{}", stderr(&o));
+}
+
+#[test]
+fn policy_sources_and_precedence_on_a_directory() {
+    policy_sources(&[]);
+}
+
+#[test]
+fn policy_sources_and_precedence_in_memory() {
+    policy_sources(&["--memory"]);
+}
+
+#[test]
+fn a_read_only_export_refuses_settings() {
+    let srv = Server::start(&["--read-only"]);
+    let e = srv.client().set_cache_policy("/", ferry_client::cache_policy::CACHE).unwrap_err();
+    assert_eq!(e.errno(), libc::EROFS);
+}
+
+/// A client caching everything in `dir`.
+fn caching_client(srv: &Server, dir: &Path) -> Client {
+    let rules = Rules::parse(Path::new("test"), b"cache /**\n").unwrap();
+    let cache = Cache::open(dir.to_path_buf(), 1 << 30, rules).unwrap();
+    Client::connect(&srv.addr(), &Options { cache: Some(Arc::new(cache)), ..srv.options() }).unwrap()
+}
+
+fn library_cache(extra: &[&str]) {
+    let srv = Server::start(extra);
+    let plain = srv.client();
+    let tmp = TempDir::new("libcache");
+    let c = caching_client(&srv, tmp.path());
+    let data = random_bytes(5 << 20, 1);
+    put(&plain, "/f", &data);
+    let f = c.open("/f", OpenOptions::new().read(true)).unwrap();
+    assert!(f.is_cached());
+    drop(f);
+    let before = c.bytes_fetched();
+    assert!(read_all(&c, "/f") == data);
+    let first = c.bytes_fetched() - before;
+    assert!(first >= (5 << 20) - 65536 && first <= 6 << 20, "first read fetched {first}");
+    // Again: all from the cache.
+    let before = c.bytes_fetched();
+    assert!(read_all(&c, "/f") == data);
+    assert_eq!(c.bytes_fetched() - before, 0, "a warm read went to the server");
+    // Another client writes: the next open sees it.
+    let w = plain.open("/f", OpenOptions::new().write(true)).unwrap();
+    w.write_at(b"CHANGED", 3 << 20).unwrap();
+    w.close().unwrap();
+    let mut want = data.clone();
+    want[3 << 20..(3 << 20) + 7].copy_from_slice(b"CHANGED");
+    assert!(read_all(&c, "/f") == want, "the cache served data older than the last close");
+    // A same-size overwrite within the same instant is still seen (the
+    // change attribute, not the size and time alone).
+    for round in 0..5u8 {
+        let w = plain.open("/f", OpenOptions::new().write(true)).unwrap();
+        w.write_at(&[round; 4], 0).unwrap();
+        w.close().unwrap();
+        let mut f = c.open("/f", OpenOptions::new().read(true)).unwrap();
+        let mut b = [0u8; 4];
+        f.read_exact(&mut b).unwrap();
+        assert_eq!(b, [round; 4], "round {round}");
+    }
+    // A random read of a large file fetches its chunk, not the file.
+    put(&plain, "/big", &random_bytes(32 << 20, 2));
+    let before = c.bytes_fetched();
+    let f = c.open("/big", OpenOptions::new().read(true)).unwrap();
+    let mut b = vec![0u8; 4096];
+    assert_eq!(f.read_at(&mut b, 20 << 20).unwrap(), 4096);
+    let got = c.bytes_fetched() - before;
+    assert!(got <= 1 << 20, "a 4 KiB read fetched {got} bytes");
+}
+
+#[test]
+fn library_reads_cached_files_locally_and_follows_changes() {
+    library_cache(&[]);
+}
+
+#[test]
+fn library_cache_in_memory() {
+    library_cache(&["--memory"]);
+}
+
+#[test]
+fn the_mount_serves_cached_files_and_sees_changes() {
+    require_fuse();
+    let srv = Server::start(&[]);
+    let plain = srv.client();
+    let data = random_bytes(3 << 20, 3);
+    put(&plain, "/++data.bin", &data);
+    put(&plain, "/bypassed", b"plain file");
+    let tmp = TempDir::new("mountcache");
+    let (mp, cache) = (tmp.path().join("mp"), tmp.path().join("cache"));
+    std::fs::create_dir(&mp).unwrap();
+    let mut child = Command::new(FERRY)
+        .arg("mount")
+        .arg(srv.url("/"))
+        .arg(&mp)
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .env("FERRY_CACHE_DIR", &cache)
+        .env("FERRY_CACHE_CONFIG", tmp.path().join("none.conf"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _detach = Detach(mp.clone());
+    let up = wait_for(Duration::from_secs(20), || common::fuse::is_live(&mp));
+    let check = || {
+        assert!(up, "mount did not come up");
+        assert!(std::fs::read(mp.join("++data.bin")).unwrap() == data);
+        let held: u64 = std::fs::read_dir(cache.join("v1"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
+            .map(|e| e.metadata().unwrap().len())
+            .sum();
+        assert_eq!(held, data.len() as u64, "the cache does not hold the file");
+        assert!(std::fs::read(mp.join("++data.bin")).unwrap() == data);
+        let w = plain.open("/++data.bin", OpenOptions::new().write(true)).unwrap();
+        w.write_at(b"NEW", 100).unwrap();
+        w.close().unwrap();
+        let mut want = data.clone();
+        want[100..103].copy_from_slice(b"NEW");
+        assert!(std::fs::read(mp.join("++data.bin")).unwrap() == want, "the mount served the old version");
+        assert_eq!(std::fs::read(mp.join("bypassed")).unwrap(), b"plain file");
+    };
+    let r = std::panic::catch_unwind(check);
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(_detach);
+    r.unwrap();
+}
+
+#[test]
+fn ferry_run_gets_a_local_fd_of_a_cached_file() {
+    let srv = Server::start(&[]);
+    let plain = srv.client();
+    let data = random_bytes(2 << 20, 4);
+    put(&plain, "/++run.bin", &data);
+    std::fs::write(srv.state.path().join("want"), &data).unwrap();
+    let tmp = TempDir::new("runcache");
+    let cache = tmp.path().join("cache");
+    let script = format!(
+        r#"
+import mmap, os
+want = open({want:?}, "rb").read()
+fd = os.open("/remote/++run.bin", os.O_RDONLY)
+target = os.readlink(f"/proc/self/fd/{{fd}}")
+assert target.startswith({cache:?}), target
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+assert m[:] == want
+os.close(fd)
+print("local", os.path.basename(target))
+"#,
+        want = srv.state.path().join("want").display().to_string(),
+        cache = cache.display().to_string()
+    );
+    let run = |script: &str| {
+        Command::new("timeout")
+            .args(["60", FERRY, "run", "--mount"])
+            .arg(format!("/remote={}", srv.url("/")))
+            .args(["--", "python3", "-c", script])
+            .env("FERRY_TOKEN_FILE", &srv.token_file)
+            .env("FERRY_CACHE_DIR", &cache)
+            .env("FERRY_CACHE_CONFIG", tmp.path().join("none.conf"))
+            .env_remove("FERRY_MOUNTS")
+            .output()
+            .unwrap()
+    };
+    let first = ok(&run(&script));
+    assert!(first.starts_with("local "), "{first}");
+    // Another client writes; the next open gets the new version.
+    let w = plain.open("/++run.bin", OpenOptions::new().write(true)).unwrap();
+    w.write_at(b"Z", 0).unwrap();
+    w.close().unwrap();
+    let mut want = data.clone();
+    want[0] = b'Z';
+    std::fs::write(srv.state.path().join("want"), &want).unwrap();
+    let second = ok(&run(&script));
+    assert_ne!(first, second, "the same cache file served a changed file");
+}
