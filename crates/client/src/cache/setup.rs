@@ -29,8 +29,8 @@ impl Cache {
     /// What the mount, `ferry run` and the CLI use: `FERRY_CACHE=off` turns
     /// the cache off (`None`); the rules come from [`Rules::default_path`];
     /// the directory from `FERRY_CACHE_DIR`, the file's `dir`, or
-    /// `$XDG_CACHE_HOME/ferry` (one that cannot be made: no cache, said
-    /// on stderr); the size limit from `FERRY_CACHE_SIZE`, the
+    /// `$XDG_CACHE_HOME/ferry` (one that cannot be made: no cache, said on
+    /// stderr if the user chose it); the size limit from `FERRY_CACHE_SIZE`, the
     /// file's `size`, or [`DEFAULT_LIMIT`].
     pub fn from_env() -> Result<Option<Arc<Cache>>, String> {
         if std::env::var_os("FERRY_CACHE").is_some_and(|v| v == "off" || v == "0") {
@@ -40,11 +40,12 @@ impl Cache {
             Some(p) => Rules::load(&p)?,
             None => Rules::default(),
         };
-        let dir = match std::env::var_os("FERRY_CACHE_DIR") {
-            Some(d) if !d.is_empty() => PathBuf::from(d),
-            _ => match rules.dir.clone().or_else(Store::default_dir) {
-                Some(d) => d,
-                None => return Ok(None),
+        let (dir, explicit) = match std::env::var_os("FERRY_CACHE_DIR") {
+            Some(d) if !d.is_empty() => (PathBuf::from(d), true),
+            _ => match (&rules.dir, Store::default_dir()) {
+                (Some(d), _) => (d.clone(), true),
+                (None, Some(d)) => (d, false),
+                (None, None) => return Ok(None),
             },
         };
         let limit = match std::env::var("FERRY_CACHE_SIZE") {
@@ -58,7 +59,12 @@ impl Cache {
             // A cache that cannot be made is a slower client, not a
             // broken one: say so once and go on without.
             Err(e) => {
-                eprintln!("ferry: {e}; going on without a local cache");
+                // Said only for a directory the user chose: a user with no
+                // writable home (a service, `nobody`) gets no cache
+                // quietly rather than a line on every program's stderr.
+                if explicit {
+                    eprintln!("ferry: {e}; going on without a local cache");
+                }
                 Ok(None)
             }
         }
