@@ -135,7 +135,7 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let addr = format!("127.0.0.1:{port}");
     // Mount threads inherit this thread's CPU mask as they start.
     let ferry = mount_ferry(&addr, &mp_ferry, FsOptions::default())?;
-    let nocache = FsOptions { attr_timeout: Duration::ZERO, entry_timeout: Duration::ZERO, cache: false };
+    let nocache = FsOptions { attr_timeout: Duration::ZERO, entry_timeout: Duration::ZERO, ..FsOptions::default() };
     let ferry0 = mount_ferry(&addr, &mp_ferry0, nocache)?;
     let client = Client::connect(&addr, &Options::default()).map_err(|e| e.to_string())?;
 

@@ -39,6 +39,11 @@ pub struct MountArgs {
     /// the server's mtime or size changes) instead of direct I/O.
     #[arg(long)]
     cache: bool,
+    /// Serve files the client cache holds (see the README's "Caching")
+    /// through the daemon from the kernel page cache, instead of handing
+    /// them to the kernel with FUSE passthrough.
+    #[arg(long)]
+    no_passthrough: bool,
     /// Extra mount options, comma-separated (e.g. -o default_permissions,noexec).
     #[arg(short = 'o', value_delimiter = ',', value_name = "OPT")]
     options: Vec<String>,
@@ -71,6 +76,7 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         attr_timeout: timeout("attr-timeout", a.attr_timeout)?,
         entry_timeout: timeout("entry-timeout", a.entry_timeout)?,
         cache: a.cache,
+        passthrough: !a.no_passthrough,
     };
     let url = Url::parse(&a.url)?;
     let mp = a.mountpoint.clone();
@@ -211,9 +217,13 @@ fn background(a: &MountArgs, tf: Option<&Path>) -> Result<(), String> {
     cmd.arg("--attr-timeout").arg(a.attr_timeout.to_string());
     cmd.arg("--entry-timeout").arg(a.entry_timeout.to_string());
     cmd.arg("--threads").arg(a.threads.to_string());
-    for (on, flag) in
-        [(a.read_only, "--read-only"), (a.allow_other, "--allow-other"), (a.cache, "--cache"), (a.hard, "--hard")]
-    {
+    for (on, flag) in [
+        (a.read_only, "--read-only"),
+        (a.allow_other, "--allow-other"),
+        (a.cache, "--cache"),
+        (a.hard, "--hard"),
+        (a.no_passthrough, "--no-passthrough"),
+    ] {
         if on {
             cmd.arg(flag);
         }

@@ -31,6 +31,7 @@ struct Inner {
     cache: Option<(Arc<Cache>, Vec<u8>)>,
     /// File data received from the server by positional reads.
     fetched: std::sync::atomic::AtomicU64,
+    ahead: std::sync::atomic::AtomicU64,
 }
 
 /// What it takes to rejoin a session from another connection: its id and
@@ -128,7 +129,14 @@ impl Client {
         let unstable = Arc::new(AtomicUsize::new(0));
         let cache = opts.cache.clone().map(|c| (c, format!("{addr}\0").into_bytes()));
         Ok(Client {
-            inner: Arc::new(Inner { engine: Mutex::new(Arc::new(engine)), redial, unstable, cache, fetched: 0.into() }),
+            inner: Arc::new(Inner {
+                engine: Mutex::new(Arc::new(engine)),
+                redial,
+                unstable,
+                cache,
+                fetched: 0.into(),
+                ahead: 0.into(),
+            }),
         })
     }
 
@@ -141,6 +149,17 @@ impl Client {
 
     pub(crate) fn count_fetched(&self, n: usize) {
         self.inner.fetched.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Of `bytes_fetched`, those requested ahead of the reader (counted when
+    /// requested; at most the file's known size).
+    pub fn bytes_read_ahead(&self) -> u64 {
+        self.inner.ahead.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_ahead(&self, n: usize) {
+        self.count_fetched(n);
+        self.inner.ahead.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether files may be cached locally (a cache was given).

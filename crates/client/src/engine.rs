@@ -115,6 +115,9 @@ struct State {
     /// Ids sent and not yet read off the socket, with the bytes they hold.
     outstanding: HashMap<u64, u64>,
     bytes_outstanding: u64,
+    /// Of `outstanding`, the read-ahead (`try_start`): it has slots of its
+    /// own, beside the window, so a caller never waits behind it.
+    ahead: HashSet<u64>,
     window: u32,
     window_bytes: u64,
     /// Replies read by one caller for another.
@@ -230,6 +233,7 @@ impl Engine {
                 next_id: id_base(),
                 outstanding: HashMap::new(),
                 bytes_outstanding: 0,
+                ahead: HashSet::new(),
                 window,
                 window_bytes: welcome.window_bytes,
                 stored: HashMap::new(),
@@ -341,9 +345,22 @@ impl Engine {
         self.start_as(req, reply_bytes, None)
     }
 
+    /// `start` for a request no one waits for yet (read-ahead): sent only if
+    /// it fits now, in slots of its own (half the server's grant, half the
+    /// byte window), so it never waits and never makes a caller wait.
+    /// `None`: it did not fit.
+    pub fn try_start(&self, req: &Request<'_>, reply_bytes: u64) -> Result<Option<u64>> {
+        self.start_with(req, reply_bytes, None, true)
+    }
+
     /// `start`, with the id `again` if given: a request sent once more after
     /// a lost connection, which a `REPLAY` server recognises by its id.
     fn start_as(&self, req: &Request<'_>, reply_bytes: u64, again: Option<u64>) -> Result<u64> {
+        // Without `spare` it waits for room, so there is always an id.
+        Ok(self.start_with(req, reply_bytes, again, false)?.unwrap_or_default())
+    }
+
+    fn start_with(&self, req: &Request<'_>, reply_bytes: u64, again: Option<u64>, spare: bool) -> Result<Option<u64>> {
         self.same_process()?;
         // Before taking a window slot: a request Linux would refuse never
         // reaches the encoder, and never holds a slot.
@@ -355,7 +372,20 @@ impl Engine {
                 if let Some(e) = &st.dead {
                     return Err(e.clone());
                 }
-                let fits = st.outstanding.len() < st.window as usize
+                // The server holds at most `grant` requests of a connection:
+                // read-ahead takes up to half of them, and never the last.
+                let grant = self.welcome.window_requests as usize;
+                if spare {
+                    let fits = st.ahead.len() < grant / 2
+                        && st.outstanding.len() + 1 < grant
+                        && st.bytes_outstanding + cost <= st.window_bytes / 2;
+                    if !fits {
+                        return Ok(None);
+                    }
+                    break;
+                }
+                let fits = st.outstanding.len() - st.ahead.len() < st.window as usize
+                    && st.outstanding.len() < grant
                     && (st.bytes_outstanding + cost <= st.window_bytes || st.outstanding.is_empty());
                 if fits {
                     break;
@@ -368,6 +398,9 @@ impl Engine {
             });
             st.outstanding.insert(id, cost);
             st.bytes_outstanding += cost;
+            if spare {
+                st.ahead.insert(id);
+            }
             id
         };
         let sent = {
@@ -383,7 +416,7 @@ impl Engine {
             self.kill(err.clone());
             return Err(err);
         }
-        Ok(id)
+        Ok(Some(id))
     }
 
     /// Waits for the reply to `id`. A data reply goes into `dest` if given
@@ -449,6 +482,7 @@ impl Engine {
     fn unsent(&self, id: u64) {
         let mut st = lock(&self.st);
         if let Some(cost) = st.outstanding.remove(&id) {
+            st.ahead.remove(&id);
             st.bytes_outstanding -= cost;
         }
     }
@@ -499,6 +533,7 @@ impl Engine {
             }
             Ok((id, cost, what)) => {
                 st.outstanding.remove(&id);
+                st.ahead.remove(&id);
                 st.bytes_outstanding -= cost;
                 match what {
                     Got::Mine(f) => Ok((st, Some(f))),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_proto::{caps, lock, Attr, Reply, Request, Target};
 
+use crate::ahead::{self, Ahead};
 use crate::cache::{Cache, Entry, CHUNK as CACHE_CHUNK};
 use crate::client::Client;
 use crate::engine::Engine;
@@ -126,9 +127,6 @@ impl OpenOptions {
 
 /// Writes kept in flight before the oldest must be acknowledged.
 const WRITE_BEHIND_MAX: usize = 8;
-/// Read-ahead keeps at most this many bytes requested beyond the reader.
-const PREFETCH_BYTES: usize = 8 * 1024 * 1024;
-const PREFETCH_MAX: usize = 8;
 /// Below this a transfer is one request; above it, split to fill the window.
 const SPLIT_MIN: usize = 1024 * 1024;
 /// Sequential reads smaller than this are served from a buffer filled with
@@ -149,12 +147,6 @@ struct InFlight {
     /// a write lost with its connection is sent again instead of failing;
     /// once acknowledged it is kept on until committed (see `unstable`).
     resend: Option<(u64, Vec<u8>)>,
-}
-
-struct Prefetch {
-    id: u64,
-    offset: u64,
-    len: usize,
 }
 
 pub struct File {
@@ -189,11 +181,8 @@ pub struct File {
     /// `write_at`, which take `&self`; the lock is never held across a
     /// call of `live`.
     unstable: Mutex<Unstable>,
-    /// Read-ahead in flight. Behind a lock only because `write_at` takes
-    /// `&self` and must drop it; every other user has `&mut self`.
-    prefetch: Mutex<VecDeque<Prefetch>>,
-    /// End offset and size of the last read, to see a sequential pattern.
-    last_read: Option<(u64, usize)>,
+    /// Read-ahead: what sequential reads will want next, requested.
+    ahead: Ahead,
     /// Small sequential reads are served from here (`rbase`, `rlen` valid
     /// bytes) while `rgen` matches `gen`, which any write or size change
     /// through this handle bumps.
@@ -207,19 +196,11 @@ pub struct File {
     closed: bool,
     /// The local cache's copy, for a file the cache policy caches.
     cached: Option<Entry>,
-    /// End of the last fetch into the cache, and how far ahead the next
-    /// one reaches if it continues there.
-    miss_end: AtomicU64,
-    ahead: AtomicU64,
 }
 
 /// Largest cached file fetched whole at its open when it must be handed
 /// over as a local file.
 pub const WHOLE_FETCH_MAX: u64 = 256 << 20;
-
-/// Bytes fetched ahead at most by a reader of a cached file whose misses
-/// come in sequence.
-const CACHE_AHEAD_MAX: u64 = 32 << 20;
 
 /// The cache entry of a file just opened, if the policy caches it. Any
 /// failure of the local cache leaves the file uncached, never unopened.
@@ -317,8 +298,7 @@ impl File {
             spare: Vec::new(),
             error: None,
             unstable,
-            prefetch: Mutex::new(VecDeque::new()),
-            last_read: None,
+            ahead: Ahead::new(attr.size),
             rbuf: first,
             rbase: 0,
             rlen,
@@ -327,8 +307,6 @@ impl File {
             small_end: None,
             closed: false,
             cached: entry,
-            miss_end: AtomicU64::new(u64::MAX),
-            ahead: AtomicU64::new(0),
         })
     }
 
@@ -351,7 +329,7 @@ impl File {
             return Ok(None);
         }
         while let Some((start, len)) = entry.missing(0, size) {
-            self.cache_fetch(entry, start, len, len)?;
+            self.cache_fetch(entry, start, len)?;
         }
         entry.data_file().map(Some).map_err(Error::from_io)
     }
@@ -374,26 +352,17 @@ impl File {
                 continue;
             }
             if let Some((start, len)) = entry.missing(at, (want - done) as u64) {
-                // Misses in sequence fetch further ahead each time (to
-                // CACHE_AHEAD_MAX); any other miss fetches what it needs.
-                let seq = self.miss_end.load(Ordering::Relaxed) == start;
-                let ahead = if seq {
-                    (self.ahead.load(Ordering::Relaxed) * 2).clamp(CACHE_CHUNK * 4, CACHE_AHEAD_MAX)
-                } else {
-                    0
-                };
-                self.ahead.store(ahead, Ordering::Relaxed);
-                let span = entry.missing(start, len.max(ahead)).map_or(len, |(_, l)| l);
-                self.cache_fetch(entry, start, len, span)?;
+                // Misses in sequence are served by the read-ahead, which
+                // fetches the next chunks while these are stored.
+                self.cache_fetch(entry, start, len)?;
             }
         }
         Ok(done)
     }
 
-    /// Fetches `span` bytes at chunk-aligned `start` (at least `need` of
-    /// them are wanted now) into the cache.
-    fn cache_fetch(&self, entry: &Entry, start: u64, need: u64, span: u64) -> Result<()> {
-        let mut data = vec![0u8; span as usize];
+    /// Fetches `need` bytes at chunk-aligned `start` into the cache.
+    fn cache_fetch(&self, entry: &Entry, start: u64, need: u64) -> Result<()> {
+        let mut data = vec![0u8; need as usize];
         let got = self.server_read_at(&mut data, start)?;
         if (got as u64) < need.min(entry.size() - start) {
             // The file shrank on the server since the open: its data is no
@@ -404,9 +373,7 @@ impl File {
         // Whole chunks only (or up to the end of the file).
         let end = start + got as u64;
         let keep = if end >= entry.size() { got } else { (got as u64 / CACHE_CHUNK * CACHE_CHUNK) as usize };
-        entry.fill(start, &data[..keep]).map_err(Error::from_io)?;
-        self.miss_end.store(start + keep as u64, Ordering::Relaxed);
-        Ok(())
+        entry.fill(start, &data[..keep]).map_err(Error::from_io)
     }
 
     /// A positional read answered from what the open brought, when that
@@ -637,10 +604,24 @@ impl File {
         }
     }
 
+    /// A read from the server, through the read-ahead.
     fn server_read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        let n = self.again(|engine| self.read_at_once(engine, buf, offset))?;
-        self.client.count_fetched(n);
-        Ok(n)
+        self.live()?;
+        let engine = self.client.engine();
+        let n = buf.len();
+        let segment = ahead::segment_for(self.chunk_for(n), self.max_io());
+        let mut direct = |b: &mut [u8], at: u64| {
+            let got = self.again(|engine| self.read_at_once(engine, b, at))?;
+            self.client.count_fetched(got);
+            Ok(got)
+        };
+        self.ahead.read((&engine, self.handle()), buf, offset, segment, &mut direct, &self.client)
+    }
+
+    /// Bytes the read-ahead keeps requested past the reader now (0 when
+    /// the reads are not sequential).
+    pub fn read_ahead_window(&self) -> u64 {
+        self.ahead.window()
     }
 
     /// Runs `op` on the current connection with a live handle; if the
@@ -773,10 +754,6 @@ impl File {
         self.take_error()
     }
 
-    fn queue(&mut self) -> &mut VecDeque<Prefetch> {
-        self.prefetch.get_mut().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Forgets all read-ahead, for a caller that knows the file changed
     /// behind this handle (another handle of the same process wrote).
     pub fn discard_read_ahead(&self) {
@@ -786,25 +763,7 @@ impl File {
     /// Forgets all read-ahead: after a write its data may be stale.
     fn drop_prefetch(&self) {
         self.gen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut q = self.prefetch.lock().unwrap_or_else(|e| e.into_inner());
-        for p in q.drain(..) {
-            self.client.engine().forget(p.id);
-        }
-    }
-
-    /// Keeps read-ahead requests of `n` bytes going past the reader.
-    fn top_up(&mut self, n: usize) -> Result<()> {
-        let want = (PREFETCH_BYTES / n).clamp(1, PREFETCH_MAX).min(self.depth().saturating_sub(1).max(1));
-        let (handle, pos) = (self.handle(), self.pos);
-        let engine = self.client.engine();
-        let q = self.queue();
-        let mut next = q.back().map_or(pos, |p| p.offset + p.len as u64);
-        while q.len() < want {
-            let id = engine.start(&Request::Pread { handle, offset: next, count: n as u32 }, n as u64)?;
-            q.push_back(Prefetch { id, offset: next, len: n });
-            next += n as u64;
-        }
-        Ok(())
+        self.ahead.reset();
     }
 
     fn read_seq(&mut self, buf: &mut [u8]) -> Result<usize> {
@@ -812,36 +771,11 @@ impl File {
         if self.pos_unknown {
             self.sync_pos()?;
         }
-        let n = buf.len();
-        if n == 0 {
+        if buf.is_empty() {
             return Ok(0);
         }
-        let pos = self.pos;
-        if let Some(p) = self.queue().front() {
-            if p.offset == pos && p.len == n {
-                let id = p.id;
-                self.queue().pop_front();
-                let got = self.client.engine().finish(id, Some(buf))?.data_len;
-                self.pos += got as u64;
-                self.last_read = Some((self.pos, n));
-                if got < n {
-                    self.drop_prefetch();
-                } else {
-                    // Best effort: the data is read and the position moved;
-                    // a dead connection shows at the next read.
-                    let _ = self.top_up(n);
-                }
-                return Ok(got);
-            }
-            self.drop_prefetch();
-        }
-        let sequential = self.last_read == Some((self.pos, n));
         let got = self.read_at(buf, self.pos)?;
         self.pos += got as u64;
-        self.last_read = Some((self.pos, n));
-        if sequential && got == n && n <= self.max_io() && n <= PREFETCH_BYTES {
-            let _ = self.top_up(n);
-        }
         Ok(got)
     }
 

@@ -11,6 +11,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod ahead;
 pub mod cache;
 mod client;
 mod engine;
@@ -22,6 +23,7 @@ pub mod token;
 mod unstable;
 pub mod url;
 
+pub use ahead::WINDOW_MAX as READ_AHEAD_MAX;
 pub use client::{join, Client, SessionTicket};
 pub use engine::{Engine, Frame, Options, PlaceFd};
 pub use error::{Error, Result};

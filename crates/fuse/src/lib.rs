@@ -51,11 +51,19 @@ pub struct FsOptions {
     pub entry_timeout: Duration,
     /// Use the kernel page cache for file data instead of `direct_io`.
     pub cache: bool,
+    /// Hand files the client cache holds to the kernel with FUSE
+    /// passthrough where it offers it (else their pages are kept).
+    pub passthrough: bool,
 }
 
 impl Default for FsOptions {
     fn default() -> Self {
-        FsOptions { attr_timeout: Duration::from_secs(1), entry_timeout: Duration::from_secs(1), cache: false }
+        FsOptions {
+            attr_timeout: Duration::from_secs(1),
+            entry_timeout: Duration::from_secs(1),
+            cache: false,
+            passthrough: true,
+        }
     }
 }
 
@@ -901,6 +909,7 @@ impl Filesystem for FerryFs {
         }
         // Cached files are handed to the kernel, where it can take them.
         if self.client.caches()
+            && self.opts.passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
         {
