@@ -271,3 +271,134 @@ print("local", os.path.basename(target))
     let second = ok(&run(&script));
     assert_ne!(first, second, "the same cache file served a changed file");
 }
+
+/// Reads of a cached file through the mount: with passthrough the kernel
+/// reads the local cache file itself and the daemon sees none of it; with
+/// `--no-passthrough` (the fallback where the kernel lacks it) the daemon
+/// serves them from the local cache. Told apart by the daemon's own count
+/// of bytes it read (`/proc/PID/io`) over a read whose page cache was
+/// dropped first.
+fn mount_cached_reads(extra: &[&str]) -> u64 {
+    require_fuse();
+    let srv = Server::start(&[]);
+    let plain = srv.client();
+    let data = random_bytes(16 << 20, 5);
+    put(&plain, "/++pt.bin", &data);
+    let tmp = TempDir::new("passthrough");
+    let (mp, cache) = (tmp.path().join("mp"), tmp.path().join("cache"));
+    std::fs::create_dir(&mp).unwrap();
+    let mut child = Command::new(FERRY)
+        .arg("mount")
+        .arg(srv.url("/"))
+        .arg(&mp)
+        .args(extra)
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .env("FERRY_CACHE_DIR", &cache)
+        .env("FERRY_CACHE_CONFIG", tmp.path().join("none.conf"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _detach = Detach(mp.clone());
+    let up = wait_for(Duration::from_secs(20), || common::fuse::is_live(&mp));
+    let daemon = child.id();
+    let script = r#"
+import os, sys
+path, pid = sys.argv[1], sys.argv[2]
+def got():
+    for l in open(f"/proc/{pid}/io"):
+        if l.startswith("rchar:"):
+            return int(l.split()[1])
+first = open(path, "rb").read()
+fd = os.open(path, os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+before = got()
+again = b""
+while True:
+    b = os.read(fd, 1 << 20)
+    if not b:
+        break
+    again += b
+after = got()
+os.close(fd)
+sys.stdout.buffer.write(first)
+sys.stdout.buffer.write(again)
+print(after - before, file=sys.stderr)
+"#;
+    let r = std::panic::catch_unwind(|| {
+        assert!(up, "mount did not come up");
+        let o = Command::new("timeout")
+            .args(["60", "python3", "-c", script])
+            .arg(mp.join("++pt.bin"))
+            .arg(daemon.to_string())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(o.stdout[..data.len()] == data[..], "first read differs");
+        assert!(o.stdout[data.len()..] == data[..], "second read differs");
+        stderr(&o).trim().parse::<u64>().unwrap()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(_detach);
+    r.unwrap()
+}
+
+#[test]
+fn the_mount_hands_cached_files_to_the_kernel_with_passthrough() {
+    let size = 16u64 << 20;
+    let through_daemon = mount_cached_reads(&[]);
+    assert!(through_daemon < size / 8, "the daemon read {through_daemon} bytes for a passthrough file of {size}");
+    let fallback = mount_cached_reads(&["--no-passthrough"]);
+    eprintln!("daemon read {through_daemon} bytes with passthrough, {fallback} without, for {size}");
+    assert!(fallback >= size / 2, "without passthrough the daemon read only {fallback} bytes of {size}");
+}
+
+/// A client that reconnects to a restarted server validates its cache
+/// again at the next open: a file changed on the server while it was down
+/// (same size, in place, not through ferry) is read anew; a file opened
+/// before keeps the version it opened (close-to-open).
+#[test]
+fn after_a_server_restart_the_cache_is_validated_again() {
+    use common::restart::Serve;
+    let export = TempDir::new("rc-export");
+    let state = TempDir::new("rc-state");
+    let token = state.path().join("token");
+    let mut server = Serve::start(export.path(), 0, &token);
+    let port = server.port;
+    let rules = Rules::parse(Path::new("test"), b"cache /**\n").unwrap();
+    let cache = Cache::open(state.path().join("cache"), 1 << 30, rules).unwrap();
+    let opts = Options {
+        token: Some(std::fs::read_to_string(&token).unwrap().trim().as_bytes().to_vec()),
+        reconnect: Some(Duration::from_secs(20)),
+        cache: Some(Arc::new(cache)),
+        ..Options::default()
+    };
+    let c = Client::connect(&format!("127.0.0.1:{port}"), &opts).unwrap();
+    let data = random_bytes(3 << 20, 31);
+    put(&c, "/c.bin", &data);
+    put(&c, "/same.bin", &data[..1 << 20]);
+    assert!(read_all(&c, "/c.bin") == data);
+    assert!(read_all(&c, "/same.bin") == data[..1 << 20]);
+    let before = c.bytes_fetched();
+    assert!(read_all(&c, "/c.bin") == data);
+    assert_eq!(c.bytes_fetched() - before, 0, "a warm read went to the server");
+    let f = c.open("/c.bin", OpenOptions::new().read(true)).unwrap();
+    assert!(f.is_cached());
+
+    server.kill();
+    let local = std::fs::OpenOptions::new().write(true).open(export.path().join("c.bin")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&local, b"CHANGED", 1 << 20).unwrap();
+    drop(local);
+    let mut want = data.clone();
+    want[1 << 20..(1 << 20) + 7].copy_from_slice(b"CHANGED");
+    let _server = Serve::start(export.path(), port, &token);
+
+    assert!(read_all(&c, "/c.bin") == want, "after the restart the cache served the old version");
+    assert!(read_all(&c, "/same.bin") == data[..1 << 20]);
+    let mut b = [0u8; 7];
+    assert_eq!(f.read_at(&mut b, 1 << 20).unwrap(), 7);
+    assert_eq!(b[..], data[1 << 20..(1 << 20) + 7], "a file open before the change changed under its reader");
+    f.close().unwrap();
+}
