@@ -67,6 +67,10 @@ struct Plan {
     duration: f64,
     raw_bytes: u64,
     rtts: usize,
+    /// Experiment 7: file sizes fetched, and bytes fetched per measurement
+    /// (small files are fetched several times and the figures divided).
+    fetch_sizes: Vec<u64>,
+    fetch_bytes: u64,
 }
 
 impl Plan {
@@ -84,6 +88,8 @@ impl Plan {
                 duration: 0.3,
                 raw_bytes: 8 * MIB,
                 rtts: 200,
+                fetch_sizes: vec![MIB, 4 * MIB],
+                fetch_bytes: 8 * MIB,
             }
         } else {
             Plan {
@@ -98,6 +104,8 @@ impl Plan {
                 duration: 2.0,
                 raw_bytes: GIB,
                 rtts: 20_000,
+                fetch_sizes: vec![MIB, 10 * MIB, 100 * MIB],
+                fetch_bytes: 200 * MIB,
             }
         }
     }
@@ -369,6 +377,18 @@ fn make_data(export: &Path, plan: &Plan) -> Result<(), String> {
         f.write_all(&block).map_err(e)?;
     }
     f.flush().map_err(e)?;
+    // Experiment 7: the same data cached (`++`, the AFS naming) and not.
+    for &size in &plan.fetch_sizes {
+        let label = size_label(size);
+        for name in [format!("++fetch-{label}.dat"), format!("fetch-{label}.dat")] {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(export.join(name)).map_err(e)?);
+            for i in 0..size / MIB {
+                block[..8].copy_from_slice(&i.to_le_bytes());
+                f.write_all(&block).map_err(e)?;
+            }
+            f.flush().map_err(e)?;
+        }
+    }
     // `ferry bench`'s latency loop stats this file.
     std::fs::write(export.join("bench.dat"), b"x").map_err(e)?;
     let (dirs, files) = plan.tree;
@@ -457,6 +477,15 @@ fn start_baselines(run: &mut Run, bench_dir: &Path) -> (Vec<System>, Vec<String>
         match w[1] {
             "nfs" => {
                 systems.push(sys("nfs3", "nfsbench", w[2], pid("ganesha"), vec![]));
+                // The same client with libnfs's own read-ahead (its URL
+                // option), beside ferry's read-ahead: a fair small-read
+                // comparison needs both.
+                let sep = if w[2].contains('?') { '&' } else { '?' };
+                let mut ra =
+                    sys("nfs3-ra", "nfsbench", &format!("{}{sep}readahead=1048576", w[2]), pid("ganesha"), vec![]);
+                ra.writes = false;
+                ra.note = "libnfs NFSv3 with readahead=1048576 (libnfs's read-ahead, 1 MiB); reads only".into();
+                systems.push(ra);
                 if let Some(v4) = w.get(3) {
                     let mut s = sys("nfs4", "nfsbench", v4, pid("ganesha"), vec![]);
                     s.writes = false;
@@ -486,11 +515,12 @@ fn start_baselines(run: &mut Run, bench_dir: &Path) -> (Vec<System>, Vec<String>
 }
 
 /// `ferry mount` of the server, measured with plain file I/O.
-fn start_fuse(run: &mut Run, port: u16) -> Result<System, String> {
+fn start_fuse(run: &mut Run, port: u16, env: &[(String, String)]) -> Result<System, String> {
     let mnt = unique(&run.state, "mnt-ferry")?;
     let child = Command::new(exe()?)
         .args(["mount", &format!("ferry://127.0.0.1:{port}/"), &mnt.to_string_lossy()])
         .args(["--attr-timeout", "0", "--entry-timeout", "0"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -558,10 +588,17 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
     let (server, port) = bench::start_server(&run.export)?;
     let server_pid = server.0.id();
     let exe = exe()?;
+    // The client cache of every ferry client here: its own directory, no
+    // rules but the `++` naming (never the user's cache or configuration).
+    let cache_dir = run.state.join("cache");
+    let cache_env = vec![
+        ("FERRY_CACHE_DIR".to_string(), cache_dir.to_string_lossy().into_owned()),
+        ("FERRY_CACHE_CONFIG".to_string(), run.state.join("no-cache.conf").to_string_lossy().into_owned()),
+    ];
     let mut systems = vec![System {
         name: "ferry".into(),
         cmd: vec![exe.clone(), "compare".into(), "--worker".into(), format!("ferry://127.0.0.1:{port}/")],
-        env: Vec::new(),
+        env: cache_env.clone(),
         server: vec![server_pid],
         client_side: Vec::new(),
         writes: true,
@@ -569,7 +606,7 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
         local: false,
     }];
     let mut status = vec![format!("up ferry 127.0.0.1:{port} (ferry serve --no-auth)")];
-    match start_fuse(&mut run, port) {
+    match start_fuse(&mut run, port, &cache_env) {
         Ok(mut s) => {
             s.server = vec![server_pid];
             systems.push(s);
@@ -587,7 +624,7 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
         systems.push(System {
             name: "ferry-run".into(),
             cmd,
-            env: vec![("FERRY_TOKEN".into(), "unused".into())],
+            env: [("FERRY_TOKEN".to_string(), "unused".to_string())].into_iter().chain(cache_env.clone()).collect(),
             server: vec![server_pid],
             client_side: Vec::new(),
             writes: true,
@@ -648,6 +685,9 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
     }
     if only(6) {
         note(exp_clients(&plan, runs, &systems, &mut res, &run.export));
+    }
+    if only(7) {
+        note(exp_fetch(&plan, runs, &systems, &mut res, &cache_dir));
     }
     drop(server);
     let machine = machine();
@@ -748,6 +788,133 @@ fn exp_write(plan: &Plan, runs: usize, systems: &[System], res: &mut Results, ex
         let _ = std::fs::remove_file(export.join(format!("w-{}.dat", sys.name)));
     }
     ferry_errors(errors)
+}
+
+/// The AFS paper's Tables 3 and 4: fetching a file through each ferry
+/// client with the client cache cold, warm, and bypassed; then mount reads
+/// of a cached file beside a local read of its cache file.
+fn exp_fetch(plan: &Plan, runs: usize, systems: &[System], res: &mut Results, cache: &Path) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 7, fetch with the client cache cold, warm and bypassed");
+    let cold = cache.to_string_lossy().into_owned();
+    let mut errors = Vec::new();
+    for _ in 0..runs {
+        for &size in &plan.fetch_sizes {
+            let label = size_label(size);
+            let repeat = (plan.fetch_bytes / size).max(1);
+            let cached = format!("/++fetch-{label}.dat");
+            let bypass = format!("/fetch-{label}.dat");
+            for sys in systems.iter().filter(|s| s.name.starts_with("ferry")) {
+                for (mode, file, empty) in
+                    [("cold", &cached, cold.as_str()), ("warm", &cached, "-"), ("bypass", &bypass, "-")]
+                {
+                    let args = ["fetch", file.as_str(), &repeat.to_string(), empty];
+                    let Some(m) = try_measure(sys, &args, &mut errors) else { continue };
+                    if k(&m.kv, "bytes") as u64 != size * repeat {
+                        errors.push(format!(
+                            "{} fetch {file}: {} bytes, expected {}",
+                            sys.name,
+                            k(&m.kv, "bytes"),
+                            size * repeat
+                        ));
+                        continue;
+                    }
+                    let (p, per) = (format!("{label} {mode}"), 1e3 / repeat as f64);
+                    res.add("7", &sys.name, &p, "elapsed", "ms", k(&m.kv, "secs") * per);
+                    res.add("7", &sys.name, &p, "user", "ms", k(&m.kv, "fuser") * per);
+                    res.add("7", &sys.name, &p, "system", "ms", k(&m.kv, "fsys") * per);
+                    if !sys.client_side.is_empty() {
+                        let own = k(&m.kv, "utime") + k(&m.kv, "stime");
+                        res.add("7", &sys.name, &p, "daemon CPU", "ms", (m.client_cpu - own).max(0.0) * per);
+                    }
+                }
+            }
+        }
+        // The largest cached file, warm: through the mount (passthrough to
+        // the cache file) and straight from the cache file.
+        let (Some(&size), Some(fuse)) = (plan.fetch_sizes.last(), systems.iter().find(|s| s.name == "ferry-fuse"))
+        else {
+            continue;
+        };
+        let file = format!("/++fetch-{}.dat", size_label(size));
+        let _ = try_measure(fuse, &["fetch", &file, "1", "-"], &mut errors);
+        let Some(data) = largest_data_file(cache) else {
+            errors.push(format!("ferry-fuse: no cache file for {file} in {}", cache.display()));
+            continue;
+        };
+        let local = System {
+            name: "cache file".into(),
+            cmd: vec![exe()?, "compare".into(), "--worker".into(), "/".into()],
+            env: Vec::new(),
+            server: Vec::new(),
+            client_side: Vec::new(),
+            writes: false,
+            note: String::new(),
+            local: true,
+        };
+        for (sys, path) in [(fuse, file.as_str()), (&local, data.as_str())] {
+            let Some(m) = try_measure(sys, &["read", path, &MIB.to_string(), &size.to_string()], &mut errors) else {
+                continue;
+            };
+            res.add("7m", &sys.name, "read", "throughput", "MB/s", k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6);
+        }
+    }
+    ferry_errors(errors)
+}
+
+/// The largest data file of a client cache directory (its layout's `v1`).
+fn largest_data_file(cache: &Path) -> Option<String> {
+    std::fs::read_dir(cache.join("v1"))
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
+        .filter_map(|e| Some((e.metadata().ok()?.len(), e.path())))
+        .max()
+        .map(|(_, p)| p.to_string_lossy().into_owned())
+}
+
+fn print_fetch(res: &Results, systems: &[System], plan: &Plan, runs: usize) {
+    if !res.order.iter().any(|(e, ..)| e == "7") {
+        return;
+    }
+    println!("\n7. Fetch of a whole file, client cache cold / warm / bypassed (the AFS paper's Tables 3-4;");
+    println!("   ms per fetch, median of {runs}; user and system: the reading process; daemon CPU: the mount's)");
+    println!(
+        "{:<12} {:>6} {:>7} {:>10} {:>10} {:>10} {:>11}",
+        "system", "size", "mode", "elapsed", "user", "system", "daemon CPU"
+    );
+    let med =
+        |s: &str, p: &str, m: &str| res.get("7", s, p, m).map_or("-".to_string(), |v| format!("{:.2}", median(v)));
+    for s in systems.iter().filter(|s| s.name.starts_with("ferry")) {
+        for &size in &plan.fetch_sizes {
+            for mode in ["cold", "warm", "bypass"] {
+                let p = format!("{} {mode}", size_label(size));
+                if res.get("7", &s.name, &p, "elapsed").is_none() {
+                    continue;
+                }
+                println!(
+                    "{:<12} {:>6} {:>7} {:>10} {:>10} {:>10} {:>11}",
+                    s.name,
+                    size_label(size),
+                    mode,
+                    med(&s.name, &p, "elapsed"),
+                    med(&s.name, &p, "user"),
+                    med(&s.name, &p, "system"),
+                    med(&s.name, &p, "daemon CPU")
+                );
+            }
+        }
+    }
+    let (Some(m), Some(l)) =
+        (res.get("7m", "ferry-fuse", "read", "throughput"), res.get("7m", "cache file", "read", "throughput"))
+    else {
+        return;
+    };
+    println!(
+        "\n7. Mount read of a cached file (passthrough): {} MB/s; local read of its cache file: {} MB/s; ratio {:.2}",
+        cell(m),
+        cell(l),
+        median(m) / median(l)
+    );
 }
 
 fn exp_window(plan: &Plan, runs: usize, ferry: &System, res: &mut Results) -> Result<(), String> {
@@ -1080,7 +1247,7 @@ fn print_tables(res: &Results, systems: &[System], plan: &Plan, runs: usize, mac
     table(res, "5", "rate", "5. Tree scan", &names);
     table(res, "6", "aggregate throughput", "6. Concurrent clients reading 64 KiB chunks", &names);
     table(res, "6", "failed requests", "6. Concurrent clients", &names);
-    println!("\n7. Fetch time with client caching on and off: not available yet (caching issue)");
+    print_fetch(res, systems, plan, runs);
     table(res, "8", "client CPU", "8. CPU per GiB moved", &names);
     table(res, "8", "server CPU", "8. CPU per GiB moved", &names);
     for s in systems.iter().filter(|s| !s.note.is_empty()) {
@@ -1168,7 +1335,7 @@ fn write_files(
     let all = ALL_ERRORS.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let json = format!(
         "{{\"runs\":{runs},\"quick\":{quick},\"machine\":{{{}}},\"status\":[{}],\"notes\":{{{}}},\"failures\":[{}],\"measurement_errors\":[{}],\
-         \"experiment7\":\"not available yet (caching issue)\",\"records\":[\n{}\n]}}\n",
+         \"records\":[\n{}\n]}}\n",
         m.join(","),
         list(status),
         notes.join(","),

@@ -28,7 +28,8 @@ fn compare_quick_runs_every_experiment() {
         "4. stat latency",
         "5. Tree scan",
         "6. Concurrent clients",
-        "7. Fetch time with client caching on and off: not available yet (caching issue)",
+        "7. Fetch of a whole file, client cache cold / warm / bypassed",
+        "7. Mount read of a cached file (passthrough)",
         "8. CPU per GiB moved",
     ] {
         assert!(stdout.contains(title), "no {title:?} in\n{stdout}");
@@ -36,7 +37,7 @@ fn compare_quick_runs_every_experiment() {
     let csv = std::fs::read_to_string(out.join("results.csv")).expect("results.csv");
     let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
     let _ = std::fs::remove_dir_all(&out);
-    for exp in ["0", "1", "2", "3", "4", "5", "6", "8"] {
+    for exp in ["0", "1", "2", "3", "4", "5", "6", "7", "8"] {
         assert!(
             csv.lines().any(|l| l.starts_with(&format!("{exp},ferry,"))),
             "no ferry row for experiment {exp}:\n{csv}"
@@ -50,6 +51,14 @@ fn compare_quick_runs_every_experiment() {
         assert_eq!(median, 0.0, "failed requests: {l}");
     }
     assert!(json.contains("\"records\":["), "{json}");
+    // Experiment 7 through every ferry client, each mode.
+    for sys in ["ferry", "ferry-fuse", "ferry-run"] {
+        for mode in ["cold", "warm", "bypass"] {
+            let row = format!("7,{sys},1M {mode},elapsed,");
+            assert!(csv.lines().any(|l| l.starts_with(&row)), "no {row:?} row:\n{csv}");
+        }
+    }
+    assert!(csv.lines().any(|l| l.starts_with("7m,cache file,")), "no local cache file figure:\n{csv}");
     if std::env::var("FERRY_COMPARE_BASELINES").is_ok_and(|v| v == "1") {
         for sys in ["nfs3", "9p", "smb", "sshfs"] {
             assert!(csv.lines().any(|l| l.starts_with(&format!("1,{sys},"))), "no {sys} figures:\n{stdout}");

@@ -72,19 +72,24 @@ pub fn main(args: &[String]) -> Result<(), String> {
     if target == "unix-source" {
         return unix_source(&args[1..]);
     }
+    let op = args.get(1).map(String::as_str).unwrap_or("");
     let fs = if target.starts_with("ferry://") {
         let url = ferry_client::Url::parse(target)?;
-        let c = Client::connect(&url.addr, &Options::default()).map_err(|e| format!("connect {target}: {e}"))?;
+        // Fetches go through the client cache as the CLI's would (its
+        // directory and rules from the environment); nothing else does.
+        let cache = if op == "fetch" { ferry_client::cache::Cache::from_env()? } else { None };
+        let c = Client::connect(&url.addr, &Options { cache, ..Options::default() })
+            .map_err(|e| format!("connect {target}: {e}"))?;
         Fs::Ferry(c)
     } else {
         Fs::Local(target.trim_end_matches('/').to_string())
     };
-    let op = args.get(1).map(String::as_str).unwrap_or("");
     let path = args.get(2).ok_or("worker: no path")?.as_str();
     let r = match op {
         "read" => read(&fs, path, num(args, 3)?, num(args, 4)?, None),
         "readw" => read(&fs, path, num(args, 3)?, num(args, 4)?, Some(num(args, 5)?)),
         "write" => write(&fs, path, num(args, 3)?, num(args, 4)?),
+        "fetch" => fetch(&fs, path, num(args, 3)?, args.get(4).map_or("-", String::as_str)),
         "stat" => stat(&fs, path, num(args, 3)?),
         "scan" => scan(&fs, path, num::<u32>(args, 3)? == 1),
         "chunks" => {
@@ -138,6 +143,55 @@ fn read(fs: &Fs, path: &str, bs: usize, limit: u64, window: Option<u32>) -> Resu
     }
     let secs = t.elapsed().as_secs_f64();
     report(&format!("bytes={total} secs={secs:.6}"), u0);
+    Ok(())
+}
+
+/// Reads the whole file `repeat` times in 1 MiB reads, each time from a new
+/// open, after emptying the client cache directory `cold` (unless "-"):
+/// the AFS paper's fetch. Prints the time and CPU of the fetches alone.
+fn fetch(fs: &Fs, path: &str, repeat: usize, cold: &str) -> Result<(), String> {
+    let mut buf = vec![0u8; 1 << 20];
+    let u0 = usage();
+    let (mut secs, mut user, mut sys, mut bytes) = (0.0, 0.0, 0.0, 0u64);
+    for _ in 0..repeat {
+        if cold != "-" {
+            empty_cache(cold)?;
+        }
+        let (a, t) = (usage(), Instant::now());
+        let mut step = |r: &mut dyn Read| -> Result<(), String> {
+            loop {
+                let n = r.read(&mut buf).map_err(ioe("read", path))?;
+                if n == 0 {
+                    return Ok(());
+                }
+                bytes += n as u64;
+            }
+        };
+        match fs {
+            Fs::Ferry(c) => {
+                let mut f = c.open(path, OpenOptions::new().read(true)).map_err(ioe("open", path))?;
+                step(&mut f)?;
+                f.close().map_err(ioe("close", path))?;
+            }
+            Fs::Local(root) => step(&mut std::fs::File::open(local(root, path)).map_err(ioe("open", path))?)?,
+        }
+        secs += t.elapsed().as_secs_f64();
+        let b = usage();
+        user += b.utime - a.utime;
+        sys += b.stime - a.stime;
+    }
+    report(&format!("bytes={bytes} secs={secs:.6} fuser={user:.6} fsys={sys:.6}"), u0);
+    Ok(())
+}
+
+/// Removes the files of a client cache directory (its layout's `v1`),
+/// leaving the directories, so the next fetch finds nothing cached.
+fn empty_cache(dir: &str) -> Result<(), String> {
+    let v1 = std::path::Path::new(dir).join("v1");
+    let Ok(entries) = std::fs::read_dir(&v1) else { return Ok(()) };
+    for e in entries.flatten() {
+        std::fs::remove_file(e.path()).map_err(ioe("remove", &e.path().to_string_lossy()))?;
+    }
     Ok(())
 }
 
