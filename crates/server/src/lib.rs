@@ -164,9 +164,11 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
             match conn.run() {
                 End::Closed => {}
                 // A client that exits with a reply it no longer wanted
-                // unread (a close it did not wait for) resets rather than
-                // closes: a normal end, nothing to report.
-                End::Io(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                // unread (a close it did not wait for, read-ahead it did
+                // not need) resets rather than closes, or is gone while
+                // those replies are sent: a normal end, nothing to report.
+                End::Io(e)
+                    if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {}
                 End::Io(e) => eprintln!("ferry serve: {peer}: connection error: {e}"),
                 End::Protocol(m) => eprintln!("ferry serve: {peer}: protocol error, closing: {m}"),
                 End::AuthFailed => eprintln!("ferry serve: {peer}: authentication failed"),
