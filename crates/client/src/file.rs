@@ -198,6 +198,13 @@ pub struct File {
     cached: Option<Entry>,
 }
 
+/// How many times a file is opened again or a commit sent again, each
+/// after a reconnect that succeeded (the reconnect bound in time covers a
+/// server that stays down): a server killed and restarted several times in
+/// a row (a crash loop, the kill tests) must not turn an `fsync` into
+/// `EIO`, and one that dies at every attempt must not loop for ever.
+const AGAIN_MAX: usize = 64;
+
 /// Largest cached file fetched whole at its open when it must be handed
 /// over as a local file.
 pub const WHOLE_FETCH_MAX: u64 = 256 << 20;
@@ -428,7 +435,7 @@ impl File {
         }
         let _g = self.reopening.lock().unwrap_or_else(|e| e.into_inner());
         let stale = || Err(Error::remote(libc::ESTALE));
-        for _ in 0..3 {
+        for _ in 0..AGAIN_MAX {
             let before = self.client.epoch();
             if before == self.epoch.load(Ordering::Acquire) {
                 return Ok(());
@@ -552,7 +559,7 @@ impl File {
 
     /// As `commit`, for callers with `&self`: returns the buffers freed.
     fn commit_now(&self, datasync: bool) -> Result<Vec<Vec<u8>>> {
-        for _ in 0..3 {
+        for _ in 0..AGAIN_MAX {
             self.live()?;
             let e = self.client.engine();
             let n = lock(&self.unstable).len();
