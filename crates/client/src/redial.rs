@@ -105,9 +105,12 @@ impl Redial {
         let mut pause = Duration::from_millis(20);
         let mut said = false;
         loop {
-            match Engine::connect(&self.addr, &self.opts) {
-                Ok(e) => {
-                    let (resumed, same_instance) = self.resume(&e);
+            // A server killed again between the connect and the attach is
+            // one more failed attempt: taking it for a forgotten session
+            // would give up replies the restarted server still keeps.
+            let attempt = Engine::connect(&self.addr, &self.opts).and_then(|e| Ok((self.resume(&e)?, e)));
+            match attempt {
+                Ok(((resumed, same_instance), e)) => {
                     *cur = Arc::new(e);
                     if !resumed {
                         self.lost.fetch_add(1, Relaxed);
@@ -160,18 +163,27 @@ impl Redial {
     /// whether the session was rejoined, and whether on the instance that
     /// made it (a restarted server that kept its sessions has their reply
     /// caches, not their handles).
-    fn resume(&self, e: &Engine) -> (bool, bool) {
+    /// Fails only if this connection was lost too.
+    fn resume(&self, e: &Engine) -> Result<(bool, bool)> {
         let mut t = lock(&self.ticket);
         let boot = e.welcome().boot_id;
         if let Some(ticket) = t.as_mut() {
-            if attach(e, ticket).is_ok() {
-                // A volatile session's handles went with the connection.
-                let same = ticket.boot == boot && ticket.keeps_handles;
-                ticket.boot = boot;
-                return (true, same);
+            match attach(e, ticket) {
+                Ok(()) => {
+                    // A volatile session's handles went with the connection.
+                    let same = ticket.boot == boot && ticket.keeps_handles;
+                    ticket.boot = boot;
+                    return Ok((true, same));
+                }
+                Err(err) if is_lost(&err) => return Err(err),
+                Err(_) => {}
             }
         }
-        *t = new_session(e, self.opts.session_keeps_handles).ok();
-        (false, false)
+        match new_session(e, self.opts.session_keeps_handles) {
+            Ok(n) => *t = Some(n),
+            Err(err) if is_lost(&err) => return Err(err),
+            Err(_) => *t = None,
+        }
+        Ok((false, false))
     }
 }
