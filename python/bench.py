@@ -2,9 +2,10 @@
 """Benchmark of the Python package against the Rust library, same run.
 
 1. Sequential read of a file (1 GiB by default) from Python: ``readinto``
-   into a preallocated 1 MiB buffer (the block ``ferry bench`` uses), and one
-   ``readinto`` filling a buffer the size of the file; beside ``ferry bench``'s
-   "ferry sequential read" (the Rust library), run by this script.
+   into a preallocated 1 MiB buffer, and one ``readinto`` filling a buffer
+   the size of the file; beside the Rust library reading the same file from
+   the same server in 1 MiB reads (a ``ferry compare`` worker), each run of
+   one next to a run of the other.
 2. ``cat_ranges`` of 1,000 random 64 KiB ranges against one ``seek`` +
    ``read`` per range on an open file.
 3. The same sequential read through fsspec's SFTP implementation (paramiko)
@@ -12,8 +13,8 @@
    pick: needs ``/usr/sbin/sshd`` (Debian: openssh-server) and ``pip install
    paramiko``; without them the line says why it was skipped.
 
-Medians of ``--runs`` (3). Client pinned to CPU 0 and server to CPU 1, as
-``ferry bench`` does. Usage (after ``pip install ./python``):
+Medians of ``--runs`` (3). Clients (Python and the Rust worker) pinned to
+CPU 0 and the server to CPU 1. Usage (after ``pip install ./python``):
 
     python python/bench.py [--size-mib 1024] [--runs 3]
 """
@@ -132,6 +133,22 @@ def start_server(ferry_bin: str, root: str) -> "tuple[subprocess.Popen, str]":
     return p, line.split()[-1]
 
 
+def rust_read(ferry_bin: str, addr: str, size: int) -> float:
+    """Seconds the Rust library takes to read /big in 1 MiB `read`s, as the
+    Python loop does: a `ferry compare` worker on the same server, pinned to
+    the same CPU (it inherits this process's mask)."""
+    out = subprocess.run(
+        [ferry_bin, "compare", "--worker", f"ferry://{addr}/", "read", "/big", str(1 << 20), str(size)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    m = re.search(r"bytes=(\d+) secs=([\d.]+)", out)
+    if not m or int(m.group(1)) != size:
+        raise SystemExit(f"the Rust worker did not read the file: {out!r}")
+    return float(m.group(2))
+
+
 def median_mbs(size: int, times: "list[float]") -> str:
     rates = [size / t / 1e6 for t in times]
     return f"{statistics.median(rates):8.1f} MB/s  ({min(rates):.1f}..{max(rates):.1f})"
@@ -158,8 +175,9 @@ def main() -> None:
         c = ferry.Client(addr)
         buf = bytearray(1024 * 1024)
         whole = bytearray(size)
-        t_block, t_whole = [], []
+        t_block, t_whole, t_rust = [], [], []
         for _ in range(a.runs):
+            t_rust.append(rust_read(a.ferry, addr, size))
             with c.open("/big", "rb", buffering=0) as f:
                 t0 = time.perf_counter()
                 n = 0
@@ -175,20 +193,6 @@ def main() -> None:
                 assert f.readinto(whole) == size
                 t_whole.append(time.perf_counter() - t0)
         del whole
-
-        # The Rust library, measured by `ferry bench` (its own server, same pinning).
-        # With this process's CPU 0 mask inherited, `ferry bench` would see
-        # one CPU, pin nothing and run client and server on one core.
-        every_cpu = set(range(os.cpu_count() or 1))
-        out = subprocess.run(
-            [a.ferry, "bench", "--size-mib", str(a.size_mib), "--runs", str(a.runs), "--rtts", "100"],
-            capture_output=True,
-            text=True,
-            check=True,
-            preexec_fn=lambda: os.sched_setaffinity(0, every_cpu),
-        ).stdout
-        m = re.search(r"ferry sequential read\s+([\d.]+) MB/s\s+([\d.]+)\.\.([\d.]+)", out)
-        rust = float(m.group(1)) if m else float("nan")
 
         fs = FerryFileSystem(host=addr.rsplit(":", 1)[0], port=int(addr.rsplit(":", 1)[1]))
         rng = random.Random(7)
@@ -210,10 +214,11 @@ def main() -> None:
                 t_loop.append(time.perf_counter() - t0)
 
         py = statistics.median(size / t / 1e6 for t in t_block)
+        rust = statistics.median(size / t / 1e6 for t in t_rust)
         print(f"ferry Python benchmark: {a.size_mib} MiB file, {a.runs} runs, medians (min..max)")
         print(f"Python readinto, 1 MiB buffer        {median_mbs(size, t_block)}   {py / rust * 100:.0f} % of the Rust library")
         print(f"Python readinto, one {a.size_mib} MiB buffer  {median_mbs(size, t_whole)}")
-        print(f"Rust library (ferry bench)           {rust:8.1f} MB/s  ({m.group(2) if m else '?'}..{m.group(3) if m else '?'})")
+        print(f"Rust library, 1 MiB reads            {median_mbs(size, t_rust)}")
         # At SFTP's speed a whole GiB takes minutes a run: its first 128 MiB.
         sftp_size = min(size, 128 << 20)
         sftp = sftp_read(os.path.join(root, "big"), sftp_size, a.runs)

@@ -216,3 +216,23 @@ fn ferry_run_fetches_ahead_of_sequential_readers_only() {
         .unwrap();
     check("ferry run", &ok(&o), size);
 }
+
+/// One read larger than the server's byte window (256 MiB) goes as several
+/// requests collected in order: each reply lands in its part of the
+/// caller's buffer, none is received aside and copied (they all were, when
+/// the next request waited for room by reading replies itself).
+#[test]
+fn a_read_larger_than_the_window_lands_in_place() {
+    let srv = Server::start(&[]);
+    let len = 320 << 20;
+    let data = random_bytes(len, 5);
+    std::fs::write(srv.export.path().join("huge"), &data).unwrap();
+    let c = srv.client();
+    let f = c.open("/huge", OpenOptions::new().read(true)).unwrap();
+    let mut buf = vec![0u8; len];
+    let aside0 = c.engine().bytes_read_aside();
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), len);
+    assert!(buf == data, "the data read differs");
+    assert_eq!(c.engine().bytes_read_aside() - aside0, 0, "bytes received aside and copied");
+    f.close().unwrap();
+}

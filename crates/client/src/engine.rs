@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{self, BufReader, IoSlice, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -158,6 +158,10 @@ pub struct Engine {
     /// The process that connected: after `fork` the child shares the socket
     /// with the parent and must not read its replies.
     pid: rustix::process::Pid,
+    /// Bytes of read replies received aside (by a thread other than their
+    /// reader, or before it asked) and copied later: zero for one reader
+    /// collecting in order, the case every read path keeps to.
+    aside: AtomicU64,
 }
 
 /// A random first request id in [2^32, 2^62): far from the handshake's ids
@@ -249,7 +253,13 @@ impl Engine {
             client_nonce: nonce,
             token: opts.token.clone(),
             pid: rustix::process::getpid(),
+            aside: AtomicU64::new(0),
         })
+    }
+
+    /// Bytes of read replies received aside and copied (see `aside`).
+    pub fn bytes_read_aside(&self) -> u64 {
+        self.aside.load(Relaxed)
     }
 
     /// The connection's descriptor number.
@@ -456,6 +466,17 @@ impl Engine {
         })
     }
 
+    /// Whether a request costing `reply_bytes` would start now without
+    /// waiting for a reply. A caller that collects its replies in order
+    /// asks first and collects its oldest when there is no room: waiting
+    /// inside `start` reads that reply aside, and its data is then copied.
+    pub fn has_room(&self, reply_bytes: u64) -> bool {
+        let st = lock(&self.st);
+        st.outstanding.len() - st.ahead.len() < st.window as usize
+            && st.outstanding.len() < self.welcome.window_requests as usize
+            && (st.bytes_outstanding + reply_bytes <= st.window_bytes || st.outstanding.is_empty())
+    }
+
     /// Sends and waits.
     pub fn call(&self, req: &Request<'_>) -> Result<Frame> {
         let id = self.start(req, 0)?;
@@ -570,6 +591,9 @@ impl Engine {
                 read_reply(&mut rx, &mut d[..len]).map_err(|e| lost(e, MID_REPLY))?;
                 return Ok((h.id, cost, Got::Mine(Ok(Frame { op: h.op, body: Vec::new(), data_len: len }))));
             }
+        }
+        if is_data && want != Some(h.id) {
+            self.aside.fetch_add(len as u64, Relaxed);
         }
         let mut body = vec![0u8; len];
         read_reply(&mut rx, &mut body).map_err(|e| lost(e, MID_REPLY))?;

@@ -665,10 +665,12 @@ impl File {
             Ok(())
         };
         for part in buf.chunks_mut(chunk) {
-            if queue.len() >= depth {
+            let len = part.len();
+            // Collect the oldest before `start` would wait for room: it
+            // would read that reply aside and its data would be copied.
+            while !queue.is_empty() && (queue.len() >= depth || !engine.has_room(len as u64)) {
                 finish_one(&mut queue, &mut parts)?;
             }
-            let len = part.len();
             let id =
                 engine.start(&Request::Pread { handle: self.handle(), offset: at, count: len as u32 }, len as u64)?;
             queue.push_back((id, len));
