@@ -79,6 +79,8 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "replay" => ferry_proto::caps::REPLAY,
             "open-read" => ferry_proto::caps::OPEN_READ,
             "list-dir" => ferry_proto::caps::LIST_DIR,
+            "caching" => ferry_proto::caps::CACHING,
+            "data-channels" => ferry_proto::caps::DATA_CHANNELS,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ferry_proto::{caps, Attr, DirEntry, Reply, Request, StatFs, Target, Time};
 
 use crate::cache::Cache;
+use crate::channels::Channels;
 use crate::engine::{Engine, Frame, Options};
 use crate::error::{Error, Result};
 use crate::file::{File, OpenOptions};
@@ -32,6 +33,10 @@ struct Inner {
     /// File data received from the server by positional reads.
     fetched: std::sync::atomic::AtomicU64,
     ahead: std::sync::atomic::AtomicU64,
+    /// Connections for bulk data beside the main one, if any.
+    channels: Option<Channels>,
+    /// Writes of all files sent behind and not yet answered.
+    behind: Arc<AtomicUsize>,
 }
 
 /// What it takes to rejoin a session from another connection: its id and
@@ -136,8 +141,46 @@ impl Client {
                 cache,
                 fetched: 0.into(),
                 ahead: 0.into(),
+                channels: Channels::new(addr, opts),
+                behind: Arc::default(),
             }),
         })
+    }
+
+    /// A data channel beside the main connection `main` and the transfer
+    /// size from which to use it; `None`: everything on `main`.
+    pub(crate) fn bulk(&self, main: &Arc<Engine>) -> Option<(Arc<Engine>, usize)> {
+        let c = self.inner.channels.as_ref()?;
+        let ticket = self.inner.redial.as_ref().and_then(Redial::ticket);
+        c.pick(main, ticket).map(|e| (e, c.threshold()))
+    }
+
+    /// Data channels open now beside the connection in use (made on the
+    /// first bulk transfer; 0 without them, or after one failed).
+    pub fn data_channels(&self) -> usize {
+        self.inner.channels.as_ref().map_or(0, |c| c.open(&self.engine()))
+    }
+
+    /// Counts a write sent behind until the result is dropped.
+    pub(crate) fn write_behind(&self) -> crate::channels::Behind {
+        crate::channels::Behind::new(&self.inner.behind)
+    }
+
+    /// Whether any file has writes sent behind and not yet answered.
+    pub(crate) fn writes_behind(&self) -> bool {
+        self.inner.behind.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+
+    /// After `err` from data channel `e`: whether the channel was lost (and
+    /// is dropped: what failed goes again on the main connection).
+    pub(crate) fn channel_lost(&self, e: &Arc<Engine>, err: &Error) -> bool {
+        match &self.inner.channels {
+            Some(c) if is_lost(err) || e.is_dead() => {
+                c.failed(e, err);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Bytes of file data this client's files have read from the server

@@ -27,6 +27,11 @@ const RX_BUF: usize = 8 * 1024;
 /// Largest reply body this client accepts (announced in `Hello`).
 pub const CLIENT_MAX_FRAME: u32 = 64 * 1024 * 1024 + 4096;
 
+/// Data channels a client opens by default (`Options::data_channels`).
+pub const DATA_CHANNELS: u32 = 1;
+/// Transfer size from which data goes on a data channel.
+pub const DATA_THRESHOLD: usize = 256 * 1024;
+
 /// Connection settings.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -66,6 +71,13 @@ pub struct Options {
     /// `ferry run` and the CLI use); `None`: nothing is cached, whatever
     /// the server's policy says.
     pub cache: Option<std::sync::Arc<crate::cache::Cache>>,
+    /// Further connections joined to the session for bulk positional reads
+    /// and writes (0: none, everything on the one connection). Used only
+    /// with a server offering `DATA_CHANNELS`.
+    pub data_channels: u32,
+    /// Transfers of at least this many bytes go on a data channel, and so
+    /// do all read-ahead requests.
+    pub data_threshold: usize,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
@@ -86,6 +98,8 @@ impl Default for Options {
             session_keeps_handles: true,
             max_path: ferry_proto::MAX_PATH,
             cache: None,
+            data_channels: DATA_CHANNELS,
+            data_threshold: DATA_THRESHOLD,
         }
     }
 }
@@ -288,6 +302,11 @@ impl Engine {
     /// closed by the server (a restarted server did). Then the engine is
     /// dead, and a request not yet sent on it is known never to have reached
     /// anyone.
+    /// Whether the connection is known dead (no system call: `gone` looks).
+    pub fn is_dead(&self) -> bool {
+        lock(&self.st).dead.is_some()
+    }
+
     pub fn gone(&self) -> Option<Error> {
         if let Some(e) = &lock(&self.st).dead {
             return Some(e.clone());
@@ -321,7 +340,10 @@ impl Engine {
 
     /// The secret of a session this connection creates (never sent).
     pub fn session_secret(&self) -> [u8; 32] {
-        ferry_proto::session_secret(self.token.as_deref().unwrap_or_default(), &self.welcome.nonce, &self.client_nonce)
+        // A server that asks no token derives it from none, whatever the
+        // client holds.
+        let token = self.token.as_deref().filter(|_| self.welcome.auth_required).unwrap_or_default();
+        ferry_proto::session_secret(token, &self.welcome.nonce, &self.client_nonce)
     }
 
     /// The proof that joins session `id` from this connection.

@@ -147,6 +147,8 @@ struct InFlight {
     /// a write lost with its connection is sent again instead of failing;
     /// once acknowledged it is kept on until committed (see `unstable`).
     resend: Option<(u64, Vec<u8>)>,
+    /// Counts it among the client's writes in flight while it lives.
+    _behind: crate::channels::Behind,
 }
 
 pub struct File {
@@ -611,12 +613,31 @@ impl File {
         }
     }
 
-    /// A read from the server, through the read-ahead.
+    /// A read from the server, through the read-ahead; read-ahead and
+    /// large reads go on a data channel if the client has one, and on the
+    /// main connection again if it fails under them.
     fn server_read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.live()?;
         let engine = self.client.engine();
         let n = buf.len();
         let segment = ahead::segment_for(self.chunk_for(n), self.max_io());
+        // Writes sent behind on the main connection and not yet answered
+        // must not be overtaken by a read on another connection.
+        if let Some((data, threshold)) = self.client.bulk(&engine).filter(|_| !self.client.writes_behind()) {
+            let mut direct = |b: &mut [u8], at: u64| {
+                let got = if b.len() >= threshold {
+                    self.read_at_once(&data, b, at)?
+                } else {
+                    self.again(|engine| self.read_at_once(engine, b, at))?
+                };
+                self.client.count_fetched(got);
+                Ok(got)
+            };
+            match self.ahead.read((&data, self.handle()), buf, offset, segment, &mut direct, &self.client) {
+                Err(e) if self.client.channel_lost(&data, &e) => self.ahead.reset(),
+                r => return r,
+            }
+        }
         let mut direct = |b: &mut [u8], at: u64| {
             let got = self.again(|engine| self.read_at_once(engine, b, at))?;
             self.client.count_fetched(got);
@@ -686,7 +707,16 @@ impl File {
     /// Writes all of `buf` at `offset` and waits for the server.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.drop_prefetch();
-        self.again(|engine| self.write_at_once(engine, buf, offset))?;
+        let on_channel = match self.client.bulk(&self.client.engine()) {
+            Some((data, threshold)) if buf.len() >= threshold => match self.write_at_once(&data, buf, offset) {
+                Err(e) if self.client.channel_lost(&data, &e) => false,
+                r => r.map(|()| true)?,
+            },
+            _ => false,
+        };
+        if !on_channel {
+            self.again(|engine| self.write_at_once(engine, buf, offset))?;
+        }
         if self.client.reconnects() {
             self.keep(&self.client.engine(), offset, buf.to_vec());
             if lock(&self.unstable).must_wait() {
@@ -896,7 +926,8 @@ impl File {
                 buf.extend_from_slice(part);
                 (self.pos, buf)
             });
-            self.writes.push_back(InFlight { id, engine: Arc::clone(&engine), resend });
+            let _behind = self.client.write_behind();
+            self.writes.push_back(InFlight { id, engine: Arc::clone(&engine), resend, _behind });
             self.pos += part.len() as u64;
             while self.writes.len() > WRITE_BEHIND_MAX {
                 self.reap_one();

@@ -83,6 +83,11 @@ impl Redial {
         }
     }
 
+    /// The session to join from further connections, if there is one.
+    pub(crate) fn ticket(&self) -> Option<SessionTicket> {
+        lock(&self.ticket).clone()
+    }
+
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch.load(Relaxed)
     }

@@ -88,9 +88,22 @@ pub mod caps {
     /// `OpenCached`, `CacheSet`, `CacheGet`: the change attribute and cache
     /// policies stored on the server. Needs `FILE_IDS`.
     pub const CACHING: u64 = 1 << 9;
+    /// Further connections attached to a session may carry its bulk
+    /// `Pread`/`Pwrite`, which run beside the session's other requests.
+    /// Needs `SESSIONS`.
+    pub const DATA_CHANNELS: u64 = 1 << 10;
     /// Everything this implementation offers.
-    pub const ALL: u64 =
-        READDIRPLUS | XATTR | RENAME_FLAGS | LOCKS | SESSIONS | FILE_IDS | REPLAY | OPEN_READ | LIST_DIR | CACHING;
+    pub const ALL: u64 = READDIRPLUS
+        | XATTR
+        | RENAME_FLAGS
+        | LOCKS
+        | SESSIONS
+        | FILE_IDS
+        | REPLAY
+        | OPEN_READ
+        | LIST_DIR
+        | CACHING
+        | DATA_CHANNELS;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

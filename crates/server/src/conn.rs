@@ -330,9 +330,42 @@ impl<B: Backend> Conn<B> {
         // The request borrows `self.body`; the answer may borrow the session.
         // Encode everything that needs `req` before touching `self` mutably.
         // One request of a session runs at a time, whichever connection
-        // brought it.
+        // brought it, except the data of positional reads and writes, which
+        // moves outside the session's lock: a bulk transfer on a data
+        // channel never holds up a `stat` on the session's main connection.
         let shared = Arc::clone(session);
         let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(got) = guard.bulk_file(&req) {
+            drop(guard);
+            let file;
+            let answer = match (got, req) {
+                (Err(e), _) => Err(e),
+                (Ok((f, n)), Request::Pread { offset, .. }) => {
+                    file = f;
+                    self.backend.read(&file, offset, n).map(Some)
+                }
+                (Ok((f, n)), Request::Pwrite { offset, data, .. }) => {
+                    self.backend.write(&f, offset, data).map(|_| None).inspect(|_| {
+                        encode_answer(Answer::Written(n as u32), h.op, h.id, &mut self.out);
+                    })
+                }
+                _ => Err(Errno::INVAL),
+            };
+            return match answer {
+                Ok(Some(data)) => {
+                    Reply::Data(&[]).encode(h.op, h.id, &mut self.out);
+                    let hdr_at = self.out.len() - HEADER_LEN;
+                    patch_len(&mut self.out[hdr_at..], data.len());
+                    self.send_data(data)
+                }
+                Ok(None) => self.maybe_flush(),
+                Err(e) => {
+                    let msg = io::Error::from_raw_os_error(e.0).to_string();
+                    ErrorReply { errno: e.0 as u32, message: &msg }.encode(h.op, h.id, &mut self.out);
+                    self.maybe_flush()
+                }
+            };
+        }
         if let Request::Fsync { handle, datasync } = req {
             // Every write the session sent before has run: the commit
             // covers them, and waits for the disk beside what follows.

@@ -233,6 +233,21 @@ impl<B: Backend> Session<B> {
         })
     }
 
+    /// What a positional read or write needs to run outside the session's
+    /// lock: the handle's file, with a write's checks made and its change
+    /// counted here, as `execute` would.
+    pub fn bulk_file(&self, req: &Request<'_>) -> Option<Result<(Arc<B::File>, usize)>> {
+        match *req {
+            Request::Pread { handle, count, .. } => Some(self.file_of(handle).map(|f| (f, self.clamp(count)))),
+            Request::Pwrite { handle, data, .. } => Some(self.writable().and_then(|()| {
+                let h = self.handle(handle)?;
+                h.changed();
+                Ok((Arc::clone(&h.file), data.len()))
+            })),
+            _ => None,
+        }
+    }
+
     fn clamp(&self, count: u32) -> usize {
         count.min(self.policy.max_read) as usize
     }

@@ -7,7 +7,7 @@
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_client::{Client, OpenOptions, Options};
 
@@ -78,7 +78,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
         // Fetches go through the client cache as the CLI's would (its
         // directory and rules from the environment); nothing else does.
         let cache = if op == "fetch" { ferry_client::cache::Cache::from_env()? } else { None };
-        let c = Client::connect(&url.addr, &Options { cache, ..Options::default() })
+        let data_channels = match std::env::var("FERRY_DATA_CHANNELS") {
+            Ok(v) => v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count"))?,
+            Err(_) => ferry_client::DATA_CHANNELS,
+        };
+        let c = Client::connect(&url.addr, &Options { cache, data_channels, ..Options::default() })
             .map_err(|e| format!("connect {target}: {e}"))?;
         Fs::Ferry(c)
     } else {
@@ -91,6 +95,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "write" => write(&fs, path, num(args, 3)?, num(args, 4)?),
         "fetch" => fetch(&fs, path, num(args, 3)?, args.get(4).map_or("-", String::as_str)),
         "stat" => stat(&fs, path, num(args, 3)?),
+        "statbulk" => stat_beside_bulk(&fs, path, args.get(3).ok_or("worker: no bulk file")?, num(args, 4)?),
         "scan" => scan(&fs, path, num::<u32>(args, 3)? == 1),
         "chunks" => {
             chunks(&fs, path, num(args, 3)?, num(args, 4)?, num(args, 5)?, num(args, 6)?, num::<u32>(args, 7)? == 1)
@@ -273,6 +278,64 @@ fn stat(fs: &Fs, path: &str, n: usize) -> Result<(), String> {
         quantile(&mut a, 0.99),
         quantile(&mut b, 0.5),
         quantile(&mut b, 0.99)
+    );
+    report(&line, u0);
+    Ok(())
+}
+
+/// `n` stats of `path`, one every millisecond, while another thread of the
+/// same client reads `bulk` over and over in 1 MiB reads (the split path's
+/// point: on one connection each stat queues behind the reads in flight).
+/// Prints the stat latency quantiles and the bulk read rate.
+fn stat_beside_bulk(fs: &Fs, path: &str, bulk: &str, n: usize) -> Result<(), String> {
+    let Fs::Ferry(c) = fs else { return Err("worker: statbulk needs a ferry:// target".into()) };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let u0 = usage();
+    let t0 = Instant::now();
+    let (mut lat, bytes) = std::thread::scope(|s| {
+        let reader = s.spawn(|| -> Result<u64, String> {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut f = c.open(bulk, OpenOptions::new().read(true)).map_err(ioe("open", bulk))?;
+                loop {
+                    let k = f.read(&mut buf).map_err(ioe("read", bulk))?;
+                    if k == 0 || stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    total += k as u64;
+                }
+                f.close().map_err(ioe("close", bulk))?;
+            }
+            Ok(total)
+        });
+        // Let the reader get going first.
+        std::thread::sleep(Duration::from_millis(100));
+        let mut lat = Vec::with_capacity(n);
+        let mut err = None;
+        for _ in 0..n {
+            let t = Instant::now();
+            if let Err(e) = c.metadata(path) {
+                err = Some(format!("stat {path}: {e}"));
+                break;
+            }
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let bytes = reader.join().map_err(|_| "reader panicked".to_string()).and_then(|r| r);
+        match err {
+            Some(e) => Err(e),
+            None => bytes.map(|b| (lat, b)),
+        }
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let line = format!(
+        "stat_p50={:.3} stat_p99={:.3} n={n} bulk_mbs={:.1} channels={}",
+        quantile(&mut lat, 0.5),
+        quantile(&mut lat, 0.99),
+        bytes as f64 / secs / 1e6,
+        c.data_channels()
     );
     report(&line, u0);
     Ok(())

@@ -27,6 +27,12 @@ impl Proxy {
     /// Like `to`, but each connection is cut once `up` bytes went from the
     /// client to the server, or `down` bytes the other way.
     pub fn cutting(addr: String, up: usize, down: usize) -> Proxy {
+        Proxy::cutting_only(addr, None, up, down)
+    }
+
+    /// Like `cutting`, for the `nth` connection only (from 0; `None`:
+    /// every one).
+    pub fn cutting_only(addr: String, nth: Option<usize>, up: usize, down: usize) -> Proxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let socks = Arc::new(Mutex::new(Vec::new()));
@@ -34,8 +40,9 @@ impl Proxy {
         let hook: Hook = Arc::default();
         let (s2, sw, hk) = (Arc::clone(&socks), Arc::clone(&swallow), Arc::clone(&hook));
         thread::spawn(move || {
-            for c in l.incoming().flatten() {
+            for (i, c) in l.incoming().flatten().enumerate() {
                 let Ok(s) = TcpStream::connect(&addr) else { continue };
+                let (up, down) = if nth.is_none_or(|n| n == i) { (up, down) } else { (usize::MAX, usize::MAX) };
                 s2.lock().unwrap().extend([c.try_clone().unwrap(), s.try_clone().unwrap()]);
                 let (c2, s3) = (c.try_clone().unwrap(), s.try_clone().unwrap());
                 let (sw, hk) = (Arc::clone(&sw), Arc::clone(&hk));

@@ -486,6 +486,10 @@ pub fn init() {
             session_keeps_handles: false,
             // A program's own path argument: Linux's limit.
             max_path: ferry_proto::PATH_MAX - 1,
+            // A further connection would be one more descriptor a program
+            // could close or take, and a volatile session has nothing for
+            // it to share.
+            data_channels: 0,
             // A malformed configuration is said once, and nothing cached.
             cache: ferry_client::cache::Cache::from_env().unwrap_or_else(|e| {
                 eprintln!("ferry: {e}; nothing is cached");

@@ -1,0 +1,163 @@
+//! Data channels, the AFS paper's split path: further connections joined to
+//! the client's session that carry bulk positional reads and writes, so a
+//! large transfer never queues a `stat` behind it on the main connection
+//! (the server runs a session's transfers beside its other requests).
+//!
+//! Made on first use, for the main connection of the moment (a reconnect
+//! makes new ones on the next use). A server without the `DATA_CHANNELS`
+//! capability gets none; a channel that cannot be set up, or that fails,
+//! is said once on stderr and its transfers go on the main connection until
+//! that one is replaced: a fallback, never an error.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use ferry_proto::caps;
+
+use crate::client::SessionTicket;
+use crate::engine::{Engine, Options};
+use crate::error::{Error, Result};
+use crate::redial::{attach, new_session};
+
+pub(crate) struct Channels {
+    addr: String,
+    opts: Options,
+    st: Mutex<State>,
+    said: AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    /// The main connection the channels belong to (held weakly: its
+    /// allocation, so its address, is not reused while compared).
+    main: Weak<Engine>,
+    engines: Vec<Arc<Engine>>,
+    next: usize,
+    /// Setting up or using a channel failed on this main connection.
+    off: bool,
+    /// The session made for the channels of a client that does not
+    /// reconnect (one that does has its own).
+    own: Option<SessionTicket>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Channels {
+    pub(crate) fn new(addr: &str, opts: &Options) -> Option<Channels> {
+        // A volatile session's handles end with its main connection
+        // (`ferry run`): nothing for another connection to share.
+        if opts.data_channels == 0 || (opts.reconnect.is_some() && !opts.session_keeps_handles) {
+            return None;
+        }
+        Some(Channels {
+            addr: addr.to_string(),
+            opts: opts.clone(),
+            st: Mutex::default(),
+            said: AtomicBool::new(false),
+        })
+    }
+
+    /// Bytes from which a transfer goes on a channel.
+    pub(crate) fn threshold(&self) -> usize {
+        self.opts.data_threshold
+    }
+
+    /// A channel for bulk data beside `main`, made if there is none yet
+    /// (`ticket`: the session to join, if the client keeps one); `None`:
+    /// stay on `main`. Never waits for another thread setting up.
+    pub(crate) fn pick(&self, main: &Arc<Engine>, ticket: Option<SessionTicket>) -> Option<Arc<Engine>> {
+        if !main.has_cap(caps::DATA_CHANNELS) || !main.has_cap(caps::SESSIONS) {
+            return None;
+        }
+        let mut st = self.st.try_lock().ok()?;
+        if !std::ptr::eq(st.main.as_ptr(), Arc::as_ptr(main)) {
+            *st = State { main: Arc::downgrade(main), ..State::default() };
+        }
+        if st.off {
+            return None;
+        }
+        if let Some(i) = st.engines.iter().position(|e| e.is_dead()) {
+            let e = st.engines.swap_remove(i);
+            let why = e.gone().map_or_else(|| "closed".to_string(), |e| e.to_string());
+            self.fall_back(&mut st, &format!("a data channel was lost ({why})"));
+            return None;
+        }
+        if st.engines.is_empty() {
+            if let Err(e) = self.set_up(&mut st, main, ticket) {
+                self.fall_back(&mut st, &format!("could not set up data channels ({e})"));
+                return None;
+            }
+        }
+        st.next = st.next.wrapping_add(1);
+        Some(Arc::clone(&st.engines[st.next % st.engines.len()]))
+    }
+
+    /// Channels open beside `main` now.
+    pub(crate) fn open(&self, main: &Arc<Engine>) -> usize {
+        let st = lock(&self.st);
+        let live = std::ptr::eq(st.main.as_ptr(), Arc::as_ptr(main));
+        if live {
+            st.engines.iter().filter(|e| !e.is_dead()).count()
+        } else {
+            0
+        }
+    }
+
+    fn set_up(&self, st: &mut State, main: &Arc<Engine>, ticket: Option<SessionTicket>) -> Result<()> {
+        let ticket = match ticket {
+            Some(t) => t,
+            None => match &st.own {
+                Some(t) => t.clone(),
+                None => st.own.insert(new_session(main, true)?).clone(),
+            },
+        };
+        for _ in 0..self.opts.data_channels {
+            let e = Engine::connect(&self.addr, &self.opts)?;
+            attach(&e, &ticket)?;
+            if e.welcome().boot_id != main.welcome().boot_id {
+                return Err(Error::Protocol("another server instance answered".into()));
+            }
+            st.engines.push(Arc::new(e));
+        }
+        Ok(())
+    }
+
+    /// Transfers of a channel that failed under them go on the main
+    /// connection from now on (they may run twice: positional).
+    pub(crate) fn failed(&self, e: &Arc<Engine>, err: &Error) {
+        let mut st = lock(&self.st);
+        if st.engines.iter().any(|x| Arc::ptr_eq(x, e)) {
+            st.engines.retain(|x| !Arc::ptr_eq(x, e));
+            self.fall_back(&mut st, &format!("a data channel failed ({err})"));
+        }
+    }
+
+    fn fall_back(&self, st: &mut State, why: &str) {
+        st.off = true;
+        st.engines.clear();
+        if !self.said.swap(true, Relaxed) {
+            eprintln!("ferry: {}: {why}; bulk data goes on the main connection", self.addr);
+        }
+    }
+}
+
+/// One write sent behind on the main connection and not yet answered, for
+/// as long as it lives: while there are any, reads stay on the main
+/// connection, behind them (the server answers a connection in order, but
+/// nothing orders two connections).
+pub(crate) struct Behind(Arc<AtomicUsize>);
+
+impl Behind {
+    pub(crate) fn new(count: &Arc<AtomicUsize>) -> Behind {
+        count.fetch_add(1, Relaxed);
+        Behind(Arc::clone(count))
+    }
+}
+
+impl Drop for Behind {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Release);
+    }
+}
