@@ -52,9 +52,10 @@ pub struct ServeArgs {
     #[arg(long)]
     no_state: bool,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
-    /// sessions, file-ids, replay), to test
-    /// how clients degrade.
-    #[arg(long, hide = true, value_delimiter = ',')]
+    /// sessions, file-ids, replay, open-read, list-dir, caching,
+    /// data-channels): to serve as an older server would, and to test how
+    /// clients degrade.
+    #[arg(long, value_delimiter = ',')]
     disable_caps: Vec<String>,
 }
 
