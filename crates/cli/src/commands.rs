@@ -50,10 +50,7 @@ impl Clients {
         let token = ferry_client::token::find_client_token(self.token_file.as_deref())?;
         let reconnect = (!self.reconnect.is_zero()).then_some(self.reconnect);
         let cache = ferry_client::cache::Cache::from_env()?;
-        let data_channels = match std::env::var("FERRY_DATA_CHANNELS") {
-            Ok(v) => v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count (0: none)"))?,
-            Err(_) => ferry_client::DATA_CHANNELS,
-        };
+        let data_channels = ferry_client::data_channels_from_env()?;
         let opts = Options { token, reconnect, cache, data_channels, ..Options::default() };
         let c = Client::connect(&url.addr, &opts).map_err(|e| format!("ferry://{}: {e}", url.addr))?;
         self.conns.insert(url.addr.clone(), c.clone());

@@ -52,28 +52,27 @@ fn a_new_client_and_server_move_bulk_data_on_a_channel() {
     small.metadata("/big").unwrap();
 }
 
-#[test]
-fn a_server_without_the_capability_gets_everything_on_one_connection() {
-    let (srv, data) = setup(&["--disable-caps", "data-channels"]);
-    let c = srv.client();
+/// Everything right on one connection, and no channel opened.
+fn on_one_connection(server_args: &[&str], channels: u32) {
+    let (srv, data) = setup(server_args);
+    let c = Client::connect(&srv.addr(), &Options { data_channels: channels, ..srv.options() }).unwrap();
     round_trip(&c, &srv, &data);
     assert_eq!(c.data_channels(), 0);
+}
+
+#[test]
+fn a_server_without_the_capability_gets_everything_on_one_connection() {
+    on_one_connection(&["--disable-caps", "data-channels"], 1);
 }
 
 #[test]
 fn a_server_without_sessions_gets_no_channels() {
-    let (srv, data) = setup(&["--disable-caps", "sessions"]);
-    let c = srv.client();
-    round_trip(&c, &srv, &data);
-    assert_eq!(c.data_channels(), 0);
+    on_one_connection(&["--disable-caps", "sessions"], 1);
 }
 
 #[test]
 fn a_client_that_asks_for_none_opens_none() {
-    let (srv, data) = setup(&[]);
-    let c = Client::connect(&srv.addr(), &Options { data_channels: 0, ..srv.options() }).unwrap();
-    round_trip(&c, &srv, &data);
-    assert_eq!(c.data_channels(), 0);
+    on_one_connection(&[], 0);
 }
 
 /// A channel the server refuses (over its connection limit): the transfer

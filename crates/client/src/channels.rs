@@ -40,6 +40,12 @@ struct State {
     own: Option<SessionTicket>,
 }
 
+impl State {
+    fn belongs_to(&self, main: &Arc<Engine>) -> bool {
+        std::ptr::eq(self.main.as_ptr(), Arc::as_ptr(main))
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -66,13 +72,19 @@ impl Channels {
 
     /// A channel for bulk data beside `main`, made if there is none yet
     /// (`ticket`: the session to join, if the client keeps one); `None`:
-    /// stay on `main`. Never waits for another thread setting up.
-    pub(crate) fn pick(&self, main: &Arc<Engine>, ticket: Option<SessionTicket>) -> Option<Arc<Engine>> {
+    /// stay on `main`. Threads wait for the one setting up (once per main
+    /// connection): falling back meanwhile would move their read-ahead
+    /// from one connection to the other.
+    pub(crate) fn pick(
+        &self,
+        main: &Arc<Engine>,
+        ticket: impl FnOnce() -> Option<SessionTicket>,
+    ) -> Option<Arc<Engine>> {
         if !main.has_cap(caps::DATA_CHANNELS) || !main.has_cap(caps::SESSIONS) {
             return None;
         }
-        let mut st = self.st.try_lock().ok()?;
-        if !std::ptr::eq(st.main.as_ptr(), Arc::as_ptr(main)) {
+        let mut st = lock(&self.st);
+        if !st.belongs_to(main) {
             *st = State { main: Arc::downgrade(main), ..State::default() };
         }
         if st.off {
@@ -85,7 +97,7 @@ impl Channels {
             return None;
         }
         if st.engines.is_empty() {
-            if let Err(e) = self.set_up(&mut st, main, ticket) {
+            if let Err(e) = self.set_up(&mut st, main, ticket()) {
                 self.fall_back(&mut st, &format!("could not set up data channels ({e})"));
                 return None;
             }
@@ -97,11 +109,9 @@ impl Channels {
     /// Channels open beside `main` now.
     pub(crate) fn open(&self, main: &Arc<Engine>) -> usize {
         let st = lock(&self.st);
-        let live = std::ptr::eq(st.main.as_ptr(), Arc::as_ptr(main));
-        if live {
-            st.engines.iter().filter(|e| !e.is_dead()).count()
-        } else {
-            0
+        match st.belongs_to(main) {
+            true => st.engines.iter().filter(|e| !e.is_dead()).count(),
+            false => 0,
         }
     }
 

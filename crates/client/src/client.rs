@@ -151,8 +151,13 @@ impl Client {
     /// size from which to use it; `None`: everything on `main`.
     pub(crate) fn bulk(&self, main: &Arc<Engine>) -> Option<(Arc<Engine>, usize)> {
         let c = self.inner.channels.as_ref()?;
-        let ticket = self.inner.redial.as_ref().and_then(Redial::ticket);
-        c.pick(main, ticket).map(|e| (e, c.threshold()))
+        c.pick(main, || self.inner.redial.as_ref().and_then(Redial::ticket)).map(|e| (e, c.threshold()))
+    }
+
+    /// The transfer size from which data goes on a data channel, if the
+    /// client may open any.
+    pub(crate) fn bulk_threshold(&self) -> Option<usize> {
+        self.inner.channels.as_ref().map(Channels::threshold)
     }
 
     /// Data channels open now beside the connection in use (made on the

@@ -32,6 +32,15 @@ pub const DATA_CHANNELS: u32 = 1;
 /// Transfer size from which data goes on a data channel.
 pub const DATA_THRESHOLD: usize = 256 * 1024;
 
+/// `FERRY_DATA_CHANNELS` (a count, 0: none), else [`DATA_CHANNELS`]: what
+/// the CLI, the mount and the benchmarks' workers use.
+pub fn data_channels_from_env() -> std::result::Result<u32, String> {
+    match std::env::var("FERRY_DATA_CHANNELS") {
+        Ok(v) => v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count (0: none)")),
+        Err(_) => Ok(DATA_CHANNELS),
+    }
+}
+
 /// Connection settings.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -416,10 +425,7 @@ impl Engine {
                     }
                     break;
                 }
-                let fits = st.outstanding.len() - st.ahead.len() < st.window as usize
-                    && st.outstanding.len() < grant
-                    && (st.bytes_outstanding + cost <= st.window_bytes || st.outstanding.is_empty());
-                if fits {
+                if self.fits(&st, cost) {
                     break;
                 }
                 st = self.make_progress(st, None, None)?.0;
@@ -493,10 +499,15 @@ impl Engine {
     /// asks first and collects its oldest when there is no room: waiting
     /// inside `start` reads that reply aside, and its data is then copied.
     pub fn has_room(&self, reply_bytes: u64) -> bool {
-        let st = lock(&self.st);
+        self.fits(&lock(&self.st), reply_bytes)
+    }
+
+    /// Whether a caller's request costing `cost` may leave now (read-ahead
+    /// in flight does not count against the caller's window).
+    fn fits(&self, st: &State, cost: u64) -> bool {
         st.outstanding.len() - st.ahead.len() < st.window as usize
             && st.outstanding.len() < self.welcome.window_requests as usize
-            && (st.bytes_outstanding + reply_bytes <= st.window_bytes || st.outstanding.is_empty())
+            && (st.bytes_outstanding + cost <= st.window_bytes || st.outstanding.is_empty())
     }
 
     /// Sends and waits.

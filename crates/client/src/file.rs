@@ -618,32 +618,32 @@ impl File {
     /// main connection again if it fails under them.
     fn server_read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.live()?;
-        let engine = self.client.engine();
-        let n = buf.len();
-        let segment = ahead::segment_for(self.chunk_for(n), self.max_io());
+        let main = self.client.engine();
         // Writes sent behind on the main connection and not yet answered
         // must not be overtaken by a read on another connection.
-        if let Some((data, threshold)) = self.client.bulk(&engine).filter(|_| !self.client.writes_behind()) {
-            let mut direct = |b: &mut [u8], at: u64| {
-                let got = if b.len() >= threshold {
-                    self.read_at_once(&data, b, at)?
-                } else {
-                    self.again(|engine| self.read_at_once(engine, b, at))?
-                };
-                self.client.count_fetched(got);
-                Ok(got)
-            };
-            match self.ahead.read((&data, self.handle()), buf, offset, segment, &mut direct, &self.client) {
+        if let Some((data, threshold)) = self.client.bulk(&main).filter(|_| !self.client.writes_behind()) {
+            match self.read_through(&data, Some(threshold), buf, offset) {
                 Err(e) if self.client.channel_lost(&data, &e) => self.ahead.reset(),
                 r => return r,
             }
         }
+        self.read_through(&main, None, buf, offset)
+    }
+
+    /// A read through the read-ahead on `engine`: the main connection, or a
+    /// data channel carrying what reaches `threshold` (smaller direct reads
+    /// go on the main connection, which may be replaced).
+    fn read_through(&self, engine: &Arc<Engine>, threshold: Option<usize>, buf: &mut [u8], at: u64) -> Result<usize> {
+        let segment = ahead::segment_for(self.chunk_for(buf.len()), self.max_io());
         let mut direct = |b: &mut [u8], at: u64| {
-            let got = self.again(|engine| self.read_at_once(engine, b, at))?;
+            let got = match threshold {
+                Some(t) if b.len() >= t => self.read_at_once(engine, b, at)?,
+                _ => self.again(|main| self.read_at_once(main, b, at))?,
+            };
             self.client.count_fetched(got);
             Ok(got)
         };
-        self.ahead.read((&engine, self.handle()), buf, offset, segment, &mut direct, &self.client)
+        self.ahead.read((engine, self.handle()), buf, at, segment, &mut direct, &self.client)
     }
 
     /// Bytes the read-ahead keeps requested past the reader now (0 when
@@ -707,12 +707,15 @@ impl File {
     /// Writes all of `buf` at `offset` and waits for the server.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.drop_prefetch();
-        let on_channel = match self.client.bulk(&self.client.engine()) {
-            Some((data, threshold)) if buf.len() >= threshold => match self.write_at_once(&data, buf, offset) {
+        // Only a write that will go on a channel may set one up.
+        let large = self.client.bulk_threshold().is_some_and(|t| buf.len() >= t);
+        let channel = if large { self.client.bulk(&self.client.engine()) } else { None };
+        let on_channel = match channel {
+            Some((data, _)) => match self.write_at_once(&data, buf, offset) {
                 Err(e) if self.client.channel_lost(&data, &e) => false,
                 r => r.map(|()| true)?,
             },
-            _ => false,
+            None => false,
         };
         if !on_channel {
             self.again(|engine| self.write_at_once(engine, buf, offset))?;

@@ -802,7 +802,8 @@ impl FerryFs {
             // Write-behind: the request is on the wire when this returns,
             // and the kernel is answered without waiting for the server.
             // The server runs one connection's requests in order, so any
-            // later read, stat or truncate of ours sees this write; a
+            // later read, stat or truncate of ours sees this write (reads
+            // leave for a data channel only once no write is behind); a
             // failure is reported by the next write, `flush` (close),
             // `fsync` or `release` of this handle, as NFS does.
             let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());

@@ -330,11 +330,6 @@ impl<B: Backend> Session<B> {
                 h.offset.set(h.offset.get() + data.len() as u64);
                 Ok(Answer::Data(data))
             }
-            Request::Pread { handle, offset, count } => {
-                let n = self.clamp(count);
-                let h = self.handles.get(&handle).ok_or(Errno::BADF)?;
-                Ok(Answer::Data(self.backend.read(&h.file, offset, n)?))
-            }
             Request::Write { handle, data } => {
                 self.writable()?;
                 let h = self.handle(handle)?;
@@ -342,13 +337,9 @@ impl<B: Backend> Session<B> {
                 h.offset.set(b.write(&h.file, h.offset.get(), data)?);
                 Ok(Answer::Written(data.len() as u32))
             }
-            Request::Pwrite { handle, offset, data } => {
-                self.writable()?;
-                let h = self.handle(handle)?;
-                h.changed();
-                b.write(&h.file, offset, data)?;
-                Ok(Answer::Written(data.len() as u32))
-            }
+            // The connection moves their data outside the session's lock
+            // (`bulk_file`).
+            Request::Pread { .. } | Request::Pwrite { .. } => Err(Errno::INVAL),
             Request::Seek { handle, offset, whence } => self.seek(handle, offset, whence),
             Request::Stat { target } => Ok(Answer::Attr(b.getattr(self.node(&target)?)?)),
             Request::Fsync { handle, datasync } => {

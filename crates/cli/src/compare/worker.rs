@@ -78,10 +78,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         // Fetches go through the client cache as the CLI's would (its
         // directory and rules from the environment); nothing else does.
         let cache = if op == "fetch" { ferry_client::cache::Cache::from_env()? } else { None };
-        let data_channels = match std::env::var("FERRY_DATA_CHANNELS") {
-            Ok(v) => v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count"))?,
-            Err(_) => ferry_client::DATA_CHANNELS,
-        };
+        let data_channels = ferry_client::data_channels_from_env()?;
         let c = Client::connect(&url.addr, &Options { cache, data_channels, ..Options::default() })
             .map_err(|e| format!("connect {target}: {e}"))?;
         Fs::Ferry(c)
