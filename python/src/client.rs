@@ -56,7 +56,7 @@ fn time_of(ns: i64) -> Time {
 
 /// `host:port` from `ferry://host[:port][/...]` or `host[:port]`.
 fn parse_addr(s: &str) -> PyResult<String> {
-    let url = if s.starts_with("ferry://") { s.to_string() } else { format!("ferry://{s}") };
+    let url = if Url::is_url(s.as_bytes()) { s.to_string() } else { format!("ferry://{s}") };
     Ok(Url::parse(&url).map_err(PyValueError::new_err)?.addr)
 }
 

@@ -50,9 +50,8 @@ impl Clients {
         let token = ferry_client::token::find_client_token(self.token_file.as_deref())?;
         let reconnect = (!self.reconnect.is_zero()).then_some(self.reconnect);
         let cache = ferry_client::cache::Cache::from_env()?;
-        let data_channels = ferry_client::data_channels_from_env()?;
-        let opts = Options { token, reconnect, cache, data_channels, ..Options::default() };
-        let c = Client::connect(&url.addr, &opts).map_err(|e| format!("ferry://{}: {e}", url.addr))?;
+        let opts = Options { token, reconnect, cache, ..Options::default() }.data_path_from_env()?;
+        let c = Client::connect(&url.addr, &opts).map_err(|e| format!("{}: {e}", Url::show(&url.addr, "")))?;
         self.conns.insert(url.addr.clone(), c.clone());
         Ok(c)
     }
@@ -82,7 +81,7 @@ enum Loc {
 }
 
 fn loc(s: &OsStr) -> Result<Loc, String> {
-    if s.as_bytes().starts_with(b"ferry://") {
+    if Url::is_url(s.as_bytes()) {
         let u = parse(s.to_str().ok_or_else(|| format!("{}: a ferry:// URL must be UTF-8", s.to_string_lossy()))?)?;
         let p = PathBuf::from(&u.path);
         Ok(Loc::Remote(u, p))
@@ -110,7 +109,7 @@ fn child(l: &Loc, name: &OsStr) -> Loc {
 fn display(l: &Loc) -> String {
     match l {
         Loc::Local(p) => p.display().to_string(),
-        Loc::Remote(u, p) => format!("ferry://{}{}", u.addr, p.display()),
+        Loc::Remote(u, p) => Url::show(&u.addr, &p.display().to_string()),
     }
 }
 

@@ -105,7 +105,7 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         read_only: a.read_only,
         allow_other: a.allow_other,
         auto_unmount: fusermount3().is_some(),
-        fsname: format!("ferry://{}{}", url.addr, url.path),
+        fsname: url.to_string(),
         options: a.options.clone(),
         threads: a.threads,
     };

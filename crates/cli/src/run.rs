@@ -49,7 +49,7 @@ fn mount_entry(s: &str) -> Result<String, String> {
         return Err(format!("--mount {s}: ';' is not allowed"));
     }
     let u = Url::parse(url).map_err(|e| format!("--mount {s}: {e}"))?;
-    Ok(format!("{}=ferry://{}{}", prefix.trim_end_matches('/'), u.addr, u.path))
+    Ok(format!("{}={u}", prefix.trim_end_matches('/')))
 }
 
 fn library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {

@@ -2,8 +2,10 @@
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::linux::net::SocketAddrExt;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,11 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
+    /// Listen also on a Unix socket at this path (clients: `unix:PATH`
+    /// addresses, `ferry+unix://` URLs). Without it, a server offering the
+    /// same-host path listens on an abstract Unix socket of its own.
+    #[arg(long)]
+    unix: Option<PathBuf>,
     /// Refuse every change with EROFS.
     #[arg(long)]
     read_only: bool,
@@ -53,7 +60,7 @@ pub struct ServeArgs {
     no_state: bool,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
     /// sessions, file-ids, replay, open-read, list-dir, caching,
-    /// data-channels): to serve as an older server would, and to test how
+    /// data-channels, same-host): to serve as an older server would, and to test how
     /// clients degrade.
     #[arg(long, value_delimiter = ',')]
     disable_caps: Vec<String>,
@@ -82,6 +89,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "list-dir" => ferry_proto::caps::LIST_DIR,
             "caching" => ferry_proto::caps::CACHING,
             "data-channels" => ferry_proto::caps::DATA_CHANNELS,
+            "same-host" => ferry_proto::caps::SAME_HOST,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }
@@ -110,14 +118,52 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     let listener = TcpListener::bind(&addr)
         .map_err(|e| format!("cannot listen on {}: {e} (expected HOST:PORT or PORT, e.g. 127.0.0.1:7070)", a.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let unix = unix_listener(a.unix.as_deref(), cfg.caps & ferry_proto::caps::SAME_HOST != 0)?;
+    // Scripts wait for this exact first line. One write: a script that
+    // reads only it and closes the pipe must not fail the second.
+    let mut said = format!("listening on {local}\n");
+    if let Some(p) = &a.unix {
+        said += &format!("listening on unix:{}\n", p.display());
+    }
     let mut out = std::io::stdout();
-    // Scripts wait for this exact line.
-    writeln!(out, "listening on {local}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;
+    out.write_all(said.as_bytes()).and_then(|_| out.flush()).map_err(|e| e.to_string())?;
+    let listeners = ferry_server::Listeners { tcp: Some(listener), unix };
     let res = match export {
-        Export::Memory(b) => ferry_server::serve(listener, Arc::new(b), cfg),
-        Export::Dir(b) => ferry_server::serve(listener, Arc::new(b), cfg),
+        Export::Memory(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
+        Export::Dir(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
     };
     res.map_err(|e| e.to_string())
+}
+
+/// The Unix listener: at `path` if given (replacing a socket file no server
+/// answers on any more), else an abstract one with a random name if the
+/// same-host path is offered, else none.
+fn unix_listener(path: Option<&Path>, same_host: bool) -> Result<Option<(UnixListener, String)>, String> {
+    if let Some(p) = path {
+        let stale = std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
+            && std::os::unix::net::UnixStream::connect(p).is_err();
+        if stale {
+            let _ = std::fs::remove_file(p);
+        }
+        let l = UnixListener::bind(p).map_err(|e| format!("--unix {}: {e}", p.display()))?;
+        return Ok(Some((l, format!("unix:{}", p.display()))));
+    }
+    if !same_host {
+        return Ok(None);
+    }
+    let mut r = [0u8; 8];
+    getrandom::getrandom(&mut r).map_err(|e| format!("no randomness: {e}"))?;
+    let name = format!("ferry-{}-{:016x}", std::process::id(), u64::from_le_bytes(r));
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
+    // Another network name space (a container) cannot reach it: its
+    // clients stay on TCP.
+    match UnixListener::bind_addr(&addr) {
+        Ok(l) => Ok(Some((l, format!("unix:@{name}")))),
+        Err(e) => {
+            eprintln!("ferry serve: no same-host socket ({e}); local clients use TCP");
+            Ok(None)
+        }
+    }
 }
 
 /// The state directory to use: the one asked for (which must work), or

@@ -113,7 +113,7 @@ fn a_read_only_export_refuses_settings() {
 fn caching_client(srv: &Server, dir: &Path) -> Client {
     let rules = Rules::parse(Path::new("test"), b"cache /**\n").unwrap();
     let cache = Cache::open(dir.to_path_buf(), 1 << 30, rules).unwrap();
-    Client::connect(&srv.addr(), &Options { cache: Some(Arc::new(cache)), ..srv.options() }).unwrap()
+    Client::connect(&srv.addr(), &Options { cache: Some(Arc::new(cache)), ..srv.tcp_options() }).unwrap()
 }
 
 fn library_cache(extra: &[&str]) {

@@ -2,7 +2,8 @@
 //! connections joined to the session, with every pairing of old and new
 //! peers, the fallback when a channel cannot be set up or fails mid-read,
 //! and the order between writes sent behind on the main connection and
-//! reads on a channel.
+//! reads on a channel. All on TCP: the server's host is the client's, and
+//! the same-host path (same_host.rs) would take the data off TCP.
 
 mod common;
 
@@ -42,12 +43,12 @@ fn setup(extra: &[&str]) -> (Server, Vec<u8>) {
 #[test]
 fn a_new_client_and_server_move_bulk_data_on_a_channel() {
     let (srv, data) = setup(&[]);
-    let c = srv.client();
+    let c = srv.tcp_client();
     assert_eq!(c.data_channels(), 0, "made on first use only");
     round_trip(&c, &srv, &data);
     assert_eq!(c.data_channels(), 1);
     // Small files and metadata need none.
-    let small = srv.client();
+    let small = srv.tcp_client();
     assert_eq!(small.read("/big").unwrap().len(), LEN);
     small.metadata("/big").unwrap();
 }
@@ -55,7 +56,7 @@ fn a_new_client_and_server_move_bulk_data_on_a_channel() {
 /// Everything right on one connection, and no channel opened.
 fn on_one_connection(server_args: &[&str], channels: u32) {
     let (srv, data) = setup(server_args);
-    let c = Client::connect(&srv.addr(), &Options { data_channels: channels, ..srv.options() }).unwrap();
+    let c = Client::connect(&srv.addr(), &Options { data_channels: channels, ..srv.tcp_options() }).unwrap();
     round_trip(&c, &srv, &data);
     assert_eq!(c.data_channels(), 0);
 }
@@ -82,7 +83,7 @@ fn a_channel_that_cannot_be_set_up_falls_back_and_says_so_once() {
     let (srv, data) = setup(&["--max-connections", "1"]);
     let dst = common::TempDir::new("channels-dst");
     let copy = dst.path().join("copy");
-    let out = srv.ferry(&["cp", &srv.url("/big"), copy.to_str().unwrap()]);
+    let out = srv.ferry_env(&["cp", &srv.url("/big"), copy.to_str().unwrap()], &[("FERRY_SAME_HOST", "0")]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "ferry cp failed: {err}");
     assert!(std::fs::read(&copy).unwrap() == data, "the copy differs");
@@ -96,7 +97,7 @@ fn a_channel_lost_mid_read_falls_back_to_the_main_connection() {
     let (srv, data) = setup(&[]);
     // Connection 0 is the main one, 1 the data channel.
     let proxy = Proxy::cutting_only(srv.addr(), Some(1), usize::MAX, 4 << 20);
-    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &srv.options()).unwrap();
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &srv.tcp_options()).unwrap();
     let mut f = c.open("/big", OpenOptions::new().read(true)).unwrap();
     let mut got = Vec::new();
     f.read_to_end(&mut got).unwrap();
@@ -112,7 +113,7 @@ fn a_channel_lost_mid_read_falls_back_to_the_main_connection() {
 #[test]
 fn a_read_on_a_channel_sees_the_writes_sent_behind_before_it() {
     let (srv, _) = setup(&[]);
-    let c = srv.client();
+    let c = srv.tcp_client();
     // Open the channel first.
     let mut warm = vec![0u8; 1 << 20];
     c.open("/big", OpenOptions::new().read(true)).unwrap().read_at(&mut warm, 0).unwrap();
@@ -142,6 +143,7 @@ fn the_environment_turns_channels_off() {
         .args(["cp", &srv.url("/big"), copy.to_str().unwrap()])
         .env("FERRY_TOKEN_FILE", &srv.token_file)
         .env("FERRY_DATA_CHANNELS", "0")
+        .env("FERRY_SAME_HOST", "0")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

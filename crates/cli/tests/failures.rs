@@ -112,6 +112,7 @@ fn an_interrupted_download_leaves_no_partial_file_and_says_why() {
         .args(["cp", &format!("ferry://127.0.0.1:{port}/big"), local.path().to_str().unwrap()])
         .env("FERRY_TOKEN_FILE", &server.token_file)
         .env("FERRY_RECONNECT", "0")
+        .env("FERRY_SAME_HOST", "0")
         .output()
         .unwrap();
     assert!(!out.status.success(), "the copy cannot have succeeded through the cut");
@@ -152,6 +153,7 @@ fn an_interrupted_upload_leaves_no_partial_file_at_the_destination() {
         .args(["cp", src.to_str().unwrap(), &format!("ferry://127.0.0.1:{port}/big")])
         .env("FERRY_TOKEN_FILE", &server.token_file)
         .env("FERRY_RECONNECT", "0")
+        .env("FERRY_SAME_HOST", "0")
         .output()
         .unwrap();
     assert!(!out.status.success(), "the copy cannot have succeeded through the cut");
@@ -311,7 +313,7 @@ fn listen_takes_a_bare_port_and_explains_a_bad_address() {
 fn a_peer_that_hangs_up_without_reading_ends_a_write_with_an_error() {
     let server = Server::start(&[]);
     let proxy = Proxy::cutting(server.addr(), 8 << 20, usize::MAX);
-    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &server.options()).unwrap();
+    let c = Client::connect(&format!("127.0.0.1:{}", proxy.port), &server.tcp_options()).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     thread::spawn(move || {
         let data = random_bytes(64 << 20, 4);

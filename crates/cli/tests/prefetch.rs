@@ -10,7 +10,7 @@ mod common;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::process::Command;
 
-use common::fuse::{mount_url, require_fuse, Detach};
+use common::fuse::{mount_url_env, require_fuse, Detach};
 use common::preload::ok;
 use common::{random_bytes, stdout, Server, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, READ_AHEAD_MAX};
@@ -37,7 +37,7 @@ const SIZES: [usize; 7] = [4096, 100_003, 1 << 20, 7, 300_000, 65536, 2 << 20];
 #[test]
 fn sequential_reads_of_any_size_are_fetched_ahead_and_random_ones_are_not() {
     let srv = Server::start(&[]);
-    let c = srv.client();
+    let c = srv.tcp_client();
     let len = 48 << 20;
     let data = random_bytes(len, 21);
     put(&c, "/big", &data);
@@ -175,7 +175,7 @@ fn check(what: &str, out: &str, size: u64) {
 }
 
 fn reader_setup(srv: &Server) -> (u64, String) {
-    let c = srv.client();
+    let c = srv.tcp_client();
     let data = random_bytes(40 << 20, 22);
     put(&c, "/seq.bin", &data);
     (data.len() as u64, sha256(&data))
@@ -190,7 +190,7 @@ fn the_mount_fetches_ahead_of_sequential_readers_only() {
     let mp = tmp.path().join("mp");
     std::fs::create_dir(&mp).unwrap();
     let _detach = Detach(mp.clone());
-    let _m = mount_url(&srv.url("/"), &mp, &srv.token_file, &[]);
+    let _m = mount_url_env(&srv.url("/"), &mp, &srv.token_file, &[], &[("FERRY_SAME_HOST", "0")]);
     let path = mp.join("seq.bin");
     let o = Command::new("timeout")
         .args(["120", "python3", "-c", READER])
@@ -227,7 +227,7 @@ fn a_read_larger_than_the_window_lands_in_place() {
     let len = 320 << 20;
     let data = random_bytes(len, 5);
     std::fs::write(srv.export.path().join("huge"), &data).unwrap();
-    let c = srv.client();
+    let c = srv.tcp_client();
     let f = c.open("/huge", OpenOptions::new().read(true)).unwrap();
     let mut buf = vec![0u8; len];
     let aside0 = c.engine().bytes_read_aside();

@@ -8,11 +8,17 @@
 //! capability gets none; a channel that cannot be set up, or that fails,
 //! is said once on stderr and its transfers go on the main connection until
 //! that one is replaced: a fallback, never an error.
+//!
+//! A server on this host (it tells its Unix socket, `LocalAddr`, and the
+//! socket's peer is the process that told it) gets one channel over that
+//! socket instead: data skips the network stack, and regular files' data
+//! moves through descriptors the server passes on it (`FileFd`), with no
+//! request at all (see `File::local`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use ferry_proto::caps;
+use ferry_proto::{caps, Reply, Request};
 
 use crate::client::SessionTicket;
 use crate::engine::{Engine, Options};
@@ -35,6 +41,8 @@ struct State {
     next: usize,
     /// Setting up or using a channel failed on this main connection.
     off: bool,
+    /// The channel is the server's Unix socket (the same-host path).
+    local: bool,
     /// The session made for the channels of a client that does not
     /// reconnect (one that does has its own).
     own: Option<SessionTicket>,
@@ -54,7 +62,7 @@ impl Channels {
     pub(crate) fn new(addr: &str, opts: &Options) -> Option<Channels> {
         // A volatile session's handles end with its main connection
         // (`ferry run`): nothing for another connection to share.
-        if opts.data_channels == 0 || (opts.reconnect.is_some() && !opts.session_keeps_handles) {
+        if (opts.data_channels == 0 && !opts.same_host) || (opts.reconnect.is_some() && !opts.session_keeps_handles) {
             return None;
         }
         Some(Channels {
@@ -80,7 +88,8 @@ impl Channels {
         main: &Arc<Engine>,
         ticket: impl FnOnce() -> Option<SessionTicket>,
     ) -> Option<Arc<Engine>> {
-        if !main.has_cap(caps::DATA_CHANNELS) || !main.has_cap(caps::SESSIONS) {
+        let offered = main.has_cap(caps::DATA_CHANNELS) || main.has_cap(caps::SAME_HOST);
+        if !offered || !main.has_cap(caps::SESSIONS) {
             return None;
         }
         let mut st = lock(&self.st);
@@ -99,11 +108,28 @@ impl Channels {
         if st.engines.is_empty() {
             if let Err(e) = self.set_up(&mut st, main, ticket()) {
                 self.fall_back(&mut st, &format!("could not set up data channels ({e})"));
+            }
+            if st.engines.is_empty() {
                 return None;
             }
         }
         st.next = st.next.wrapping_add(1);
         Some(Arc::clone(&st.engines[st.next % st.engines.len()]))
+    }
+
+    /// A connection to the server's Unix socket that belongs to `main`'s
+    /// session, for `FileFd`: `main` itself if it is one, else the
+    /// same-host channel (made if need be), if the server is on this host.
+    pub(crate) fn local(
+        &self,
+        main: &Arc<Engine>,
+        ticket: impl FnOnce() -> Option<SessionTicket>,
+    ) -> Option<Arc<Engine>> {
+        if main.is_unix() {
+            return Some(Arc::clone(main));
+        }
+        let e = self.pick(main, ticket)?;
+        lock(&self.st).local.then_some(e)
     }
 
     /// Channels open beside `main` now.
@@ -123,6 +149,17 @@ impl Channels {
                 None => st.own.insert(new_session(main, true)?).clone(),
             },
         };
+        if let Some(e) = self.same_host(main, &ticket)? {
+            st.engines.push(Arc::new(e));
+            st.local = true;
+            return Ok(());
+        }
+        if self.opts.data_channels == 0 || !main.has_cap(caps::DATA_CHANNELS) {
+            // Only the same-host path was wanted or offered, and it is not
+            // to be had: nothing to fall back from, nothing to say.
+            st.off = true;
+            return Ok(());
+        }
         for _ in 0..self.opts.data_channels {
             let e = Engine::connect(&self.addr, &self.opts)?;
             attach(&e, &ticket)?;
@@ -132,6 +169,33 @@ impl Channels {
             st.engines.push(Arc::new(e));
         }
         Ok(())
+    }
+
+    /// A channel over the server's Unix socket, joined to the session, if
+    /// the server is on this host: it tells its socket and process id, and
+    /// the socket's peer must be that process with the same boot id (a
+    /// socket of that name on another host, or another server's, is not
+    /// it). `Ok(None)`: not on this host, or not offered; `Err`: it is, and
+    /// setting up failed (said, and the data goes over TCP).
+    fn same_host(&self, main: &Arc<Engine>, ticket: &SessionTicket) -> Result<Option<Engine>> {
+        if !self.opts.same_host || main.is_unix() || !main.has_cap(caps::SAME_HOST) {
+            return Ok(None);
+        }
+        let frame = match main.call(&Request::LocalAddr) {
+            Ok(f) => f,
+            Err(Error::Remote { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let (pid, addr) = match frame.reply()? {
+            Reply::LocalAddr { pid, addr } => (pid, String::from_utf8_lossy(addr).into_owned()),
+            r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+        };
+        let Ok(e) = Engine::connect(&addr, &self.opts) else { return Ok(None) };
+        if e.peer_pid() != Some(pid) || e.welcome().boot_id != main.welcome().boot_id {
+            return Ok(None);
+        }
+        attach(&e, ticket).map_err(|err| Error::Protocol(format!("same-host socket {addr}: {err}")))?;
+        Ok(Some(e))
     }
 
     /// Transfers of a channel that failed under them go on the main

@@ -154,6 +154,13 @@ impl Client {
         c.pick(main, || self.inner.redial.as_ref().and_then(Redial::ticket)).map(|e| (e, c.threshold()))
     }
 
+    /// A connection to the server's Unix socket in `main`'s session, if the
+    /// server is on this host and offers descriptors of its files.
+    pub(crate) fn local_engine(&self, main: &Arc<Engine>) -> Option<Arc<Engine>> {
+        let c = self.inner.channels.as_ref()?;
+        c.local(main, || self.inner.redial.as_ref().and_then(Redial::ticket))
+    }
+
     /// The transfer size from which data goes on a data channel, if the
     /// client may open any.
     pub(crate) fn bulk_threshold(&self) -> Option<usize> {

@@ -9,11 +9,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, BufReader, IoSlice, Read};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
+
+use ferry_sock::{Addr, Socket};
 
 use ferry_proto::handshake::{ClientError, ClientHandshake, ClientOffer};
 use ferry_proto::{op, ErrorReply, Header, Nonce, Reply, Request, Welcome, HEADER_LEN, VERSION_MAX, VERSION_MIN};
@@ -31,15 +32,6 @@ pub const CLIENT_MAX_FRAME: u32 = 64 * 1024 * 1024 + 4096;
 pub const DATA_CHANNELS: u32 = 1;
 /// Transfer size from which data goes on a data channel.
 pub const DATA_THRESHOLD: usize = 256 * 1024;
-
-/// `FERRY_DATA_CHANNELS` (a count, 0: none), else [`DATA_CHANNELS`]: what
-/// the CLI, the mount and the benchmarks' workers use.
-pub fn data_channels_from_env() -> std::result::Result<u32, String> {
-    match std::env::var("FERRY_DATA_CHANNELS") {
-        Ok(v) => v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count (0: none)")),
-        Err(_) => Ok(DATA_CHANNELS),
-    }
-}
 
 /// Connection settings.
 #[derive(Clone, Debug)]
@@ -87,11 +79,34 @@ pub struct Options {
     /// Transfers of at least this many bytes go on a data channel, and so
     /// do all read-ahead requests.
     pub data_threshold: usize,
+    /// With a server on this host that offers `SAME_HOST`: move file data
+    /// over its Unix socket and through descriptors it passes, instead of
+    /// TCP (`FERRY_SAME_HOST=0` turns it off in the CLI and the mount).
+    pub same_host: bool,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
 /// the same socket (the old one is closed afterwards).
 pub type PlaceFd = fn(BorrowedFd<'_>) -> io::Result<OwnedFd>;
+
+impl Options {
+    /// These options with the data path's settings from the environment,
+    /// as the CLI, the mount and the benchmarks' workers take them:
+    /// `FERRY_DATA_CHANNELS` (a count, 0: none) and `FERRY_SAME_HOST`
+    /// (`0`: off).
+    pub fn data_path_from_env(mut self) -> std::result::Result<Options, String> {
+        if let Ok(v) = std::env::var("FERRY_DATA_CHANNELS") {
+            self.data_channels =
+                v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count (0: none)"))?;
+        }
+        match std::env::var("FERRY_SAME_HOST").as_deref() {
+            Ok("0") => self.same_host = false,
+            Ok("1") | Err(_) => {}
+            Ok(v) => return Err(format!("FERRY_SAME_HOST={v}: expected 0 or 1")),
+        }
+        Ok(self)
+    }
+}
 
 impl Default for Options {
     fn default() -> Self {
@@ -109,6 +124,7 @@ impl Default for Options {
             cache: None,
             data_channels: DATA_CHANNELS,
             data_threshold: DATA_THRESHOLD,
+            same_host: true,
         }
     }
 }
@@ -153,19 +169,48 @@ struct State {
     dead: Option<Error>,
 }
 
-/// The connection's one socket, shared by the send and receive sides.
-struct Sock(Arc<TcpStream>);
+/// The connection's one socket, shared by the send and receive sides; the
+/// receive side keeps descriptors the server passes (a Unix socket).
+struct Sock(Arc<Socket>, Arc<Mutex<Passed>>);
+
+/// Descriptors received with replies (`FileFd`), by their number on the
+/// connection, until their reply's reader takes them.
+#[derive(Default)]
+struct Passed {
+    count: u64,
+    kept: HashMap<u64, OwnedFd>,
+}
+
+/// Descriptors kept at most: a server passing ones nobody asked for must
+/// not exhaust the client's descriptor table.
+const PASSED_MAX: usize = 64;
 
 impl Read for Sock {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self.0).read(buf)
+        if !self.0.is_unix() {
+            return (&*self.0).read(buf);
+        }
+        let mut fds = Vec::new();
+        let n = self.0.recv_with_fds(buf, &mut fds)?;
+        if !fds.is_empty() {
+            let mut p = lock(&self.1);
+            for fd in fds {
+                let seq = p.count;
+                p.count += 1;
+                if p.kept.len() < PASSED_MAX {
+                    p.kept.insert(seq, fd);
+                }
+            }
+        }
+        Ok(n)
     }
 }
 
 pub struct Engine {
     /// The socket and a frame buffer reused for every request's header.
-    tx: Mutex<(Arc<TcpStream>, Vec<u8>)>,
+    tx: Mutex<(Arc<Socket>, Vec<u8>)>,
     rx: Mutex<BufReader<Sock>>,
+    passed: Arc<Mutex<Passed>>,
     /// The socket's descriptor number, readable without a lock (the
     /// preload library asks it on every `close` of a high descriptor).
     fd: AtomicI32,
@@ -205,20 +250,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Engine {
     /// Connects, negotiates and authenticates.
     pub fn connect(addr: &str, opts: &Options) -> Result<Engine> {
-        let mut stream = connect_tcp(addr, opts.connect_timeout)?;
+        let mut stream = Socket::connect(&Addr::parse(addr), opts.connect_timeout).map_err(Error::from_io)?;
         if let Some(place) = opts.place_fd {
-            stream = TcpStream::from(place(stream.as_fd()).map_err(Error::from_io)?);
+            let unix = stream.is_unix();
+            stream = Socket::from_fd(place(stream.as_fd()).map_err(Error::from_io)?, unix);
         }
-        stream.set_nodelay(true).map_err(Error::from_io)?;
+        stream.set_nodelay().map_err(Error::from_io)?;
         // Bounded while we wait for the server's first words; cleared once
         // the handshake is done (requests then wait as long as they need).
         let limit = Some(opts.handshake_timeout.max(Duration::from_millis(1)));
         stream.set_read_timeout(limit).map_err(Error::from_io)?;
         stream.set_write_timeout(limit).map_err(Error::from_io)?;
         let secs = opts.handshake_timeout.as_secs_f64();
-        let fd = stream.as_raw_fd();
+        let fd = stream.as_fd().as_raw_fd();
         let tx = Arc::new(stream);
-        let mut rx = BufReader::with_capacity(RX_BUF, Sock(tx.clone()));
+        let passed = Arc::default();
+        let mut rx = BufReader::with_capacity(RX_BUF, Sock(tx.clone(), Arc::clone(&passed)));
         let mut nonce: Nonce = [0; 32];
         getrandom::getrandom(&mut nonce).map_err(|e| Error::Auth(format!("no randomness: {e}")))?;
         let offer = ClientOffer {
@@ -252,6 +299,7 @@ impl Engine {
         Ok(Engine {
             tx: Mutex::new((tx, Vec::with_capacity(4096))),
             rx: Mutex::new(rx),
+            passed,
             fd: AtomicI32::new(fd),
             st: Mutex::new(State {
                 // Ids of a client's successive connections never meet: a
@@ -297,8 +345,8 @@ impl Engine {
     pub fn move_fd(&self, place: impl FnOnce(BorrowedFd<'_>) -> io::Result<OwnedFd>) -> io::Result<RawFd> {
         let mut tx = lock(&self.tx);
         let mut rx = lock(&self.rx);
-        let new = Arc::new(TcpStream::from(place(tx.0.as_fd())?));
-        let fd = new.as_raw_fd();
+        let new = Arc::new(Socket::from_fd(place(tx.0.as_fd())?, tx.0.is_unix()));
+        let fd = new.as_fd().as_raw_fd();
         self.fd.store(fd, Relaxed);
         rx.get_mut().0 = new.clone();
         // The old stream, now unreferenced, closes the old number here.
@@ -341,6 +389,21 @@ impl Engine {
         };
         self.kill(e.clone());
         Some(e)
+    }
+
+    /// Whether the connection is a Unix socket (the server is on this host).
+    pub fn is_unix(&self) -> bool {
+        lock(&self.tx).0.is_unix()
+    }
+
+    /// The server process at the other end of a Unix socket.
+    pub fn peer_pid(&self) -> Option<u32> {
+        lock(&self.tx).0.peer_cred().map(|(pid, _)| pid)
+    }
+
+    /// The descriptor that came with a `FileFd` reply numbered `seq`.
+    pub fn take_passed_fd(&self, seq: u64) -> Option<OwnedFd> {
+        lock(&self.passed).kept.remove(&seq)
     }
 
     pub fn welcome(&self) -> &Welcome {
@@ -675,18 +738,6 @@ fn deliver(s: Stored, dest: Option<&mut [u8]>) -> Result<Frame> {
     }
 }
 
-fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream> {
-    let addrs: Vec<_> = addr.to_socket_addrs().map_err(Error::from_io)?.collect();
-    let mut last = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(Error::from_io(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))))
-}
-
 /// The connection failed during the handshake: a timeout is the server not
 /// answering, an early close is the server hanging up on us.
 fn handshake_io(e: io::Error, timeout_secs: f64) -> Error {
@@ -736,7 +787,7 @@ const REPLY_NOTICE: Duration = Duration::from_secs(15);
 fn read_reply(r: &mut BufReader<Sock>, buf: &mut [u8]) -> io::Result<()> {
     let mut n = 0;
     let mut said = false;
-    let peer = |r: &BufReader<Sock>| r.get_ref().0.peer_addr().map_or_else(|_| "server".into(), |a| a.to_string());
+    let peer = |r: &BufReader<Sock>| r.get_ref().0.peer_name();
     while n < buf.len() {
         match r.read(&mut buf[n..]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -779,7 +830,7 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// Sends head and bulk with `sendmsg(MSG_NOSIGNAL)`: a server that went
 /// away must give the caller an error, not kill it with SIGPIPE (the
 /// client runs inside other people's programs, via the preload library).
-fn write_all_vectored(w: &TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
+fn write_all_vectored(w: &Socket, head: &[u8], bulk: &[u8]) -> io::Result<()> {
     send(w, head, bulk, false)
 }
 
@@ -792,12 +843,12 @@ const SEND_NOTICE: Duration = Duration::from_secs(15);
 /// `fsync` stalls its connection), but not on a server that hung up: a peer
 /// that shut its side down without reading (a half-closed connection)
 /// would otherwise leave the send blocked for ever.
-fn send_request(w: &TcpStream, head: &[u8], bulk: &[u8]) -> io::Result<()> {
+fn send_request(w: &Socket, head: &[u8], bulk: &[u8]) -> io::Result<()> {
     send(w, head, bulk, true)
 }
 
 /// Whether the peer has closed or shut down its side of `w`.
-fn hung_up(w: &TcpStream) -> bool {
+fn hung_up(w: &Socket) -> bool {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut fds = [PollFd::new(w, PollFlags::RDHUP)];
     let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
@@ -807,7 +858,7 @@ fn hung_up(w: &TcpStream) -> bool {
     }
 }
 
-fn send(w: &TcpStream, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
+fn send(w: &Socket, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
     let mut bufs = [IoSlice::new(head), IoSlice::new(bulk)];
     let mut slices: &mut [IoSlice<'_>] = if bulk.is_empty() { &mut bufs[..1] } else { &mut bufs[..] };
     let mut blocked: Option<(std::time::Instant, bool)> = None;
@@ -827,7 +878,7 @@ fn send(w: &TcpStream, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()
                 }
                 let (since, said) = blocked.get_or_insert_with(|| (std::time::Instant::now(), false));
                 if !*said && since.elapsed() >= SEND_NOTICE {
-                    let peer = w.peer_addr().map_or_else(|_| "server".into(), |a| a.to_string());
+                    let peer = w.peer_name();
                     eprintln!("ferry: {peer}: not reading requests for {} s; still waiting", SEND_NOTICE.as_secs());
                     *said = true;
                 }
@@ -836,8 +887,7 @@ fn send(w: &TcpStream, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()
             Err(e) => return Err(e.into()),
         };
         if let Some((_, true)) = blocked.take() {
-            let peer = w.peer_addr().map_or_else(|_| "server".into(), |a| a.to_string());
-            eprintln!("ferry: {peer}: reading requests again");
+            eprintln!("ferry: {}: reading requests again", w.peer_name());
         }
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());

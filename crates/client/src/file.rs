@@ -13,6 +13,7 @@ use crate::cache::{Cache, Entry, CHUNK as CACHE_CHUNK};
 use crate::client::Client;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::local::Local;
 use crate::lock::{typ_from_wire, LockHolder, LockKind, LockSpec, LockType};
 use crate::unstable::{Commit, Unstable};
 
@@ -198,6 +199,9 @@ pub struct File {
     closed: bool,
     /// The local cache's copy, for a file the cache policy caches.
     cached: Option<Entry>,
+    /// The server's own descriptor of the file, when it is on this host
+    /// (asked for at the first read or write that would go to it).
+    local: std::sync::OnceLock<Option<Local>>,
 }
 
 /// How many times a file is opened again or a commit sent again, each
@@ -316,7 +320,14 @@ impl File {
             small_end: None,
             closed: false,
             cached: entry,
+            local: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether reads and writes go through the server's own descriptor of
+    /// the file (the same-host path), as of the first read or write.
+    pub fn is_local(&self) -> bool {
+        self.local.get().is_some_and(Option::is_some)
     }
 
     /// Whether reads are served from the local cache.
@@ -613,11 +624,40 @@ impl File {
         }
     }
 
-    /// A read from the server, through the read-ahead; read-ahead and
-    /// large reads go on a data channel if the client has one, and on the
-    /// main connection again if it fails under them.
+    /// The server's descriptor of this file, if it is on this host and
+    /// passes it (a regular file, to a process of its user). Asked once.
+    fn local(&self) -> Option<&Local> {
+        self.local.get_or_init(|| self.fetch_local()).as_ref()
+    }
+
+    fn fetch_local(&self) -> Option<Local> {
+        let main = self.client.engine();
+        let e = self.client.local_engine(&main)?;
+        let frame = match e.call(&Request::FileFd { handle: self.handle() }) {
+            Ok(f) => f,
+            Err(err) => {
+                // Lost: the channel goes; refused (another user, no
+                // descriptor for this file): the data goes by requests.
+                self.client.channel_lost(&e, &err);
+                return None;
+            }
+        };
+        match frame.reply().ok()? {
+            Reply::FileFd { seq, writable } => Some(Local::new(e.take_passed_fd(seq)?, writable)),
+            _ => None,
+        }
+    }
+
+    /// A read from the server: through its descriptor on this host, else
+    /// through the read-ahead; read-ahead and large reads go on a data
+    /// channel if the client has one, and on the main connection again if
+    /// it fails under them.
     fn server_read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.live()?;
+        // Writes sent behind and not yet answered must not be overtaken.
+        if let Some(l) = self.local().filter(|_| !self.client.writes_behind()) {
+            return l.read_at(buf, offset);
+        }
         let main = self.client.engine();
         // Writes sent behind on the main connection and not yet answered
         // must not be overtaken by a read on another connection.
@@ -707,6 +747,10 @@ impl File {
     /// Writes all of `buf` at `offset` and waits for the server.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.drop_prefetch();
+        self.live()?;
+        if let Some(l) = self.local().filter(|l| l.writable && !self.client.writes_behind()) {
+            return l.write_at(buf, offset, self.append).map(drop);
+        }
         // Only a write that will go on a channel may set one up.
         let large = self.client.bulk_threshold().is_some_and(|t| buf.len() >= t);
         let channel = if large { self.client.bulk(&self.client.engine()) } else { None };
@@ -899,6 +943,15 @@ impl File {
         // have lost sent again) before anything newer is written.
         self.live()?;
         self.drop_prefetch();
+        if self.local().is_some_and(|l| l.writable) {
+            self.flush_writes()?;
+            if !self.client.writes_behind() {
+                let l = self.local().expect("just seen");
+                let end = l.write_at(buf, self.pos, self.append)?;
+                self.pos = end;
+                return Ok(buf.len());
+            }
+        }
         let mut engine = self.client.engine();
         for part in buf.chunks(self.chunk_for(buf.len())) {
             if self.writes.front().is_some_and(|w| !Arc::ptr_eq(&w.engine, &engine)) {

@@ -18,6 +18,7 @@ mod client;
 mod engine;
 mod error;
 mod file;
+mod local;
 mod lock;
 mod redial;
 pub mod token;
@@ -26,7 +27,7 @@ pub mod url;
 
 pub use ahead::WINDOW_MAX as READ_AHEAD_MAX;
 pub use client::{join, Client, SessionTicket};
-pub use engine::{data_channels_from_env, Engine, Frame, Options, PlaceFd, DATA_CHANNELS, DATA_THRESHOLD};
+pub use engine::{Engine, Frame, Options, PlaceFd, DATA_CHANNELS, DATA_THRESHOLD};
 pub use error::{Error, Result};
 pub use ferry_proto::{cache as cache_policy, caps, Attr, DirEntry, StatFs, Target, Time};
 pub use file::{File, OpenOptions};

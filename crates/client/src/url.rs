@@ -1,4 +1,7 @@
-//! `ferry://HOST:PORT/path` addresses.
+//! `ferry://HOST:PORT/path` addresses, and `ferry+unix://SOCKET/path` for a
+//! server's Unix socket on this host, the socket's path percent-encoded as
+//! the host (`ferry+unix://%2Frun%2Fferry.sock/data`; `%40NAME` for an
+//! abstract socket `@NAME`).
 
 use std::fmt;
 
@@ -14,8 +17,18 @@ pub struct Url {
 }
 
 impl Url {
-    /// Parses `ferry://HOST[:PORT][/path]`.
+    /// Parses `ferry://HOST[:PORT][/path]` or `ferry+unix://SOCKET[/path]`.
     pub fn parse(s: &str) -> Result<Url, String> {
+        if let Some(rest) = s.strip_prefix("ferry+unix://") {
+            let (sock, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let sock = percent_decode(sock).ok_or_else(|| format!("{s}: bad %-escape in the socket"))?;
+            if sock.is_empty() {
+                return Err(format!(
+                    "{s}: no socket (write its path %-encoded, e.g. ferry+unix://%2Frun%2Fferry.sock/)"
+                ));
+            }
+            return Ok(Url { addr: format!("unix:{sock}"), path: normalize(if path.is_empty() { "/" } else { path }) });
+        }
         let rest = s.strip_prefix("ferry://").ok_or_else(|| format!("{s}: not a ferry:// URL"))?;
         let (hostport, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -37,6 +50,11 @@ impl Url {
         Ok(Url { addr, path: normalize(path) })
     }
 
+    /// Whether `s` is written as a ferry URL (of either form).
+    pub fn is_url(s: &[u8]) -> bool {
+        s.starts_with(b"ferry://") || s.starts_with(b"ferry+unix://")
+    }
+
     /// The URL of `name` inside this one.
     pub fn join(&self, name: &str) -> Url {
         let path =
@@ -51,6 +69,23 @@ fn parse_port(s: &str, url: &str) -> Result<u16, String> {
     }
     let p = s.strip_prefix(':').ok_or_else(|| format!("{url}: bad port"))?;
     p.parse().map_err(|_| format!("{url}: bad port '{p}'"))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Percent-decoding is not done: paths are taken literally, `//` collapsed.
@@ -68,9 +103,28 @@ fn normalize(p: &str) -> String {
     out
 }
 
+impl Url {
+    /// The URL of `path` on the server at `addr` (as `Url::addr` holds it).
+    pub fn show(addr: &str, path: &str) -> String {
+        match addr.strip_prefix("unix:") {
+            Some(sock) => {
+                let enc: String = sock
+                    .bytes()
+                    .map(|c| match c {
+                        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b'~' => (c as char).to_string(),
+                        _ => format!("%{c:02X}"),
+                    })
+                    .collect();
+                format!("ferry+unix://{enc}{path}")
+            }
+            None => format!("ferry://{addr}{path}"),
+        }
+    }
+}
+
 impl fmt::Display for Url {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ferry://{}{}", self.addr, self.path)
+        f.write_str(&Url::show(&self.addr, &self.path))
     }
 }
 
@@ -98,6 +152,18 @@ mod tests {
         let u = Url::parse("ferry://[::1]:7/x").unwrap();
         assert_eq!(u.addr, "[::1]:7");
         assert_eq!(u.path, "/x");
+    }
+
+    #[test]
+    fn parses_unix_sockets() {
+        let u = Url::parse("ferry+unix://%2Frun%2Fferry.sock/a//b").unwrap();
+        assert_eq!(u.addr, "unix:/run/ferry.sock");
+        assert_eq!(u.path, "/a/b");
+        assert_eq!(u.to_string(), "ferry+unix://%2Frun%2Fferry.sock/a/b");
+        let u = Url::parse("ferry+unix://%40ferry-1").unwrap();
+        assert_eq!((u.addr.as_str(), u.path.as_str()), ("unix:@ferry-1", "/"));
+        assert!(Url::parse("ferry+unix:///x").is_err());
+        assert!(Url::parse("ferry+unix://%2/x").is_err());
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub mod caps {
     /// `Pread`/`Pwrite`, which run beside the session's other requests.
     /// Needs `SESSIONS`.
     pub const DATA_CHANNELS: u64 = 1 << 10;
+    /// `LocalAddr` and `FileFd`: a client on the server's host moves file
+    /// data without the network (PROTOCOL.md 8.7). Needs `SESSIONS`.
+    pub const SAME_HOST: u64 = 1 << 11;
     /// Everything this implementation offers.
     pub const ALL: u64 = READDIRPLUS
         | XATTR
@@ -103,7 +106,8 @@ pub mod caps {
         | OPEN_READ
         | LIST_DIR
         | CACHING
-        | DATA_CHANNELS;
+        | DATA_CHANNELS
+        | SAME_HOST;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

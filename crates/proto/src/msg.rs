@@ -54,6 +54,10 @@ pub mod op {
     pub const OPEN_CACHED: u16 = 47;
     pub const CACHE_SET: u16 = 48;
     pub const CACHE_GET: u16 = 49;
+    /// Where the server listens on its own host (capability `SAME_HOST`).
+    pub const LOCAL_ADDR: u16 = 50;
+    /// An open file's descriptor, passed over a Unix socket.
+    pub const FILE_FD: u16 = 51;
 }
 
 /// Cache policies stored on the server (capability `CACHING`).
@@ -147,6 +151,14 @@ pub enum Request<'a> {
     /// The policy in force for `path`, answered with `CachePolicy`.
     CacheGet {
         path: &'a [u8],
+    },
+    /// The server's Unix socket, answered with `LocalAddr`.
+    LocalAddr,
+    /// The descriptor of `handle`'s open file, passed with the `FileFd`
+    /// reply (`SCM_RIGHTS`): only on a Unix connection, to a peer process
+    /// of the server's user or root, for a regular file.
+    FileFd {
+        handle: u64,
     },
     Close {
         handle: u64,
@@ -363,6 +375,8 @@ impl<'a> Request<'a> {
             Request::OpenCached { .. } => op::OPEN_CACHED,
             Request::CacheSet { .. } => op::CACHE_SET,
             Request::CacheGet { .. } => op::CACHE_GET,
+            Request::LocalAddr => op::LOCAL_ADDR,
+            Request::FileFd { .. } => op::FILE_FD,
             Request::Close { .. } => op::CLOSE,
             Request::Read { .. } => op::READ,
             Request::Pread { .. } => op::PREAD,
@@ -430,7 +444,8 @@ impl<'a> Request<'a> {
                 w.raw(nonce);
             }
             Request::Auth { proof } => w.raw(proof),
-            Request::Ping | Request::SessionNew | Request::SessionNewVolatile => {}
+            Request::Ping | Request::SessionNew | Request::SessionNewVolatile | Request::LocalAddr => {}
+            Request::FileFd { handle } => w.u64(*handle),
             Request::SessionAttach { id, proof } => {
                 w.u64(*id);
                 w.raw(proof);
@@ -616,6 +631,8 @@ impl<'a> Request<'a> {
                 Request::CacheSet { policy, path: r.name("cache_set.path")? }
             }
             op::CACHE_GET => Request::CacheGet { path: r.name("cache_get.path")? },
+            op::LOCAL_ADDR => Request::LocalAddr,
+            op::FILE_FD => Request::FileFd { handle: r.u64("file_fd.handle")? },
             op::OPEN_READ => Request::OpenRead {
                 flags: r.u32("open_read.flags")?,
                 mode: r.u32("open_read.mode")?,
@@ -812,6 +829,21 @@ pub enum Reply<'a> {
         from: &'a [u8],
         data: &'a [u8],
     },
+    /// Answer to `LocalAddr`: the server's Unix socket address (`unix:PATH`
+    /// or `unix:@NAME`) and its process id, which a client connected to it
+    /// finds in the socket's peer credentials: the proof that both ends of
+    /// the two connections are one server on one host.
+    LocalAddr {
+        pid: u32,
+        addr: &'a [u8],
+    },
+    /// Answer to `FileFd`: the descriptor came with this reply's first
+    /// byte, the `seq`-th (from 0) passed on this connection; `writable`:
+    /// opened for writing.
+    FileFd {
+        seq: u64,
+        writable: bool,
+    },
     /// Answer to `CacheGet`.
     CachePolicy {
         policy: u8,
@@ -917,6 +949,14 @@ impl<'a> Reply<'a> {
                 w.u8(*policy);
                 w.name(from);
             }
+            Reply::LocalAddr { pid, addr } => {
+                w.u32(*pid);
+                w.name(addr);
+            }
+            Reply::FileFd { seq, writable } => {
+                w.u64(*seq);
+                w.bool(*writable);
+            }
             Reply::Data(d) => return d.len(),
             Reply::Written { count } => w.u32(*count),
             Reply::Offset { offset } => w.u64(*offset),
@@ -983,6 +1023,8 @@ impl<'a> Reply<'a> {
                 data: r.rest(),
             },
             op::CACHE_GET => Reply::CachePolicy { policy: cache_policy(&mut r)?, from: r.name("cache.from")? },
+            op::LOCAL_ADDR => Reply::LocalAddr { pid: r.u32("local_addr.pid")?, addr: r.name("local_addr.addr")? },
+            op::FILE_FD => Reply::FileFd { seq: r.u64("file_fd.seq")?, writable: r.bool("file_fd.writable")? },
             op::READ | op::PREAD => Reply::Data(r.rest()),
             op::WRITE | op::PWRITE => Reply::Written { count: r.u32("written.count")? },
             op::SEEK => Reply::Offset { offset: r.u64("offset")? },

@@ -12,7 +12,9 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 43] = [
+const ALL_OPS: [u16; 45] = [
+    op::LOCAL_ADDR,
+    op::FILE_FD,
     op::OPEN_CACHED,
     op::CACHE_SET,
     op::CACHE_GET,
@@ -61,7 +63,7 @@ const ALL_OPS: [u16; 43] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 43;
+const REQUEST_VARIANTS: usize = 45;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -110,6 +112,8 @@ fn request_index(r: &Request) -> usize {
         Request::OpenCached { .. } => 40,
         Request::CacheSet { .. } => 41,
         Request::CacheGet { .. } => 42,
+        Request::LocalAddr => 43,
+        Request::FileFd { .. } => 44,
     }
 }
 
@@ -216,6 +220,8 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         40 => Request::OpenCached { path: &r.s1, flags: r.c, mode: r.d, max: r.a as u32 },
         41 => Request::CacheSet { path: &r.s1, policy: (r.c % 3) as u8 },
         42 => Request::CacheGet { path: &r.s1 },
+        43 => Request::LocalAddr,
+        44 => Request::FileFd { handle: r.a },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -304,7 +310,7 @@ fn split(frame: &[u8]) -> (Header, &[u8]) {
 // ---------------------------------------------------------------------------
 // Replies.
 
-const REPLY_VARIANTS: usize = 18;
+const REPLY_VARIANTS: usize = 20;
 
 /// Index of a reply's variant; no wildcard, as for `request_index`.
 fn reply_index(r: &Reply) -> usize {
@@ -327,6 +333,8 @@ fn reply_index(r: &Reply) -> usize {
         Reply::OpenedData { .. } => 15,
         Reply::OpenedCached { .. } => 16,
         Reply::CachePolicy { .. } => 17,
+        Reply::LocalAddr { .. } => 18,
+        Reply::FileFd { .. } => 19,
     }
 }
 
@@ -363,6 +371,8 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         15 => &[op::OPEN_READ],
         16 => &[op::OPEN_CACHED],
         17 => &[op::CACHE_GET],
+        18 => &[op::LOCAL_ADDR],
+        19 => &[op::FILE_FD],
         n => unreachable!("reply variant {n}"),
     }
 }
@@ -414,6 +424,8 @@ fn build_reply(r: &RawReply) -> (u16, Reply<'_>) {
             data: &r.data,
         },
         17 => Reply::CachePolicy { policy: (r.c % 3) as u8, from: &r.name },
+        18 => Reply::LocalAddr { pid: r.c, addr: &r.name },
+        19 => Reply::FileFd { seq: r.a, writable: r.flag },
         n => unreachable!("reply variant {n}"),
     };
     (op, reply)

@@ -160,6 +160,14 @@ pub trait Backend: Send + Sync + 'static {
     /// the one with `key` (`dev`, `ino`). Any other file, or none: `ESTALE`.
     /// `flags` never create or truncate.
     fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(Self::File, Attr)>;
+
+    /// The descriptor of an open regular file, for the server to pass to a
+    /// client on its own host (`FileFd`); `None` when the backend has none
+    /// (files in memory) or the file is not a regular file. Never a
+    /// directory's: `openat` on it would reach past the export's checks.
+    fn fd_of<'f>(&self, _file: &'f Self::File) -> Option<std::os::fd::BorrowedFd<'f>> {
+        None
+    }
 }
 
 /// `Backend::reopen` by path: the file at `path` if it is still `key`.

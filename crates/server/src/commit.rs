@@ -8,7 +8,6 @@
 //! disk and sends the reply, out of order (clients match replies by id).
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
@@ -44,7 +43,14 @@ impl<B: Backend> Committer<B> {
 
     /// Queues the commit of `file`; its reply goes to `sock`. Fails only if
     /// no thread can be started (the caller then commits in line).
-    pub fn start(&mut self, sock: &TcpStream, op: u16, id: u64, file: Arc<B::File>, datasync: bool) -> Result<(), ()> {
+    pub fn start(
+        &mut self,
+        sock: &ferry_sock::Socket,
+        op: u16,
+        id: u64,
+        file: Arc<B::File>,
+        datasync: bool,
+    ) -> Result<(), ()> {
         if self.queued.load(Relaxed) >= self.window {
             return Err(());
         }

@@ -2,8 +2,8 @@
 //! the reply — all on the connection's own thread, so a read request never
 //! changes threads between the socket and `sendfile`.
 
+use ferry_sock::Socket;
 use std::io::{self, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -41,8 +41,8 @@ pub enum End {
 
 pub struct Conn<B: Backend> {
     rx: BufReader<Timed>,
-    tx: TcpStream,
-    peer: SocketAddr,
+    tx: Socket,
+    peer: String,
     cfg: Arc<Config>,
     backend: Arc<B>,
     budget: Arc<HandleBudget>,
@@ -65,6 +65,8 @@ pub struct Conn<B: Backend> {
     out: Vec<u8>,
     /// `Fsync`s wait for the disk here, beside later requests.
     commits: Committer<B>,
+    /// Descriptors passed on this connection (`FileFd`'s `seq`).
+    fds_sent: u64,
 }
 
 /// What every connection of a server shares.
@@ -79,10 +81,27 @@ pub struct Common<B: Backend> {
     pub sessions: Arc<Sessions<B>>,
 }
 
+// Not derived: that would ask `B: Clone`, and only the `Arc`s are cloned.
+impl<B: Backend> Clone for Common<B> {
+    fn clone(&self) -> Self {
+        Common {
+            cfg: Arc::clone(&self.cfg),
+            backend: Arc::clone(&self.backend),
+            budget: Arc::clone(&self.budget),
+            pool: Arc::clone(&self.pool),
+            locks: Arc::clone(&self.locks),
+            changes: Arc::clone(&self.changes),
+            dirs: Arc::clone(&self.dirs),
+            sessions: Arc::clone(&self.sessions),
+        }
+    }
+}
+
 impl<B: Backend> Conn<B> {
-    pub fn new(stream: TcpStream, peer: SocketAddr, common: &Common<B>) -> io::Result<Self> {
+    pub fn new(stream: Socket, common: &Common<B>) -> io::Result<Self> {
         let cfg = Arc::clone(&common.cfg);
-        stream.set_nodelay(true)?;
+        let peer = stream.peer_name();
+        stream.set_nodelay()?;
         stream.set_read_timeout(Some(cfg.idle_timeout))?;
         let tx = stream.try_clone()?;
         Ok(Conn {
@@ -104,11 +123,12 @@ impl<B: Backend> Conn<B> {
             big: None,
             out: Vec::with_capacity(OUT_FLUSH),
             commits: Committer::new(Arc::clone(&common.backend), common.cfg.window_requests as usize),
+            fds_sent: 0,
         })
     }
 
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
+    pub fn peer(&self) -> String {
+        self.peer.clone()
     }
 
     /// Runs the connection to its end.
@@ -184,7 +204,7 @@ impl<B: Backend> Conn<B> {
         if self.flush().is_err() {
             return;
         }
-        let _ = self.tx.shutdown(std::net::Shutdown::Write);
+        let _ = self.tx.shutdown_write();
         let until = Instant::now() + std::time::Duration::from_secs(2);
         let _ = self.tx.set_read_timeout(Some(std::time::Duration::from_millis(200)));
         let mut sink = [0u8; 64 * 1024];
@@ -327,6 +347,11 @@ impl<B: Backend> Conn<B> {
             }
             return self.maybe_flush();
         }
+        match req {
+            Request::LocalAddr => return self.local_addr(h, caps),
+            Request::FileFd { handle } => return self.lend_fd(h, caps, session, handle),
+            _ => {}
+        }
         // The request borrows `self.body`; the answer may borrow the session.
         // Encode everything that needs `req` before touching `self` mutably.
         // One request of a session runs at a time, whichever connection
@@ -447,6 +472,59 @@ impl<B: Backend> Conn<B> {
         self.maybe_flush()
     }
 
+    /// `LocalAddr`: where a client on this host finds the server without
+    /// the network, and the process id it will see there.
+    fn local_addr(&mut self, h: Header, caps: u64) -> Result<(), End> {
+        match &self.cfg.local_addr {
+            Some(a) if caps & caps::SAME_HOST != 0 => {
+                Reply::LocalAddr { pid: std::process::id(), addr: a.as_bytes() }.encode(h.op, h.id, &mut self.out);
+                self.maybe_flush()
+            }
+            _ => self.queue_refusal(h, Errno::NOSYS, "this server listens on no Unix socket"),
+        }
+    }
+
+    /// `FileFd`: passes the descriptor of a regular file's handle to a
+    /// client on this host that could open the file itself anyway — a
+    /// process of the server's own user, or root — so handing it over
+    /// grants nothing the peer's credentials do not: not the export's
+    /// confinement (the file is one the session opened inside it), nor the
+    /// read-only policy (the descriptor is opened as the handle was).
+    fn lend_fd(&mut self, h: Header, caps: u64, session: &Shared<B>, handle: u64) -> Result<(), End> {
+        if caps & caps::SAME_HOST == 0 {
+            return self.queue_refusal(h, Errno::NOSYS, "same-host data path not offered");
+        }
+        let euid = rustix::process::geteuid().as_raw();
+        match self.tx.peer_cred() {
+            Some((_, uid)) if uid == 0 || uid == euid => {}
+            Some(_) => {
+                return self.queue_refusal(h, Errno::PERM, "descriptors go only to the server's own user or root")
+            }
+            None => return self.queue_refusal(h, Errno::OPNOTSUPP, "descriptors are passed on a Unix socket only"),
+        }
+        let lent = session.lock().unwrap_or_else(|e| e.into_inner()).lend(handle);
+        let (file, writable) = match lent {
+            Ok(x) => x,
+            Err(e) => return self.queue_refusal(h, e, &io::Error::from_raw_os_error(e.0).to_string()),
+        };
+        let Some(fd) = self.backend.fd_of(&file) else {
+            return self.queue_refusal(h, Errno::OPNOTSUPP, "no descriptor for this file (not a regular file on disk)");
+        };
+        self.flush()?;
+        let mut frame = Vec::new();
+        Reply::FileFd { seq: self.fds_sent, writable }.encode(h.op, h.id, &mut frame);
+        let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = self.tx.send_with_fd(&frame, fd).map_err(End::Io)?;
+        self.fds_sent += 1;
+        (&self.tx).write_all(&frame[sent..]).map_err(End::Io)
+    }
+
+    /// An error reply to a well-formed request the server will not run.
+    fn queue_refusal(&mut self, h: Header, e: Errno, msg: &str) -> Result<(), End> {
+        ErrorReply { errno: e.0 as u32, message: msg }.encode(h.op, h.id, &mut self.out);
+        self.maybe_flush()
+    }
+
     fn queue_error(&mut self, h: Header, e: Errno, msg: &str) -> Result<(), End> {
         eprintln!("ferry serve: {}: bad request (op {}): {msg}", self.peer, h.op);
         ErrorReply { errno: e.0 as u32, message: msg }.encode(h.op, h.id, &mut self.out);
@@ -495,7 +573,7 @@ impl<B: Backend> Conn<B> {
 /// limit): reads its `Hello` (briefly), replies with an error saying why,
 /// and closes after the client had time to read it. Runs on a thread of its
 /// own so a flood of such connections never delays `accept`.
-pub fn refuse(mut stream: TcpStream, errno: i32, msg: &str) {
+pub fn refuse(mut stream: Socket, errno: i32, msg: &str) {
     let wait = Some(std::time::Duration::from_secs(2));
     if stream.set_read_timeout(wait).is_err() || stream.set_write_timeout(wait).is_err() {
         return;
@@ -520,14 +598,14 @@ pub fn refuse(mut stream: TcpStream, errno: i32, msg: &str) {
     }
     // Closing with unread input would reset the connection and could
     // discard the reply before the client reads it: half-close, drain.
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.shutdown_write();
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
 }
 
 /// The socket, with an optional deadline that bounds every read (used for
 /// the handshake; afterwards only the idle timeout applies).
 struct Timed {
-    stream: TcpStream,
+    stream: Socket,
     deadline: Option<Instant>,
 }
 
@@ -575,7 +653,7 @@ fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {
 
 /// Writes `buf` with `MSG_MORE`, so the header leaves in the same segment
 /// as the data `sendfile` sends next.
-fn send_more(sock: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+fn send_more(sock: &Socket, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         let n = rustix::net::send(sock, buf, rustix::net::SendFlags::MORE)?;
         buf = &buf[n..];
@@ -585,7 +663,7 @@ fn send_more(sock: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
 
 /// `sendfile`s exactly `len` bytes. If the file shrank since the length was
 /// announced, the rest is zeros: the frame must stay whole.
-fn sendfile_all(sock: &TcpStream, fd: std::os::fd::BorrowedFd<'_>, mut offset: u64, len: usize) -> io::Result<()> {
+fn sendfile_all(sock: &Socket, fd: std::os::fd::BorrowedFd<'_>, mut offset: u64, len: usize) -> io::Result<()> {
     let mut left = len;
     while left > 0 {
         let n = rustix::fs::sendfile(sock.as_fd(), fd, Some(&mut offset), left)?;

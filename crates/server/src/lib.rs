@@ -22,6 +22,9 @@ mod session;
 mod sessions;
 
 use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+
+use ferry_sock::Socket;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +59,9 @@ pub struct Config {
     /// Capabilities offered (tests turn some off to check degradation).
     pub caps: u64,
     pub boot_id: u64,
+    /// The server's Unix socket address, told to clients that ask (set by
+    /// [`serve`] from its listeners).
+    pub local_addr: Option<String>,
     /// Where sessions (their ids, secrets and reply caches) outlive the
     /// process, so exactly-once holds across a restart; `None`: in memory.
     pub state_dir: Option<std::path::PathBuf>,
@@ -82,6 +88,7 @@ impl Default for Config {
             caps: ferry_proto::caps::ALL,
             boot_id: u64::from_le_bytes(id),
             state_dir: None,
+            local_addr: None,
         }
     }
 }
@@ -100,8 +107,19 @@ pub fn check_state_dir(dir: &std::path::Path) -> std::io::Result<()> {
     journal::Journal::open(dir).map(drop)
 }
 
+/// What a server accepts connections on: TCP, a Unix socket for clients on
+/// its own host, or both.
+pub struct Listeners {
+    pub tcp: Option<TcpListener>,
+    /// The Unix listener and its address as clients write it (`unix:PATH`
+    /// or `unix:@NAME`): the server tells it to TCP clients (`LocalAddr`)
+    /// so that one on this host can move its data over it instead.
+    pub unix: Option<(UnixListener, String)>,
+}
+
 /// Accepts connections forever, one thread each.
-pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) -> std::io::Result<()> {
+pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config) -> std::io::Result<()> {
+    cfg.local_addr = listeners.unix.as_ref().map(|(_, a)| a.clone());
     let sessions = Arc::new(match &cfg.state_dir {
         Some(dir) => {
             let (journal, restored) = journal::Journal::open(dir)?;
@@ -127,10 +145,34 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
         backend,
         cfg: Arc::new(cfg),
     };
-    let cfg = Arc::clone(&common.cfg);
     let live = Arc::new(AtomicUsize::new(0));
+    let unix = match listeners.unix {
+        Some((l, _)) => {
+            let (common, live) = (common.clone(), Arc::clone(&live));
+            let accept = move || l.accept().map(|(s, _)| Socket::from(s));
+            Some(
+                std::thread::Builder::new()
+                    .name("ferry-accept".into())
+                    .spawn(move || accept_loop(accept, &common, &live))?,
+            )
+        }
+        None => None,
+    };
+    match (listeners.tcp, unix) {
+        (Some(l), _) => accept_loop(move || l.accept().map(|(s, _)| Socket::from(s)), &common, &live),
+        (None, Some(t)) => t.join().unwrap_or(Ok(())),
+        (None, None) => Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "nothing to listen on")),
+    }
+}
+
+fn accept_loop<B: Backend>(
+    mut accept: impl FnMut() -> std::io::Result<Socket>,
+    common: &conn::Common<B>,
+    live: &Arc<AtomicUsize>,
+) -> std::io::Result<()> {
+    let cfg = Arc::clone(&common.cfg);
     loop {
-        let (stream, peer) = match listener.accept() {
+        let stream = match accept() {
             Ok(x) => x,
             Err(e) => {
                 // EMFILE and friends: wait for connections to end instead of spinning.
@@ -140,6 +182,7 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
             }
         };
         if live.load(Ordering::Relaxed) >= cfg.max_connections {
+            let peer = stream.peer_name();
             eprintln!("ferry serve: {peer}: refused, {} connections already", cfg.max_connections);
             let msg =
                 format!("server busy: it serves {} connections already (its --max-connections)", cfg.max_connections);
@@ -150,15 +193,15 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
                 .spawn(move || conn::refuse(stream, libc::EBUSY, &msg));
             continue;
         }
-        let conn = match conn::Conn::new(stream, peer, &common) {
+        let conn = match conn::Conn::new(stream, common) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("ferry serve: {peer}: {e}");
+                eprintln!("ferry serve: connection: {e}");
                 continue;
             }
         };
         live.fetch_add(1, Ordering::Relaxed);
-        let live2 = Arc::clone(&live);
+        let live2 = Arc::clone(live);
         let spawned = std::thread::Builder::new().name("ferry-conn".into()).stack_size(256 * 1024).spawn(move || {
             let peer = conn.peer();
             match conn.run() {
@@ -177,7 +220,7 @@ pub fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>, cfg: Config) ->
         });
         if let Err(e) = spawned {
             live.fetch_sub(1, Ordering::Relaxed);
-            eprintln!("ferry serve: {peer}: cannot start a thread: {e}");
+            eprintln!("ferry serve: cannot start a thread: {e}");
         }
     }
 }

@@ -324,6 +324,12 @@ impl Backend for PosixBackend {
         crate::backend::reopen_by_path(self, path, flags, key)
     }
 
+    fn fd_of<'f>(&self, file: &'f PosixFile) -> Option<std::os::fd::BorrowedFd<'f>> {
+        let st = rfs::fstat(&file.fd).ok()?;
+        let regular = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile;
+        regular.then(|| file.fd.as_fd())
+    }
+
     fn read<'f>(&self, file: &'f PosixFile, offset: u64, len: usize) -> Result<ReadData<'f>> {
         let st = rfs::fstat(&file.fd)?;
         if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile {

@@ -130,6 +130,9 @@ struct Handle<F> {
     locked: Cell<bool>,
     /// The file's generation, for a handle that may change its data.
     gen: Option<Arc<AtomicU64>>,
+    /// Its descriptor went to a client on this host (`FileFd`), whose
+    /// writes through it this server does not see: its close counts one.
+    lent: Cell<bool>,
 }
 
 impl<F> Handle<F> {
@@ -248,6 +251,23 @@ impl<B: Backend> Session<B> {
         }
     }
 
+    /// `FileFd`: the open file of `handle`, to pass to a client on this
+    /// host, and whether it was opened for writing. A change is counted now
+    /// and at its close: the writes between go past the server.
+    pub fn lend(&self, handle: u64) -> Result<(Arc<B::File>, bool)> {
+        let h = self.handle(handle)?;
+        if h.is_dir {
+            return Err(Errno::ISDIR);
+        }
+        let writable = h.acc != libc::O_RDONLY as u32;
+        if writable {
+            self.writable()?;
+            h.changed();
+            h.lent.set(true);
+        }
+        Ok((Arc::clone(&h.file), writable))
+    }
+
     fn clamp(&self, count: u32) -> usize {
         count.min(self.policy.max_read) as usize
     }
@@ -262,7 +282,9 @@ impl<B: Backend> Session<B> {
             | Request::Auth { .. }
             | Request::SessionNew
             | Request::SessionNewVolatile
-            | Request::SessionAttach { .. } => Err(Errno::INVAL),
+            | Request::SessionAttach { .. }
+            | Request::LocalAddr
+            | Request::FileFd { .. } => Err(Errno::INVAL),
             Request::Ping => Ok(Answer::Empty),
             Request::Open { path, flags, mode } => {
                 let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
@@ -317,6 +339,9 @@ impl<B: Backend> Session<B> {
             }
             Request::Close { handle } => {
                 let h = self.handles.remove(&handle).ok_or(Errno::BADF)?;
+                if h.lent.get() {
+                    h.changed();
+                }
                 if h.locked.get() {
                     self.policy.locks.release(h.key, Owner { conn: self.conn, id: OwnerId::Handle(handle) });
                 }
@@ -563,7 +588,10 @@ impl<B: Backend> Session<B> {
             self.policy.changes.bump(key);
         }
         let locked = Cell::new(false);
-        self.handles.insert(handle, Handle { file, offset: Cell::new(0), is_dir, key, acc, locked, gen });
+        self.handles.insert(
+            handle,
+            Handle { file, offset: Cell::new(0), is_dir, key, acc, locked, gen, lent: Cell::new(false) },
+        );
         Ok((handle, attr))
     }
 

@@ -73,14 +73,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
         return unix_source(&args[1..]);
     }
     let op = args.get(1).map(String::as_str).unwrap_or("");
-    let fs = if target.starts_with("ferry://") {
+    let fs = if ferry_client::Url::is_url(target.as_bytes()) {
         let url = ferry_client::Url::parse(target)?;
         // Fetches go through the client cache as the CLI's would (its
         // directory and rules from the environment); nothing else does.
         let cache = if op == "fetch" { ferry_client::cache::Cache::from_env()? } else { None };
-        let data_channels = ferry_client::data_channels_from_env()?;
-        let c = Client::connect(&url.addr, &Options { cache, data_channels, ..Options::default() })
-            .map_err(|e| format!("connect {target}: {e}"))?;
+        let opts = Options { cache, ..Options::default() }.data_path_from_env()?;
+        let c = Client::connect(&url.addr, &opts).map_err(|e| format!("connect {target}: {e}"))?;
         Fs::Ferry(c)
     } else {
         Fs::Local(target.trim_end_matches('/').to_string())

@@ -71,11 +71,17 @@ impl Drop for Mounted {
 
 /// `ferry mount URL MP EXTRA...` with `token_file`, once it answers.
 pub fn mount_url(url: &str, mp: &Path, token_file: &Path, extra: &[&str]) -> Mounted {
+    mount_url_env(url, mp, token_file, extra, &[])
+}
+
+/// `mount_url` with more environment (e.g. `FERRY_SAME_HOST=0`).
+pub fn mount_url_env(url: &str, mp: &Path, token_file: &Path, extra: &[&str], env: &[(&str, &str)]) -> Mounted {
     let child = Command::new(super::FERRY)
         .arg("mount")
         .arg(url)
         .arg(mp)
         .args(extra)
+        .envs(env.iter().copied())
         .env("FERRY_TOKEN_FILE", token_file)
         .env_remove("FERRY_TOKEN")
         .stdin(Stdio::null())

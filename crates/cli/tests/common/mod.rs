@@ -99,10 +99,26 @@ impl Server {
         Client::connect(&self.addr(), &self.options()).expect("connect")
     }
 
+    /// `options` for a client that keeps its data on TCP even though the
+    /// server is on its host: for tests of the TCP data path (read-ahead
+    /// counts, connections cut by a proxy, copies kept for a lost server).
+    pub fn tcp_options(&self) -> Options {
+        Options { same_host: false, ..self.options() }
+    }
+
+    pub fn tcp_client(&self) -> Client {
+        Client::connect(&self.addr(), &self.tcp_options()).expect("connect")
+    }
+
     /// Runs `ferry ARGS` as a client of this server (token via env).
     pub fn ferry(&self, args: &[&str]) -> Output {
+        self.ferry_env(args, &[])
+    }
+
+    pub fn ferry_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         Command::new(FERRY)
             .args(args)
+            .envs(env.iter().copied())
             .env("FERRY_TOKEN_FILE", &self.token_file)
             .env_remove("FERRY_TOKEN")
             .output()
