@@ -148,7 +148,7 @@ fn start_pinned(dir: &Path) -> Result<(Reap, u16, Client, bool), String> {
         pin(None, 0)?;
         pin(Some(server.0.id()), 1)?;
     }
-    let client = Client::connect(&format!("127.0.0.1:{port}"), &Options::default()).map_err(|e| e.to_string())?;
+    let client = Client::connect(&format!("127.0.0.1:{port}"), &tcp_options()).map_err(|e| e.to_string())?;
     Ok((server, port, client, cross))
 }
 
@@ -176,7 +176,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let mut sfwrite = Series::new("  same, client in a session", "MB/s");
     let mut ns = Series::new("ferry mkdir + rmdir, per call", "µs");
     let mut sns = Series::new("  same, client in a session", "µs");
-    let opts = Options { reconnect: Some(Duration::from_secs(60)), ..Options::default() };
+    let opts = Options { reconnect: Some(Duration::from_secs(60)), ..tcp_options() };
     let session = Client::connect(&format!("127.0.0.1:{port}"), &opts).map_err(|e| e.to_string())?;
     let calls = if a.quick { 100 } else { 2000 };
     for _ in 0..a.runs {
@@ -422,6 +422,13 @@ fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
         .map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))
 }
 
+/// Client options for figures compared with raw TCP: the data stays on
+/// TCP although the server is on this host (`ferry compare` experiment 9
+/// measures the same-host path).
+fn tcp_options() -> Options {
+    Options { same_host: false, ..Options::default() }
+}
+
 /// Raw ping-pong, ferry's null request and `stat`, with this process on
 /// CPU 0 and the server and the echo peer on `peer_cpu`: a round trip on
 /// this VM costs ~4 µs within a core and ~15 µs across cores, and an
@@ -431,7 +438,7 @@ pub(crate) fn latencies(addr: &str, server: u32, n: usize, peer_cpu: usize, cros
     pin(None, 0)?;
     pin(Some(server), peer_cpu)?;
     // A fresh connection: its server thread starts with the pinned mask.
-    let c = Client::connect(addr, &Options::default()).map_err(|e| e.to_string());
+    let c = Client::connect(addr, &tcp_options()).map_err(|e| e.to_string());
     let r = c.and_then(|c| latencies_on(&c, n, peer_cpu));
     // Back to the throughput placement.
     pin(Some(server), if cross { 1 } else { 0 })?;

@@ -123,6 +123,7 @@ impl Plan {
 }
 
 /// A file system under test and how to run its measurement client.
+#[derive(Clone)]
 struct System {
     /// Short id used in the CSV.
     name: String,
@@ -591,9 +592,12 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
     // The client cache of every ferry client here: its own directory, no
     // rules but the `++` naming (never the user's cache or configuration).
     let cache_dir = run.state.join("cache");
+    // And on TCP, as the baselines are: the same-host path (which takes
+    // the data off the network) has experiment 9 to itself.
     let cache_env = vec![
         ("FERRY_CACHE_DIR".to_string(), cache_dir.to_string_lossy().into_owned()),
         ("FERRY_CACHE_CONFIG".to_string(), run.state.join("no-cache.conf").to_string_lossy().into_owned()),
+        ("FERRY_SAME_HOST".to_string(), "0".to_string()),
     ];
     let mut systems = vec![System {
         name: "ferry".into(),
@@ -688,6 +692,10 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
     }
     if only(7) {
         note(exp_fetch(&plan, runs, &systems, &mut res, &cache_dir));
+    }
+    if only(9) {
+        let local = systems.iter().find(|s| s.local).expect("the local system is always there");
+        note(exp_split(&plan, runs, &systems[0], local, &mut res));
     }
     drop(server);
     let machine = machine();
@@ -856,6 +864,68 @@ fn exp_fetch(plan: &Plan, runs: usize, systems: &[System], res: &mut Results, ca
                 continue;
             };
             res.add("7m", &sys.name, "read", "throughput", "MB/s", k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6);
+        }
+    }
+    ferry_errors(errors)
+}
+
+/// The AFS paper's split path (its Table 4): files fetched over the main
+/// connection only, with data channels (1, 2, 4), and on the same-host
+/// path, beside a local read; the largest written and fsynced the same
+/// ways; and a `stat`'s latency while the same client reads in bulk.
+fn exp_split(plan: &Plan, runs: usize, ferry: &System, local: &System, res: &mut Results) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 9, split path: main connection, data channels, same host");
+    let variant = |name: &str, env: &[(&str, &str)]| {
+        let mut s = System { name: name.into(), note: String::new(), ..ferry.clone() };
+        s.env.retain(|(k, _)| k != "FERRY_SAME_HOST" && k != "FERRY_DATA_CHANNELS");
+        s.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        s
+    };
+    let variants = [
+        variant("main only", &[("FERRY_DATA_CHANNELS", "0"), ("FERRY_SAME_HOST", "0")]),
+        variant("channels 1", &[("FERRY_DATA_CHANNELS", "1"), ("FERRY_SAME_HOST", "0")]),
+        variant("channels 2", &[("FERRY_DATA_CHANNELS", "2"), ("FERRY_SAME_HOST", "0")]),
+        variant("channels 4", &[("FERRY_DATA_CHANNELS", "4"), ("FERRY_SAME_HOST", "0")]),
+        variant("same host", &[("FERRY_SAME_HOST", "1")]),
+    ];
+    let biggest = plan.fetch_sizes.last().copied().unwrap_or(MIB);
+    let stats = (plan.stats / 5).max(20).to_string();
+    let mut errors = Vec::new();
+    for _ in 0..runs {
+        for sys in variants.iter().chain([local]) {
+            for &size in &plan.fetch_sizes {
+                let label = size_label(size);
+                let repeat = (plan.fetch_bytes / size).max(1);
+                let file = format!("/fetch-{label}.dat");
+                let Some(m) = try_measure(sys, &["fetch", &file, &repeat.to_string(), "-"], &mut errors) else {
+                    continue;
+                };
+                if k(&m.kv, "bytes") as u64 != size * repeat {
+                    errors.push(format!("{} fetch {file}: {} bytes", sys.name, k(&m.kv, "bytes")));
+                    continue;
+                }
+                res.add(
+                    "9",
+                    &sys.name,
+                    &format!("fetch {label}"),
+                    "elapsed",
+                    "ms",
+                    k(&m.kv, "secs") * 1e3 / repeat as f64,
+                );
+            }
+            let name = format!("/w-split-{}.dat", sys.name.replace(' ', "-"));
+            if let Some(m) = try_measure(sys, &["write", &name, &biggest.to_string(), &MIB.to_string()], &mut errors) {
+                let label = format!("write+fsync {}", size_label(biggest));
+                res.add("9", &sys.name, &label, "throughput", "MB/s", k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6);
+            }
+            if sys.local {
+                continue;
+            }
+            if let Some(m) = try_measure(sys, &["statbulk", "/bench.dat", "/big.dat", &stats], &mut errors) {
+                res.add("9", &sys.name, "stat beside bulk", "stat p50", "us", k(&m.kv, "stat_p50"));
+                res.add("9", &sys.name, "stat beside bulk", "stat p99", "us", k(&m.kv, "stat_p99"));
+                res.add("9", &sys.name, "stat beside bulk", "bulk rate", "MB/s", k(&m.kv, "bulk_mbs"));
+            }
         }
     }
     ferry_errors(errors)
@@ -1248,6 +1318,15 @@ fn print_tables(res: &Results, systems: &[System], plan: &Plan, runs: usize, mac
     table(res, "6", "aggregate throughput", "6. Concurrent clients reading 64 KiB chunks", &names);
     table(res, "6", "failed requests", "6. Concurrent clients", &names);
     print_fetch(res, systems, plan, runs);
+    let split: Vec<String> = ["main only", "channels 1", "channels 2", "channels 4", "same host", "local"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    table(res, "9", "elapsed", "9. Split path: fetch (AFS Table 4)", &split);
+    table(res, "9", "throughput", "9. Split path: write", &split);
+    table(res, "9", "stat p50", "9. Split path: stat while the same client reads in bulk", &split);
+    table(res, "9", "stat p99", "9. Split path: stat while the same client reads in bulk", &split);
+    table(res, "9", "bulk rate", "9. Split path: the bulk read meanwhile", &split);
     table(res, "8", "client CPU", "8. CPU per GiB moved", &names);
     table(res, "8", "server CPU", "8. CPU per GiB moved", &names);
     for s in systems.iter().filter(|s| !s.note.is_empty()) {

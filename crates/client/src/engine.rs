@@ -92,12 +92,15 @@ pub type PlaceFd = fn(BorrowedFd<'_>) -> io::Result<OwnedFd>;
 impl Options {
     /// These options with the data path's settings from the environment,
     /// as the CLI, the mount and the benchmarks' workers take them:
-    /// `FERRY_DATA_CHANNELS` (a count, 0: none) and `FERRY_SAME_HOST`
-    /// (`0`: off).
+    /// `FERRY_DATA_CHANNELS` (a count, 0: none), `FERRY_DATA_THRESHOLD`
+    /// (bytes) and `FERRY_SAME_HOST` (`0`: off).
     pub fn data_path_from_env(mut self) -> std::result::Result<Options, String> {
         if let Ok(v) = std::env::var("FERRY_DATA_CHANNELS") {
             self.data_channels =
                 v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count (0: none)"))?;
+        }
+        if let Ok(v) = std::env::var("FERRY_DATA_THRESHOLD") {
+            self.data_threshold = v.parse().map_err(|_| format!("FERRY_DATA_THRESHOLD={v}: expected bytes"))?;
         }
         match std::env::var("FERRY_SAME_HOST").as_deref() {
             Ok("0") => self.same_host = false,

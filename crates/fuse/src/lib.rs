@@ -1138,6 +1138,18 @@ impl Filesystem for FerryFs {
             }
             return reply.opened(fh, FopenFlags::empty());
         }
+        // A reader on the server's host: the kernel reads the server's own
+        // descriptor of the file (the same-host path). Writers stay with
+        // the daemon, which writes through that descriptor too, so the
+        // sizes the kernel keeps come from replies the daemon gives.
+        let reader = flags.0 & libc::O_ACCMODE == libc::O_RDONLY;
+        if let Some(file) = g.as_ref().filter(|_| self.passthrough && reader) {
+            let data = file.local_file();
+            if let Some(id) = data.and_then(|d| self.backings.acquire(ino.0, &d, |d| reply.open_backing(d))) {
+                f.passthrough.store(true, Ordering::Relaxed);
+                return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
+            }
+        }
         drop(g);
         reply.opened(fh, self.open_flags());
     }
