@@ -95,6 +95,25 @@ fn a_server_that_does_not_offer_it_serves_over_tcp() {
 fn a_client_that_does_not_ask_for_it_stays_on_tcp() {
     without_descriptors(&[], Options { same_host: false, ..Options::default() });
     without_descriptors(&[], Options { same_host: false, data_channels: 0, ..Options::default() });
+    // An older client: it does not offer the capability at all.
+    let old = ferry_proto::caps::ALL & !ferry_proto::caps::SAME_HOST;
+    without_descriptors(&[], Options { caps: old, ..Options::default() });
+}
+
+/// The server's Unix socket answers but will not serve (over its
+/// connection limit): the copy goes on the main connection, right, said
+/// once on stderr.
+#[test]
+fn a_same_host_socket_that_refuses_falls_back_and_says_so_once() {
+    let (srv, data) = setup(&["--max-connections", "1"]);
+    let dst = TempDir::new("same-host-refused");
+    let copy = dst.path().join("copy");
+    let out = srv.ferry(&["cp", &srv.url("/big"), copy.to_str().unwrap()]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "ferry cp failed: {err}");
+    assert!(std::fs::read(&copy).unwrap() == data, "the copy differs");
+    assert_eq!(err.matches("bulk data goes on the main connection").count(), 1, "stderr: {err}");
+    assert!(err.contains("same-host socket"), "stderr: {err}");
 }
 
 #[test]

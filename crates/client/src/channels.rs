@@ -73,6 +73,10 @@ impl Channels {
         })
     }
 
+    pub(crate) fn same_host_wanted(&self) -> bool {
+        self.opts.same_host
+    }
+
     /// Bytes from which a transfer goes on a channel.
     pub(crate) fn threshold(&self) -> usize {
         self.opts.data_threshold
@@ -190,7 +194,15 @@ impl Channels {
             Reply::LocalAddr { pid, addr } => (pid, String::from_utf8_lossy(addr).into_owned()),
             r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
         };
-        let Ok(e) = Engine::connect(&addr, &self.opts) else { return Ok(None) };
+        let e = match Engine::connect(&addr, &self.opts) {
+            Ok(e) => e,
+            // No such socket here: another host (or network name space).
+            Err(Error::Io {
+                errno: Some(libc::ECONNREFUSED | libc::ENOENT | libc::ENOTDIR | libc::EACCES), ..
+            }) => return Ok(None),
+            // Something answered there, and would not serve us.
+            Err(err) => return Err(Error::Protocol(format!("same-host socket {addr}: {err}"))),
+        };
         if e.peer_pid() != Some(pid) || e.welcome().boot_id != main.welcome().boot_id {
             return Ok(None);
         }
