@@ -870,14 +870,14 @@ fn exp_fetch(plan: &Plan, runs: usize, systems: &[System], res: &mut Results, ca
 }
 
 /// The AFS paper's split path (its Table 4): files fetched over the main
-/// connection only, with data channels (1, 2, 4), and on the same-host
-/// path, beside a local read; the largest written and fsynced the same
+/// connection only, with data channels (1, 2, 4; one from a 64 KiB and a
+/// 4 MiB threshold), and on the same-host path, beside a local read; the largest written and fsynced the same
 /// ways; and a `stat`'s latency while the same client reads in bulk.
 fn exp_split(plan: &Plan, runs: usize, ferry: &System, local: &System, res: &mut Results) -> Result<(), String> {
     eprintln!("ferry compare: experiment 9, split path: main connection, data channels, same host");
     let variant = |name: &str, env: &[(&str, &str)]| {
         let mut s = System { name: name.into(), note: String::new(), ..ferry.clone() };
-        s.env.retain(|(k, _)| k != "FERRY_SAME_HOST" && k != "FERRY_DATA_CHANNELS");
+        s.env.retain(|(k, _)| !k.starts_with("FERRY_SAME_HOST") && !k.starts_with("FERRY_DATA_"));
         s.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         s
     };
@@ -886,6 +886,14 @@ fn exp_split(plan: &Plan, runs: usize, ferry: &System, local: &System, res: &mut
         variant("channels 1", &[("FERRY_DATA_CHANNELS", "1"), ("FERRY_SAME_HOST", "0")]),
         variant("channels 2", &[("FERRY_DATA_CHANNELS", "2"), ("FERRY_SAME_HOST", "0")]),
         variant("channels 4", &[("FERRY_DATA_CHANNELS", "4"), ("FERRY_SAME_HOST", "0")]),
+        variant(
+            "1 from 64K",
+            &[("FERRY_DATA_CHANNELS", "1"), ("FERRY_DATA_THRESHOLD", "65536"), ("FERRY_SAME_HOST", "0")],
+        ),
+        variant(
+            "1 from 4M",
+            &[("FERRY_DATA_CHANNELS", "1"), ("FERRY_DATA_THRESHOLD", "4194304"), ("FERRY_SAME_HOST", "0")],
+        ),
         variant("same host", &[("FERRY_SAME_HOST", "1")]),
     ];
     let biggest = plan.fetch_sizes.last().copied().unwrap_or(MIB);
@@ -1318,10 +1326,11 @@ fn print_tables(res: &Results, systems: &[System], plan: &Plan, runs: usize, mac
     table(res, "6", "aggregate throughput", "6. Concurrent clients reading 64 KiB chunks", &names);
     table(res, "6", "failed requests", "6. Concurrent clients", &names);
     print_fetch(res, systems, plan, runs);
-    let split: Vec<String> = ["main only", "channels 1", "channels 2", "channels 4", "same host", "local"]
-        .into_iter()
-        .map(String::from)
-        .collect();
+    let split: Vec<String> =
+        ["main only", "channels 1", "channels 2", "channels 4", "1 from 64K", "1 from 4M", "same host", "local"]
+            .into_iter()
+            .map(String::from)
+            .collect();
     table(res, "9", "elapsed", "9. Split path: fetch (AFS Table 4)", &split);
     table(res, "9", "throughput", "9. Split path: write", &split);
     table(res, "9", "stat p50", "9. Split path: stat while the same client reads in bulk", &split);
