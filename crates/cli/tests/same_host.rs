@@ -2,7 +2,7 @@
 //! the server's Unix socket and through the server's own descriptors of
 //! regular files, found by itself from a TCP connection or named with a
 //! `unix:` address / `ferry+unix://` URL; every pairing of peers that do
-//! and do not offer it; the mount handing reads to the kernel; another
+//! and do not offer it; the mount reading through the descriptors; another
 //! user, the memory backend and a read-only
 //! export; a client killed mid-transfer and one sending descriptors and
 //! garbage at the server.
@@ -260,34 +260,34 @@ fn descriptors_and_garbage_sent_to_the_server_are_dropped() {
     assert!(got == data && file.is_local());
 }
 
-/// Bytes the mount daemon itself read (`/proc/PID/io` rchar: sockets and
-/// files) while a program read `file` through the mount after dropping its
-/// pages, and whether the program got `data`.
-fn daemon_reads(extra: &[&str], env: &[(&str, &str)]) -> u64 {
+/// Bytes the server wrote (`/proc/PID/io` wchar: its sockets) while a
+/// program read `/big` through a mount after dropping its pages, checking
+/// the data; and a write through the mount lands in the file.
+fn server_sends_for_a_mount_read(env: &[(&str, &str)]) -> u64 {
     common::fuse::require_fuse();
     let (srv, data) = setup(&[]);
     let tmp = TempDir::new("same-host-mount");
     let mp = tmp.path().join("mp");
     std::fs::create_dir(&mp).unwrap();
     let _detach = common::fuse::Detach(mp.clone());
-    let m = common::fuse::mount_url_env(&srv.url("/"), &mp, &srv.token_file, extra, env);
+    let _m = common::fuse::mount_url_env(&srv.url("/"), &mp, &srv.token_file, &[], env);
     let script = r#"
 import os, sys
 path, pid = sys.argv[1], sys.argv[2]
-def got():
+def sent():
     for l in open(f"/proc/{pid}/io"):
-        if l.startswith("rchar:"):
+        if l.startswith("wchar:"):
             return int(l.split()[1])
 fd = os.open(path, os.O_RDONLY)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-before = got()
+before = sent()
 out = bytearray()
 while True:
     b = os.read(fd, 1 << 20)
     if not b:
         break
     out += b
-after = got()
+after = sent()
 os.close(fd)
 sys.stdout.buffer.write(out)
 print(after - before, file=sys.stderr)
@@ -295,27 +295,22 @@ print(after - before, file=sys.stderr)
     let o = Command::new("timeout")
         .args(["60", "python3", "-c", script])
         .arg(mp.join("big"))
-        .arg(m.pid().to_string())
+        .arg(srv.pid().to_string())
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", common::stderr(&o));
     assert!(o.stdout == data, "read through the mount differs");
-    // Writes through the mount land in the file too.
     std::fs::write(mp.join("written"), &data[..1 << 20]).unwrap();
     assert!(std::fs::read(srv.export.path().join("written")).unwrap() == data[..1 << 20]);
     common::stderr(&o).trim().parse().unwrap()
 }
 
-/// On the server's host the kernel reads the server's own descriptor
-/// (FUSE passthrough): the daemon reads nothing of the file. Without
-/// passthrough the daemon reads it from that descriptor; over TCP from
-/// its socket.
+/// The mount on the server's host reads through the server's descriptor:
+/// the server sends none of the file; over TCP it sends all of it.
 #[test]
-fn the_mount_on_the_servers_host_hands_reads_to_the_kernel() {
-    let passthrough = daemon_reads(&[], &[]);
-    assert!(passthrough < 1 << 20, "with passthrough the daemon read {passthrough} bytes");
-    let daemon = daemon_reads(&["--no-passthrough"], &[]);
-    assert!(daemon >= LEN as u64, "without passthrough the daemon read {daemon} bytes");
-    let tcp = daemon_reads(&[], &[("FERRY_SAME_HOST", "0")]);
-    assert!(tcp >= LEN as u64, "over TCP the daemon read {tcp} bytes");
+fn the_mount_on_the_servers_host_reads_through_the_servers_descriptor() {
+    let local = server_sends_for_a_mount_read(&[]);
+    assert!(local < 1 << 20, "on the same host the server sent {local} bytes");
+    let tcp = server_sends_for_a_mount_read(&[("FERRY_SAME_HOST", "0")]);
+    assert!(tcp >= LEN as u64, "over TCP the server sent {tcp} bytes");
 }

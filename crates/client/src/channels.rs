@@ -73,10 +73,6 @@ impl Channels {
         })
     }
 
-    pub(crate) fn same_host_wanted(&self) -> bool {
-        self.opts.same_host
-    }
-
     /// Bytes from which a transfer goes on a channel.
     pub(crate) fn threshold(&self) -> usize {
         self.opts.data_threshold

@@ -154,13 +154,6 @@ impl Client {
         c.pick(main, || self.inner.redial.as_ref().and_then(Redial::ticket)).map(|e| (e, c.threshold()))
     }
 
-    /// Whether the same-host path may be taken: the client wants it and the
-    /// server offers it (whether the server is on this host is found out
-    /// at the first transfer).
-    pub fn same_host_offered(&self) -> bool {
-        self.inner.channels.as_ref().is_some_and(Channels::same_host_wanted) && self.engine().has_cap(caps::SAME_HOST)
-    }
-
     /// A connection to the server's Unix socket in `main`'s session, if the
     /// server is on this host and offers descriptors of its files.
     pub(crate) fn local_engine(&self, main: &Arc<Engine>) -> Option<Arc<Engine>> {

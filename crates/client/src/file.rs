@@ -330,14 +330,6 @@ impl File {
         self.local.get().is_some_and(Option::is_some)
     }
 
-    /// The server's own descriptor of the file (asked for now if it was
-    /// not yet), when it is on this host: for the mount to hand to the
-    /// kernel (FUSE passthrough).
-    pub fn local_file(&self) -> Option<std::fs::File> {
-        self.live().ok()?;
-        self.local()?.file().ok()
-    }
-
     /// Whether reads are served from the local cache.
     pub fn is_cached(&self) -> bool {
         self.cached.is_some()

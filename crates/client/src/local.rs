@@ -22,12 +22,6 @@ impl Local {
         Local { fd, writable }
     }
 
-    /// Another descriptor of the same open file, to hand on (FUSE
-    /// passthrough).
-    pub(crate) fn file(&self) -> Result<std::fs::File> {
-        self.fd.try_clone().map(std::fs::File::from).map_err(Error::from_io)
-    }
-
     /// Fills `buf` from `offset`, short only at the end of the file.
     pub(crate) fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         let mut done = 0;

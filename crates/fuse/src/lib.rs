@@ -908,9 +908,8 @@ impl Filesystem for FerryFs {
             // seen to change: the page cache is as fresh as the attributes.
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
-        // Cached files, and files of a server on this host, are handed to
-        // the kernel, where it can take them.
-        if (self.client.caches() || self.client.same_host_offered())
+        // Cached files are handed to the kernel, where it can take them.
+        if self.client.caches()
             && self.opts.passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
@@ -1132,54 +1131,12 @@ impl Filesystem for FerryFs {
             // reaches us is served from the local cache anyway).
             if self.passthrough {
                 let data = file.cache_file().ok().flatten();
-                let key = data
-                    .as_ref()
-                    .and_then(|d| d.metadata().ok())
-                    .map(|m| (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m)));
-                let id = key.and_then(|key| {
-                    self.backings.acquire(ino.0, key, false, || data.map(|d| (d, false)), |d| reply.open_backing(d))
-                });
-                if let Some(id) = id {
+                if let Some(id) = data.and_then(|d| self.backings.acquire(ino.0, &d, |d| reply.open_backing(d))) {
                     f.passthrough.store(true, Ordering::Relaxed);
                     return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
                 }
             }
             return reply.opened(fh, FopenFlags::empty());
-        }
-        // On the server's host the kernel reads and writes the server's own
-        // descriptor of the file (the same-host path). Every open of a node
-        // so backed must be a passthrough open, writers' too: the backing
-        // is a descriptor opened for reading and writing where the server
-        // gives one, whatever this open's mode (the kernel holds each open
-        // to its own mode); a read-only one only where it gives none (a
-        // read-only export, a file the server cannot write: no writer can
-        // open it either). Not for executable files: a program run from a
-        // passthrough open let a write open through now and then
-        // (pjdfstest's ETXTBSY check failed in one of six runs).
-        let program = g.as_ref().is_some_and(|f| f.attr().mode & 0o111 != 0);
-        if let Some(file) = g.as_ref().filter(|_| self.passthrough && !program) {
-            let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-            let attr = *file.attr();
-            let make = || {
-                // None: the server is not on this host.
-                let own = file.local_file()?;
-                if flags.0 & libc::O_ACCMODE == libc::O_RDWR {
-                    return Some((own, true));
-                }
-                let path = self.path(ino).ok()?;
-                let rw = self.client.open(&path, OpenOptions::new().read(true).write(true));
-                // The server's descriptor outlives the handle: the kernel
-                // holds the backing file itself.
-                match rw.ok().and_then(|rw| rw.local_file()) {
-                    Some(d) => Some((d, true)),
-                    None => Some((own, false)),
-                }
-            };
-            let id = self.backings.acquire(ino.0, (attr.dev, attr.ino), writes, make, |d| reply.open_backing(d));
-            if let Some(id) = id {
-                f.passthrough.store(true, Ordering::Relaxed);
-                return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
-            }
         }
         drop(g);
         reply.opened(fh, self.open_flags());

@@ -62,12 +62,6 @@ pub struct Mounted {
     child: Child,
 }
 
-impl Mounted {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = self.child.kill();
