@@ -43,6 +43,8 @@ struct State {
     off: bool,
     /// The channel is the server's Unix socket (the same-host path).
     local: bool,
+    /// The same-host path was looked for on this main connection.
+    local_tried: bool,
     /// The session made for the channels of a client that does not
     /// reconnect (one that does has its own).
     own: Option<SessionTicket>,
@@ -88,6 +90,18 @@ impl Channels {
         main: &Arc<Engine>,
         ticket: impl FnOnce() -> Option<SessionTicket>,
     ) -> Option<Arc<Engine>> {
+        self.pick_with(main, ticket, true)
+    }
+
+    /// `pick`; with `tcp` false only the same-host channel is made (a
+    /// file's first read or write looks for it, whatever its size, and a
+    /// client of a server elsewhere must not get a TCP channel for that).
+    fn pick_with(
+        &self,
+        main: &Arc<Engine>,
+        ticket: impl FnOnce() -> Option<SessionTicket>,
+        tcp: bool,
+    ) -> Option<Arc<Engine>> {
         let offered = main.has_cap(caps::DATA_CHANNELS) || main.has_cap(caps::SAME_HOST);
         if !offered || !main.has_cap(caps::SESSIONS) {
             return None;
@@ -106,7 +120,7 @@ impl Channels {
             return None;
         }
         if st.engines.is_empty() {
-            if let Err(e) = self.set_up(&mut st, main, ticket()) {
+            if let Err(e) = self.set_up(&mut st, main, ticket, tcp) {
                 self.fall_back(&mut st, &format!("could not set up data channels ({e})"));
             }
             if st.engines.is_empty() {
@@ -128,7 +142,10 @@ impl Channels {
         if main.is_unix() {
             return Some(Arc::clone(main));
         }
-        let e = self.pick(main, ticket)?;
+        if !self.opts.same_host || !main.has_cap(caps::SAME_HOST) {
+            return None;
+        }
+        let e = self.pick_with(main, ticket, false)?;
         lock(&self.st).local.then_some(e)
     }
 
@@ -141,19 +158,38 @@ impl Channels {
         }
     }
 
-    fn set_up(&self, st: &mut State, main: &Arc<Engine>, ticket: Option<SessionTicket>) -> Result<()> {
-        let ticket = match ticket {
-            Some(t) => t,
-            None => match &st.own {
-                Some(t) => t.clone(),
-                None => st.own.insert(new_session(main, true)?).clone(),
-            },
+    fn set_up(
+        &self,
+        st: &mut State,
+        main: &Arc<Engine>,
+        ticket: impl FnOnce() -> Option<SessionTicket>,
+        tcp: bool,
+    ) -> Result<()> {
+        let mut given = Some(ticket);
+        let mut ticket = |st: &mut State| -> Result<SessionTicket> {
+            match given.take().and_then(|t| t()) {
+                Some(t) => Ok(t),
+                None => match &st.own {
+                    Some(t) => Ok(t.clone()),
+                    None => Ok(st.own.insert(new_session(main, true)?).clone()),
+                },
+            }
         };
-        if let Some(e) = self.same_host(main, &ticket)? {
-            st.engines.push(Arc::new(e));
-            st.local = true;
+        if !st.local_tried {
+            st.local_tried = true;
+            if let Some(e) = self.same_host(main)? {
+                let t = ticket(st)?;
+                attach(&e, &t)
+                    .map_err(|err| Error::Protocol(format!("same-host socket, joining the session: {err}")))?;
+                st.engines.push(Arc::new(e));
+                st.local = true;
+                return Ok(());
+            }
+        }
+        if !tcp {
             return Ok(());
         }
+        let ticket = ticket(st)?;
         if self.opts.data_channels == 0 || !main.has_cap(caps::DATA_CHANNELS) {
             // Only the same-host path was wanted or offered, and it is not
             // to be had: nothing to fall back from, nothing to say.
@@ -171,13 +207,13 @@ impl Channels {
         Ok(())
     }
 
-    /// A channel over the server's Unix socket, joined to the session, if
-    /// the server is on this host: it tells its socket and process id, and
-    /// the socket's peer must be that process with the same boot id (a
-    /// socket of that name on another host, or another server's, is not
-    /// it). `Ok(None)`: not on this host, or not offered; `Err`: it is, and
-    /// setting up failed (said, and the data goes over TCP).
-    fn same_host(&self, main: &Arc<Engine>, ticket: &SessionTicket) -> Result<Option<Engine>> {
+    /// A connection to the server's Unix socket, if the server is on this
+    /// host: it tells its socket and process id, and the socket's peer must
+    /// be that process with the same boot id (a socket of that name on
+    /// another host, or another server's, is not it). `Ok(None)`: not on
+    /// this host, or not offered; `Err`: it is, and setting up failed
+    /// (said, and the data goes over TCP).
+    fn same_host(&self, main: &Arc<Engine>) -> Result<Option<Engine>> {
         if !self.opts.same_host || main.is_unix() || !main.has_cap(caps::SAME_HOST) {
             return Ok(None);
         }
@@ -202,7 +238,6 @@ impl Channels {
         if e.peer_pid() != Some(pid) || e.welcome().boot_id != main.welcome().boot_id {
             return Ok(None);
         }
-        attach(&e, ticket).map_err(|err| Error::Protocol(format!("same-host socket {addr}: {err}")))?;
         Ok(Some(e))
     }
 
