@@ -6,11 +6,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fuse::{require_fuse, wait_for, Detach};
+use common::fuse::{require_fuse, Detach};
 use common::preload::ok;
 use common::{random_bytes, stderr, stdout, Server, TempDir, FERRY};
 use ferry_client::cache::{Cache, Rules};
@@ -183,44 +183,31 @@ fn the_mount_serves_cached_files_and_sees_changes() {
     let tmp = TempDir::new("mountcache");
     let (mp, cache) = (tmp.path().join("mp"), tmp.path().join("cache"));
     std::fs::create_dir(&mp).unwrap();
-    let mut child = Command::new(FERRY)
-        .arg("mount")
-        .arg(srv.url("/"))
-        .arg(&mp)
-        .env("FERRY_TOKEN_FILE", &srv.token_file)
-        .env("FERRY_CACHE_DIR", &cache)
-        .env("FERRY_CACHE_CONFIG", tmp.path().join("none.conf"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
     let _detach = Detach(mp.clone());
-    let up = wait_for(Duration::from_secs(20), || common::fuse::is_live(&mp));
-    let check = || {
-        assert!(up, "mount did not come up");
-        assert!(std::fs::read(mp.join("++data.bin")).unwrap() == data);
-        let held: u64 = std::fs::read_dir(cache.join("v1"))
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
-            .map(|e| e.metadata().unwrap().len())
-            .sum();
-        assert_eq!(held, data.len() as u64, "the cache does not hold the file");
-        assert!(std::fs::read(mp.join("++data.bin")).unwrap() == data);
-        let w = plain.open("/++data.bin", OpenOptions::new().write(true)).unwrap();
-        w.write_at(b"NEW", 100).unwrap();
-        w.close().unwrap();
-        let mut want = data.clone();
-        want[100..103].copy_from_slice(b"NEW");
-        assert!(std::fs::read(mp.join("++data.bin")).unwrap() == want, "the mount served the old version");
-        assert_eq!(std::fs::read(mp.join("bypassed")).unwrap(), b"plain file");
-    };
-    let r = std::panic::catch_unwind(check);
-    let _ = child.kill();
-    let _ = child.wait();
-    drop(_detach);
-    r.unwrap();
+    let _m = mount_with_cache(&srv, &mp, &cache, &tmp.path().join("none.conf"), &[]);
+    assert!(std::fs::read(mp.join("++data.bin")).unwrap() == data);
+    let held: u64 = std::fs::read_dir(cache.join("v1"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert_eq!(held, data.len() as u64, "the cache does not hold the file");
+    assert!(std::fs::read(mp.join("++data.bin")).unwrap() == data);
+    let w = plain.open("/++data.bin", OpenOptions::new().write(true)).unwrap();
+    w.write_at(b"NEW", 100).unwrap();
+    w.close().unwrap();
+    let mut want = data.clone();
+    want[100..103].copy_from_slice(b"NEW");
+    assert!(std::fs::read(mp.join("++data.bin")).unwrap() == want, "the mount served the old version");
+    assert_eq!(std::fs::read(mp.join("bypassed")).unwrap(), b"plain file");
+}
+
+/// `ferry mount` of `srv` at `mp` with its client cache in `cache` (rules
+/// from `conf`), once it answers.
+fn mount_with_cache(srv: &Server, mp: &Path, cache: &Path, conf: &Path, extra: &[&str]) -> common::fuse::Mounted {
+    let env = [("FERRY_CACHE_DIR", cache.to_str().unwrap()), ("FERRY_CACHE_CONFIG", conf.to_str().unwrap())];
+    common::fuse::mount_url_env(&srv.url("/"), mp, &srv.token_file, extra, &env)
 }
 
 #[test]
@@ -287,62 +274,12 @@ fn mount_cached_reads(extra: &[&str]) -> u64 {
     let tmp = TempDir::new("passthrough");
     let (mp, cache) = (tmp.path().join("mp"), tmp.path().join("cache"));
     std::fs::create_dir(&mp).unwrap();
-    let mut child = Command::new(FERRY)
-        .arg("mount")
-        .arg(srv.url("/"))
-        .arg(&mp)
-        .args(extra)
-        .env("FERRY_TOKEN_FILE", &srv.token_file)
-        .env("FERRY_CACHE_DIR", &cache)
-        .env("FERRY_CACHE_CONFIG", tmp.path().join("none.conf"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
     let _detach = Detach(mp.clone());
-    let up = wait_for(Duration::from_secs(20), || common::fuse::is_live(&mp));
-    let daemon = child.id();
-    let script = r#"
-import os, sys
-path, pid = sys.argv[1], sys.argv[2]
-def got():
-    for l in open(f"/proc/{pid}/io"):
-        if l.startswith("rchar:"):
-            return int(l.split()[1])
-first = open(path, "rb").read()
-fd = os.open(path, os.O_RDONLY)
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-before = got()
-again = b""
-while True:
-    b = os.read(fd, 1 << 20)
-    if not b:
-        break
-    again += b
-after = got()
-os.close(fd)
-sys.stdout.buffer.write(first)
-sys.stdout.buffer.write(again)
-print(after - before, file=sys.stderr)
-"#;
-    let r = std::panic::catch_unwind(|| {
-        assert!(up, "mount did not come up");
-        let o = Command::new("timeout")
-            .args(["60", "python3", "-c", script])
-            .arg(mp.join("++pt.bin"))
-            .arg(daemon.to_string())
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-        assert!(o.stdout[..data.len()] == data[..], "first read differs");
-        assert!(o.stdout[data.len()..] == data[..], "second read differs");
-        stderr(&o).trim().parse::<u64>().unwrap()
-    });
-    let _ = child.kill();
-    let _ = child.wait();
-    drop(_detach);
-    r.unwrap()
+    let m = mount_with_cache(&srv, &mp, &cache, &tmp.path().join("none.conf"), extra);
+    assert!(std::fs::read(mp.join("++pt.bin")).unwrap() == data, "first read differs");
+    let (again, read) = common::fuse::read_counting(&mp.join("++pt.bin"), m.pid(), "rchar");
+    assert!(again == data, "second read differs");
+    read
 }
 
 #[test]

@@ -19,14 +19,7 @@ const LEN: usize = 24 << 20;
 /// Reads `/big` sequentially (read-ahead) and in one large positional
 /// read, and writes `/out` with one large positional write: all must match.
 fn round_trip(c: &Client, srv: &Server, data: &[u8]) {
-    let mut f = c.open("/big", OpenOptions::new().read(true)).unwrap();
-    let mut got = Vec::new();
-    f.read_to_end(&mut got).unwrap();
-    assert!(got == data, "sequential read differs");
-    let mut whole = vec![0u8; data.len()];
-    assert_eq!(f.read_at(&mut whole, 0).unwrap(), data.len());
-    assert!(whole == data, "positional read differs");
-    f.close().unwrap();
+    common::read_both_ways(c, "/big", data).close().unwrap();
     let out = c.open("/out", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
     out.write_at(data, 0).unwrap();
     out.close().unwrap();

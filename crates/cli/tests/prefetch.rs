@@ -12,24 +12,13 @@ use std::process::Command;
 
 use common::fuse::{mount_url_env, require_fuse, Detach};
 use common::preload::ok;
-use common::{random_bytes, stdout, Server, TempDir, FERRY};
+use common::{random_bytes, stdout, Rng, Server, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, READ_AHEAD_MAX};
 
 fn put(c: &Client, path: &str, data: &[u8]) {
     let mut f = c.open(path, OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
     f.write_all(data).unwrap();
     f.close().unwrap();
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, m: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % m
-    }
 }
 
 const SIZES: [usize; 7] = [4096, 100_003, 1 << 20, 7, 300_000, 65536, 2 << 20];

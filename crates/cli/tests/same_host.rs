@@ -31,13 +31,7 @@ fn setup(extra: &[&str]) -> (Server, Vec<u8>) {
 /// positional write and `/seq` through `Write`; returns whether each file
 /// went through a passed descriptor.
 fn round_trip(c: &Client, data: &[u8], read_back: impl Fn(&str) -> Vec<u8>) -> [bool; 3] {
-    let mut f = c.open("/big", OpenOptions::new().read(true)).unwrap();
-    let mut got = Vec::new();
-    f.read_to_end(&mut got).unwrap();
-    assert!(got == data, "sequential read differs");
-    let mut whole = vec![0u8; data.len()];
-    assert_eq!(f.read_at(&mut whole, 0).unwrap(), data.len());
-    assert!(whole == data, "positional read differs");
+    let f = common::read_both_ways(c, "/big", data);
     let read_local = f.is_local();
     f.close().unwrap();
     let out = c.open("/out", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
@@ -271,38 +265,11 @@ fn server_sends_for_a_mount_read(env: &[(&str, &str)]) -> u64 {
     std::fs::create_dir(&mp).unwrap();
     let _detach = common::fuse::Detach(mp.clone());
     let _m = common::fuse::mount_url_env(&srv.url("/"), &mp, &srv.token_file, &[], env);
-    let script = r#"
-import os, sys
-path, pid = sys.argv[1], sys.argv[2]
-def sent():
-    for l in open(f"/proc/{pid}/io"):
-        if l.startswith("wchar:"):
-            return int(l.split()[1])
-fd = os.open(path, os.O_RDONLY)
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-before = sent()
-out = bytearray()
-while True:
-    b = os.read(fd, 1 << 20)
-    if not b:
-        break
-    out += b
-after = sent()
-os.close(fd)
-sys.stdout.buffer.write(out)
-print(after - before, file=sys.stderr)
-"#;
-    let o = Command::new("timeout")
-        .args(["60", "python3", "-c", script])
-        .arg(mp.join("big"))
-        .arg(srv.pid().to_string())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", common::stderr(&o));
-    assert!(o.stdout == data, "read through the mount differs");
+    let (got, sent) = common::fuse::read_counting(&mp.join("big"), srv.pid(), "wchar");
+    assert!(got == data, "read through the mount differs");
     std::fs::write(mp.join("written"), &data[..1 << 20]).unwrap();
     assert!(std::fs::read(srv.export.path().join("written")).unwrap() == data[..1 << 20]);
-    common::stderr(&o).trim().parse().unwrap()
+    sent
 }
 
 /// The mount on the server's host reads through the server's descriptor:

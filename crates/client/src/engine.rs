@@ -190,9 +190,7 @@ const PASSED_MAX: usize = 64;
 
 impl Read for Sock {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if !self.0.is_unix() {
-            return (&*self.0).read(buf);
-        }
+        // No allocation unless descriptors come (a Unix socket only).
         let mut fds = Vec::new();
         let n = self.0.recv_with_fds(buf, &mut fds)?;
         if !fds.is_empty() {
@@ -214,6 +212,8 @@ pub struct Engine {
     tx: Mutex<(Arc<Socket>, Vec<u8>)>,
     rx: Mutex<BufReader<Sock>>,
     passed: Arc<Mutex<Passed>>,
+    /// A Unix socket (so the server is on this host).
+    unix: bool,
     /// The socket's descriptor number, readable without a lock (the
     /// preload library asks it on every `close` of a high descriptor).
     fd: AtomicI32,
@@ -266,6 +266,7 @@ impl Engine {
         stream.set_write_timeout(limit).map_err(Error::from_io)?;
         let secs = opts.handshake_timeout.as_secs_f64();
         let fd = stream.as_fd().as_raw_fd();
+        let unix = stream.is_unix();
         let tx = Arc::new(stream);
         let passed = Arc::default();
         let mut rx = BufReader::with_capacity(RX_BUF, Sock(tx.clone(), Arc::clone(&passed)));
@@ -303,6 +304,7 @@ impl Engine {
             tx: Mutex::new((tx, Vec::with_capacity(4096))),
             rx: Mutex::new(rx),
             passed,
+            unix,
             fd: AtomicI32::new(fd),
             st: Mutex::new(State {
                 // Ids of a client's successive connections never meet: a
@@ -348,7 +350,7 @@ impl Engine {
     pub fn move_fd(&self, place: impl FnOnce(BorrowedFd<'_>) -> io::Result<OwnedFd>) -> io::Result<RawFd> {
         let mut tx = lock(&self.tx);
         let mut rx = lock(&self.rx);
-        let new = Arc::new(Socket::from_fd(place(tx.0.as_fd())?, tx.0.is_unix()));
+        let new = Arc::new(Socket::from_fd(place(tx.0.as_fd())?, self.unix));
         let fd = new.as_fd().as_raw_fd();
         self.fd.store(fd, Relaxed);
         rx.get_mut().0 = new.clone();
@@ -396,7 +398,7 @@ impl Engine {
 
     /// Whether the connection is a Unix socket (the server is on this host).
     pub fn is_unix(&self) -> bool {
-        lock(&self.tx).0.is_unix()
+        self.unix
     }
 
     /// The server process at the other end of a Unix socket.

@@ -43,14 +43,7 @@ pub struct Conn<B: Backend> {
     rx: BufReader<Timed>,
     tx: Socket,
     peer: String,
-    cfg: Arc<Config>,
-    backend: Arc<B>,
-    budget: Arc<HandleBudget>,
-    pool: Arc<BufPool>,
-    locks: Arc<LockTable>,
-    changes: Arc<crate::changes::Changes>,
-    dirs: Arc<crate::dirpolicy::DirPolicies>,
-    sessions: Arc<Sessions<B>>,
+    common: Common<B>,
     /// This connection's (server, client) nonces, for session proofs.
     nonces: (Nonce, Nonce),
     /// The registered session this connection belongs to, if any.
@@ -99,23 +92,15 @@ impl<B: Backend> Clone for Common<B> {
 
 impl<B: Backend> Conn<B> {
     pub fn new(stream: Socket, common: &Common<B>) -> io::Result<Self> {
-        let cfg = Arc::clone(&common.cfg);
         let peer = stream.peer_name();
         stream.set_nodelay()?;
-        stream.set_read_timeout(Some(cfg.idle_timeout))?;
+        stream.set_read_timeout(Some(common.cfg.idle_timeout))?;
         let tx = stream.try_clone()?;
         Ok(Conn {
             rx: BufReader::with_capacity(64 * 1024, Timed { stream, deadline: None }),
             tx,
             peer,
-            cfg,
-            backend: Arc::clone(&common.backend),
-            budget: Arc::clone(&common.budget),
-            pool: Arc::clone(&common.pool),
-            locks: Arc::clone(&common.locks),
-            changes: Arc::clone(&common.changes),
-            dirs: Arc::clone(&common.dirs),
-            sessions: Arc::clone(&common.sessions),
+            common: common.clone(),
             nonces: ([0; 32], [0; 32]),
             session_id: None,
             policy: None,
@@ -139,7 +124,7 @@ impl<B: Backend> Conn<B> {
         };
         let caps = policy.caps;
         self.policy = Some(policy.clone());
-        let mut session: Shared<B> = Arc::new(Mutex::new(Session::new(Arc::clone(&self.backend), policy)));
+        let mut session: Shared<B> = Arc::new(Mutex::new(Session::new(Arc::clone(&self.common.backend), policy)));
         let end = loop {
             let r = self.serve_one(&mut session, caps);
             self.big = None;
@@ -150,7 +135,7 @@ impl<B: Backend> Conn<B> {
         // A registered session lives on for its lease; an unregistered one
         // ends here with the connection (its handles close, locks go).
         if let Some(id) = self.session_id {
-            self.sessions.detach(id);
+            self.common.sessions.detach(id);
         }
         end
     }
@@ -176,7 +161,7 @@ impl<B: Backend> Conn<B> {
         }
         let len = h.len as usize;
         let dest = if len > OWN_MAX {
-            &mut self.big.insert(self.pool.take(len)).as_mut_slice()[..len]
+            &mut self.big.insert(self.common.pool.take(len)).as_mut_slice()[..len]
         } else {
             // Grow only (up to OWN_MAX): zero-filling per frame would cost
             // more than the copy it prepares.
@@ -221,11 +206,12 @@ impl<B: Backend> Conn<B> {
     /// authenticates (or sends a byte now and then) cannot hold a
     /// connection slot for the whole idle timeout.
     fn handshake(&mut self) -> Result<Policy, End> {
-        self.rx.get_mut().deadline = Some(Instant::now() + self.cfg.handshake_timeout.min(self.cfg.idle_timeout));
+        self.rx.get_mut().deadline =
+            Some(Instant::now() + self.common.cfg.handshake_timeout.min(self.common.cfg.idle_timeout));
         let policy = self.handshake_steps();
         let t = self.rx.get_mut();
         t.deadline = None;
-        t.stream.set_read_timeout(Some(self.cfg.idle_timeout)).map_err(End::Io)?;
+        t.stream.set_read_timeout(Some(self.common.cfg.idle_timeout)).map_err(End::Io)?;
         policy
     }
 
@@ -234,12 +220,12 @@ impl<B: Backend> Conn<B> {
         let mut nonce: Nonce = [0; 32];
         getrandom::getrandom(&mut nonce).map_err(|e| End::Io(io::Error::other(e.to_string())))?;
         let offer = ServerOffer {
-            caps: self.cfg.caps,
-            max_frame: self.cfg.max_frame,
-            window_requests: self.cfg.window_requests,
-            window_bytes: self.cfg.window_bytes,
-            boot_id: self.cfg.boot_id,
-            token: self.cfg.token.clone(),
+            caps: self.common.cfg.caps,
+            max_frame: self.common.cfg.max_frame,
+            window_requests: self.common.cfg.window_requests,
+            window_bytes: self.common.cfg.window_bytes,
+            boot_id: self.common.cfg.boot_id,
+            token: self.common.cfg.token.clone(),
         };
         let mut hs = ServerHandshake::new(offer, nonce);
         let accepted = loop {
@@ -265,15 +251,15 @@ impl<B: Backend> Conn<B> {
             }
         };
         Ok(Policy {
-            budget: Arc::clone(&self.budget),
-            read_only: self.cfg.read_only,
-            allow_devices: self.cfg.allow_devices,
-            max_handles: self.cfg.max_handles,
+            budget: Arc::clone(&self.common.budget),
+            read_only: self.common.cfg.read_only,
+            allow_devices: self.common.cfg.allow_devices,
+            max_handles: self.common.cfg.max_handles,
             caps: accepted.caps,
-            max_read: accepted.client_max_frame.min(self.cfg.max_frame).saturating_sub(4096),
-            locks: Arc::clone(&self.locks),
-            changes: Arc::clone(&self.changes),
-            dirs: Arc::clone(&self.dirs),
+            max_read: accepted.client_max_frame.min(self.common.cfg.max_frame).saturating_sub(4096),
+            locks: Arc::clone(&self.common.locks),
+            changes: Arc::clone(&self.common.changes),
+            dirs: Arc::clone(&self.common.dirs),
         })
     }
 
@@ -287,8 +273,8 @@ impl<B: Backend> Conn<B> {
             return Ok(id);
         }
         let (sn, cn) = &self.nonces;
-        let secret = session_secret(self.cfg.token.as_deref().unwrap_or_default(), sn, cn);
-        Ok(self.sessions.create(Arc::clone(session), secret, caps, keeps_handles))
+        let secret = session_secret(self.common.cfg.token.as_deref().unwrap_or_default(), sn, cn);
+        Ok(self.common.sessions.create(Arc::clone(session), secret, caps, keeps_handles))
     }
 
     /// `SessionAttach`: this connection joins session `id`; whatever it had
@@ -301,18 +287,22 @@ impl<B: Backend> Conn<B> {
             return Ok(id);
         }
         let (sn, cn) = &self.nonces;
-        let make = || Session::new(Arc::clone(&self.backend), self.policy.clone().expect("after the handshake"));
-        let joined =
-            self.sessions.attach(id, caps, |secret| proofs_equal(proof, &attach_proof(secret, id, sn, cn)), make)?;
+        let make = || Session::new(Arc::clone(&self.common.backend), self.policy.clone().expect("after the handshake"));
+        let joined = self.common.sessions.attach(
+            id,
+            caps,
+            |secret| proofs_equal(proof, &attach_proof(secret, id, sn, cn)),
+            make,
+        )?;
         if let Some(old) = self.session_id {
-            self.sessions.detach(old);
+            self.common.sessions.detach(old);
         }
         *session = joined;
         Ok(id)
     }
 
     fn serve_one(&mut self, session: &mut Shared<B>, caps: u64) -> Result<(), End> {
-        let h = self.read_frame(self.cfg.max_frame)?;
+        let h = self.read_frame(self.common.cfg.max_frame)?;
         let body = match &self.big {
             Some(b) => b.as_slice(),
             None => &self.body[..h.len as usize],
@@ -337,13 +327,10 @@ impl<B: Backend> Conn<B> {
             match r {
                 Ok(id) => {
                     self.session_id = Some(id);
-                    let lease_ms = u32::try_from(self.sessions.lease().as_millis()).unwrap_or(u32::MAX);
+                    let lease_ms = u32::try_from(self.common.sessions.lease().as_millis()).unwrap_or(u32::MAX);
                     Reply::Session { id, lease_ms }.encode(h.op, h.id, &mut self.out);
                 }
-                Err(e) => {
-                    let msg = io::Error::from_raw_os_error(e.0).to_string();
-                    ErrorReply { errno: e.0 as u32, message: &msg }.encode(h.op, h.id, &mut self.out);
-                }
+                Err(e) => encode_errno(e, h.op, h.id, &mut self.out),
             }
             return self.maybe_flush();
         }
@@ -367,10 +354,10 @@ impl<B: Backend> Conn<B> {
                 (Err(e), _) => Err(e),
                 (Ok((f, n)), Request::Pread { offset, .. }) => {
                     file = f;
-                    self.backend.read(&file, offset, n).map(Some)
+                    self.common.backend.read(&file, offset, n).map(Some)
                 }
                 (Ok((f, n)), Request::Pwrite { offset, data, .. }) => {
-                    self.backend.write(&f, offset, data).map(|_| None).inspect(|_| {
+                    self.common.backend.write(&f, offset, data).map(|_| None).inspect(|_| {
                         encode_answer(Answer::Written(n as u32), h.op, h.id, &mut self.out);
                     })
                 }
@@ -378,15 +365,12 @@ impl<B: Backend> Conn<B> {
             };
             return match answer {
                 Ok(Some(data)) => {
-                    Reply::Data(&[]).encode(h.op, h.id, &mut self.out);
-                    let hdr_at = self.out.len() - HEADER_LEN;
-                    patch_len(&mut self.out[hdr_at..], data.len());
+                    encode_data_header(h.op, h.id, data.len(), &mut self.out);
                     self.send_data(data)
                 }
                 Ok(None) => self.maybe_flush(),
                 Err(e) => {
-                    let msg = io::Error::from_raw_os_error(e.0).to_string();
-                    ErrorReply { errno: e.0 as u32, message: &msg }.encode(h.op, h.id, &mut self.out);
+                    encode_errno(e, h.op, h.id, &mut self.out);
                     self.maybe_flush()
                 }
             };
@@ -442,9 +426,7 @@ impl<B: Backend> Conn<B> {
         let start = out.len();
         let res = match answer {
             Ok(Answer::Data(data)) => {
-                Reply::Data(&[]).encode(h.op, h.id, &mut out);
-                let hdr_at = out.len() - HEADER_LEN;
-                patch_len(&mut out[hdr_at..], data.len());
+                encode_data_header(h.op, h.id, data.len(), &mut out);
                 self.out = out;
                 return self.send_data(data);
             }
@@ -453,8 +435,7 @@ impl<B: Backend> Conn<B> {
                 Ok(())
             }
             Err(e) => {
-                let msg = io::Error::from_raw_os_error(e.0).to_string();
-                ErrorReply { errno: e.0 as u32, message: &msg }.encode(h.op, h.id, &mut out);
+                encode_errno(e, h.op, h.id, &mut out);
                 Ok(())
             }
         };
@@ -475,7 +456,7 @@ impl<B: Backend> Conn<B> {
     /// `LocalAddr`: where a client on this host finds the server without
     /// the network, and the process id it will see there.
     fn local_addr(&mut self, h: Header, caps: u64) -> Result<(), End> {
-        match &self.cfg.local_addr {
+        match &self.common.cfg.local_addr {
             Some(a) if caps & caps::SAME_HOST != 0 => {
                 Reply::LocalAddr { pid: std::process::id(), addr: a.as_bytes() }.encode(h.op, h.id, &mut self.out);
                 self.maybe_flush()
@@ -505,9 +486,12 @@ impl<B: Backend> Conn<B> {
         let lent = session.lock().unwrap_or_else(|e| e.into_inner()).lend(handle);
         let (file, writable) = match lent {
             Ok(x) => x,
-            Err(e) => return self.queue_refusal(h, e, &io::Error::from_raw_os_error(e.0).to_string()),
+            Err(e) => {
+                encode_errno(e, h.op, h.id, &mut self.out);
+                return self.maybe_flush();
+            }
         };
-        let Some(fd) = self.backend.fd_of(&file) else {
+        let Some(fd) = self.common.backend.fd_of(&file) else {
             return self.queue_refusal(h, Errno::OPNOTSUPP, "no descriptor for this file (not a regular file on disk)");
         };
         self.flush()?;
@@ -622,8 +606,17 @@ impl Read for Timed {
     }
 }
 
-fn patch_len(hdr: &mut [u8], len: usize) {
-    hdr[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+/// The header of a `Data` reply whose `len` bytes the caller sends next.
+fn encode_data_header(op: u16, id: u64, len: usize, out: &mut Vec<u8>) {
+    Reply::Data(&[]).encode(op, id, out);
+    let at = out.len() - HEADER_LEN;
+    out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+}
+
+/// An error reply saying `e` in words.
+fn encode_errno(e: Errno, op: u16, id: u64, out: &mut Vec<u8>) {
+    let msg = io::Error::from_raw_os_error(e.0).to_string();
+    ErrorReply { errno: e.0 as u32, message: &msg }.encode(op, id, out);
 }
 
 fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {

@@ -35,15 +35,6 @@ impl Addr {
             None => Addr::Tcp(s.to_string()),
         }
     }
-
-    /// The Unix socket address, for a `Unix` or `Abstract` address.
-    pub fn unix(&self) -> Option<io::Result<SocketAddr>> {
-        match self {
-            Addr::Tcp(_) => None,
-            Addr::Unix(p) => Some(SocketAddr::from_pathname(p)),
-            Addr::Abstract(n) => Some(SocketAddr::from_abstract_name(n)),
-        }
-    }
 }
 
 impl std::fmt::Display for Addr {
@@ -71,10 +62,13 @@ impl Socket {
     /// Connects to `addr` (each of a TCP name's addresses in turn, within
     /// `timeout` each).
     pub fn connect(addr: &Addr, timeout: Duration) -> io::Result<Socket> {
-        if let Some(a) = addr.unix() {
-            return Ok(Socket::from(UnixStream::connect_addr(&a?)?));
-        }
-        let Addr::Tcp(name) = addr else { unreachable!("unix() covers the others") };
+        let name = match addr {
+            Addr::Tcp(name) => name,
+            Addr::Unix(p) => return Ok(Socket::from(UnixStream::connect(p)?)),
+            Addr::Abstract(n) => {
+                return Ok(Socket::from(UnixStream::connect_addr(&SocketAddr::from_abstract_name(n)?)?))
+            }
+        };
         let mut last = None;
         for a in name.to_socket_addrs()? {
             match TcpStream::connect_timeout(&a, timeout) {
@@ -162,7 +156,7 @@ impl Socket {
     /// `fds` (close-on-exec). On a TCP socket, a plain `read`.
     pub fn recv_with_fds(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
         if !self.unix {
-            return (&self.fd_file()).read(buf);
+            return self.read_plain(buf);
         }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_RECV))];
         let mut anc = RecvAncillaryBuffer::new(&mut space);
@@ -175,19 +169,9 @@ impl Socket {
         Ok(got.bytes)
     }
 
-    fn fd_file(&self) -> Plain<'_> {
-        Plain(self.fd.as_fd())
-    }
-}
-
-/// Reads and writes on the descriptor as they are (`read`, `send` without
-/// `SIGPIPE`).
-struct Plain<'a>(BorrowedFd<'a>);
-
-impl Read for &Plain<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            match rustix::io::read(self.0, &mut *buf) {
+            match rustix::io::read(&self.fd, &mut *buf) {
                 Err(rustix::io::Errno::INTR) => continue,
                 r => return Ok(r?),
             }
@@ -197,7 +181,7 @@ impl Read for &Plain<'_> {
 
 impl Read for &Socket {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&self.fd_file()).read(buf)
+        self.read_plain(buf)
     }
 }
 

@@ -62,6 +62,50 @@ pub struct Mounted {
     child: Child,
 }
 
+impl Mounted {
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Reads `path` whole (1 MiB reads, its pages dropped first, in a Python
+/// process of its own) and returns the data with how much the `/proc/PID/io`
+/// `counter` (`rchar`, `wchar`) of process `pid` grew meanwhile: which
+/// process moved a read's bytes, told apart by their own counts.
+pub fn read_counting(path: &Path, pid: u32, counter: &str) -> (Vec<u8>, u64) {
+    let script = r#"
+import os, sys
+path, pid, counter = sys.argv[1], sys.argv[2], sys.argv[3] + ":"
+def count():
+    for l in open(f"/proc/{pid}/io"):
+        if l.startswith(counter):
+            return int(l.split()[1])
+fd = os.open(path, os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+before = count()
+out = bytearray()
+while True:
+    b = os.read(fd, 1 << 20)
+    if not b:
+        break
+    out += b
+after = count()
+os.close(fd)
+sys.stdout.buffer.write(out)
+print(after - before, file=sys.stderr)
+"#;
+    let o = Command::new("timeout")
+        .args(["60", "python3", "-c", script])
+        .arg(path)
+        .args([pid.to_string(), counter.to_string()])
+        .output()
+        .expect("run python3");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "reading {}: {err}", path.display());
+    (o.stdout, err.trim().parse().unwrap_or_else(|_| panic!("count: {err}")))
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -147,6 +147,32 @@ impl Drop for Server {
     }
 }
 
+/// Reads `path` of `c` to the end and in one positional read, checks both
+/// against `data`, and returns the file.
+pub fn read_both_ways(c: &Client, path: &str, data: &[u8]) -> ferry_client::File {
+    use std::io::Read;
+    let mut f = c.open(path, ferry_client::OpenOptions::new().read(true)).unwrap();
+    let mut got = Vec::new();
+    f.read_to_end(&mut got).unwrap();
+    assert!(got == data, "sequential read differs");
+    let mut whole = vec![0u8; data.len()];
+    assert_eq!(f.read_at(&mut whole, 0).unwrap(), data.len());
+    assert!(whole == data, "positional read differs");
+    f
+}
+
+/// A small deterministic generator (xorshift), so failures reproduce.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, m: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % m
+    }
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
