@@ -988,7 +988,7 @@ fn print_fetch(res: &Results, systems: &[System], plan: &Plan, runs: usize) {
         return;
     };
     println!(
-        "\n7. Mount read of a cached file (passthrough): {} MB/s; local read of its cache file: {} MB/s; ratio {:.2}",
+        "\n7. Mount read of a cached file (warm): {} MB/s; local read of its cache file: {} MB/s; ratio {:.2}",
         cell(m),
         cell(l),
         median(m) / median(l)

@@ -39,10 +39,15 @@ pub struct MountArgs {
     /// the server's mtime or size changes) instead of direct I/O.
     #[arg(long)]
     cache: bool,
-    /// Serve files the client cache holds (see the README's "Caching")
-    /// through the daemon from the kernel page cache, instead of handing
-    /// them to the kernel with FUSE passthrough.
-    #[arg(long)]
+    /// Hand files the client cache holds (see the README's "Caching") to
+    /// the kernel with FUSE passthrough (Linux ≥ 6.9, root): a first read
+    /// at local-disk speed, but while a program reads a file so, opening it
+    /// for writing on this mount fails with ETXTBSY (a kernel rule).
+    #[arg(long, conflicts_with = "no_passthrough")]
+    passthrough: bool,
+    /// The default: cached files use the kernel page cache (kept across
+    /// opens while the file is unchanged). Kept for older command lines.
+    #[arg(long, hide = true)]
     no_passthrough: bool,
     /// Extra mount options, comma-separated (e.g. -o default_permissions,noexec).
     #[arg(short = 'o', value_delimiter = ',', value_name = "OPT")]
@@ -76,7 +81,7 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         attr_timeout: timeout("attr-timeout", a.attr_timeout)?,
         entry_timeout: timeout("entry-timeout", a.entry_timeout)?,
         cache: a.cache,
-        passthrough: !a.no_passthrough,
+        passthrough: a.passthrough,
     };
     let url = Url::parse(&a.url)?;
     let mp = a.mountpoint.clone();
@@ -222,7 +227,7 @@ fn background(a: &MountArgs, tf: Option<&Path>) -> Result<(), String> {
         (a.allow_other, "--allow-other"),
         (a.cache, "--cache"),
         (a.hard, "--hard"),
-        (a.no_passthrough, "--no-passthrough"),
+        (a.passthrough, "--passthrough"),
     ] {
         if on {
             cmd.arg(flag);

@@ -259,13 +259,14 @@ print("local", os.path.basename(target))
     assert_ne!(first, second, "the same cache file served a changed file");
 }
 
-/// Reads of a cached file through the mount: with passthrough the kernel
-/// reads the local cache file itself and the daemon sees none of it; with
-/// `--no-passthrough` (the fallback where the kernel lacks it) the daemon
-/// serves them from the local cache. Told apart by the daemon's own count
-/// of bytes it read (`/proc/PID/io`) over a read whose page cache was
-/// dropped first.
-fn mount_cached_reads(extra: &[&str]) -> u64 {
+/// Reads of a cached file through the mount, told apart by the daemon's own
+/// count of bytes it read (`/proc/PID/io`): with `--passthrough` the kernel
+/// reads the local cache file itself and the daemon sees none of a read
+/// whose page cache was dropped; by default the daemon serves such a read
+/// from the local cache, and a later open of the unchanged file keeps the
+/// pages, so a warm read reaches the daemon no more. Returns the daemon's
+/// counts for a cold and a warm read.
+fn mount_cached_reads(extra: &[&str]) -> (u64, u64) {
     require_fuse();
     let srv = Server::start(&[]);
     let plain = srv.client();
@@ -277,19 +278,86 @@ fn mount_cached_reads(extra: &[&str]) -> u64 {
     let _detach = Detach(mp.clone());
     let m = mount_with_cache(&srv, &mp, &cache, &tmp.path().join("none.conf"), extra);
     assert!(std::fs::read(mp.join("++pt.bin")).unwrap() == data, "first read differs");
-    let (again, read) = common::fuse::read_counting(&mp.join("++pt.bin"), m.pid(), "rchar");
-    assert!(again == data, "second read differs");
-    read
+    let (again, cold) = common::fuse::read_counting(&mp.join("++pt.bin"), m.pid(), "rchar", true);
+    assert!(again == data, "cold read differs");
+    let (again, warm) = common::fuse::read_counting(&mp.join("++pt.bin"), m.pid(), "rchar", false);
+    assert!(again == data, "warm read differs");
+    (cold, warm)
 }
 
 #[test]
-fn the_mount_hands_cached_files_to_the_kernel_with_passthrough() {
+fn the_mount_reads_cached_files_from_kept_pages_or_with_passthrough() {
     let size = 16u64 << 20;
-    let through_daemon = mount_cached_reads(&[]);
-    assert!(through_daemon < size / 8, "the daemon read {through_daemon} bytes for a passthrough file of {size}");
-    let fallback = mount_cached_reads(&["--no-passthrough"]);
-    eprintln!("daemon read {through_daemon} bytes with passthrough, {fallback} without, for {size}");
-    assert!(fallback >= size / 2, "without passthrough the daemon read only {fallback} bytes of {size}");
+    let (cold, warm) = mount_cached_reads(&[]);
+    eprintln!("page cache: the daemon read {cold} bytes cold, {warm} warm, for {size}");
+    assert!(cold >= size / 2, "a cold read took only {cold} bytes of {size} from the daemon");
+    assert!(warm < size / 8, "the daemon read {warm} bytes of an unchanged file whose pages were kept");
+    let (cold, _) = mount_cached_reads(&["--passthrough"]);
+    eprintln!("passthrough: the daemon read {cold} bytes cold for {size}");
+    assert!(cold < size / 8, "the daemon read {cold} bytes for a passthrough file of {size}");
+}
+
+/// A program reading a cached file on the mount does not stop another from
+/// opening it for writing (the kernel refuses, with `EIO`, every open of a
+/// node with a passthrough backing that is not passthrough on it). By
+/// default the writer writes, both see the write, and a change made on the
+/// server meanwhile is seen at the next open (kept pages are only those of
+/// the version an open finds). With `--passthrough` the writer is told
+/// `ETXTBSY` while the reader lasts, and writes after.
+#[test]
+fn a_writer_opens_a_cached_file_a_program_reads_on_the_mount() {
+    require_fuse();
+    let srv = Server::start(&[]);
+    let plain = srv.client();
+    put(&plain, "/++w.bin", &random_bytes(3 << 20, 6));
+    let tmp = TempDir::new("cachewriter");
+    let script = r#"
+import errno, os, sys
+p, exported = sys.argv[1], sys.argv[2]
+def read(fd):
+    return os.pread(fd, 5, 0)
+r = os.open(p, os.O_RDONLY)
+first = read(r)
+try:
+    w = os.open(p, os.O_RDWR)
+except OSError as e:
+    assert e.errno == errno.ETXTBSY, e
+    print("busy", end=" ")
+    os.close(r)
+    r = None
+    w = os.open(p, os.O_RDWR)
+assert os.pwrite(w, b"hello", 0) == 5
+os.close(w)
+if r is None:
+    r = os.open(p, os.O_RDONLY)
+r2 = os.open(p, os.O_RDONLY)
+assert read(r2) == b"hello", read(r2)
+os.close(r2)
+assert read(r) == b"hello", ("a reader on the mount misses the mount's write", read(r))
+os.close(r)
+# Changed on the server (in place, same size, not through ferry): the
+# next open must not keep the old pages.
+with open(exported, "r+b") as f:
+    f.write(b"world")
+r3 = os.open(p, os.O_RDONLY)
+assert read(r3) == b"world", read(r3)
+os.close(r3)
+print("ok")
+"#;
+    for (extra, want) in [(&[][..], "ok"), (&["--passthrough"][..], "busy ok")] {
+        let (mp, cache) = (tmp.path().join("mp"), tmp.path().join("cache"));
+        std::fs::create_dir_all(&mp).unwrap();
+        let _detach = Detach(mp.clone());
+        let _m = mount_with_cache(&srv, &mp, &cache, &tmp.path().join("none.conf"), extra);
+        let o = Command::new("timeout")
+            .args(["60", "python3", "-c", script])
+            .arg(mp.join("++w.bin"))
+            .arg(srv.export.path().join("++w.bin"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o).trim(), want, "{extra:?}");
+    }
 }
 
 /// A client that reconnects to a restarted server validates its cache

@@ -29,7 +29,7 @@ fn compare_quick_runs_every_experiment() {
         "5. Tree scan",
         "6. Concurrent clients",
         "7. Fetch of a whole file, client cache cold / warm / bypassed",
-        "7. Mount read of a cached file (passthrough)",
+        "7. Mount read of a cached file (warm)",
         "8. CPU per GiB moved",
     ] {
         assert!(stdout.contains(title), "no {title:?} in\n{stdout}");

@@ -265,7 +265,7 @@ fn server_sends_for_a_mount_read(env: &[(&str, &str)]) -> u64 {
     std::fs::create_dir(&mp).unwrap();
     let _detach = common::fuse::Detach(mp.clone());
     let _m = common::fuse::mount_url_env(&srv.url("/"), &mp, &srv.token_file, &[], env);
-    let (got, sent) = common::fuse::read_counting(&mp.join("big"), srv.pid(), "wchar");
+    let (got, sent) = common::fuse::read_counting(&mp.join("big"), srv.pid(), "wchar", true);
     assert!(got == data, "read through the mount differs");
     std::fs::write(mp.join("written"), &data[..1 << 20]).unwrap();
     assert!(std::fs::read(srv.export.path().join("written")).unwrap() == data[..1 << 20]);

@@ -335,6 +335,12 @@ impl File {
         self.cached.is_some()
     }
 
+    /// For a cached file: which file and version of it the open found
+    /// (equal for two opens only when their data is the same).
+    pub fn cache_tag(&self) -> Option<&[u8]> {
+        self.cached.as_ref().map(Entry::tag)
+    }
+
     /// For a cached file: the local cache file with all of the file's data
     /// (fetched now where missing), to hand to the kernel (FUSE
     /// passthrough) or to a program (`ferry run`). `None` for a file not

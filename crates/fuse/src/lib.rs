@@ -23,10 +23,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_client::{join, Attr, Client, File, OpenOptions, Target, Time};
 use fuser::{
-    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    SessionACL, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 
 mod locks;
@@ -36,6 +36,7 @@ pub use null::{spawn_null, NullFs, NULL_FILE};
 
 mod null;
 mod passthrough;
+use passthrough::{Mode, Taken};
 mod recent;
 
 /// Largest read or write the kernel sends in one request.
@@ -52,7 +53,8 @@ pub struct FsOptions {
     /// Use the kernel page cache for file data instead of `direct_io`.
     pub cache: bool,
     /// Hand files the client cache holds to the kernel with FUSE
-    /// passthrough where it offers it (else their pages are kept).
+    /// passthrough where it offers it (else their pages are kept); see
+    /// `passthrough` for what that costs other opens.
     pub passthrough: bool,
 }
 
@@ -62,7 +64,7 @@ impl Default for FsOptions {
             attr_timeout: Duration::from_secs(1),
             entry_timeout: Duration::from_secs(1),
             cache: false,
-            passthrough: true,
+            passthrough: false,
         }
     }
 }
@@ -470,8 +472,9 @@ struct OpenFile {
     /// caller must clear.
     mode: std::sync::atomic::AtomicU32,
     gid: std::sync::atomic::AtomicU32,
-    /// Opened with FUSE passthrough: its release ends the node's backing.
-    passthrough: std::sync::atomic::AtomicBool,
+    /// What it took of its node's kernel I/O mode (`passthrough::Taken`),
+    /// given back at its release.
+    io_mode: std::sync::atomic::AtomicU8,
 }
 
 /// The mode a write by a caller without `CAP_FSETID` leaves, as Linux's
@@ -550,7 +553,7 @@ pub struct FerryFs {
     recent: recent::Recent,
     /// Whether the kernel took FUSE passthrough (cached files only).
     passthrough: bool,
-    backings: passthrough::Backings,
+    modes: passthrough::IoModes,
 }
 
 thread_local! {
@@ -573,7 +576,7 @@ impl FerryFs {
             locks: locks::MountLocks::default(),
             recent: recent::Recent::default(),
             passthrough: false,
-            backings: passthrough::Backings::default(),
+            modes: passthrough::IoModes::default(),
         }
     }
 
@@ -648,6 +651,35 @@ impl FerryFs {
         reply.entry_with_ttls(&self.opts.attr_timeout, &self.opts.entry_timeout, &file_attr(ino, attr), Generation(0));
     }
 
+    /// The kernel I/O mode of open `fh` of node `ino`, made with `flags`
+    /// (kept with the open for its release): `Some` to open it as
+    /// passthrough on the node's backing instead. An open the kernel would
+    /// refuse is dropped here, with the errno to say.
+    fn io_mode(
+        &self,
+        f: &OpenFile,
+        fh: FileHandle,
+        ino: u64,
+        flags: FopenFlags,
+        writes: bool,
+    ) -> R<Option<Arc<BackingId>>> {
+        let direct = flags.contains(FopenFlags::FOPEN_DIRECT_IO);
+        let (mode, id) = match self.modes.open(ino, direct, writes) {
+            Ok(passthrough::Open::As(taken)) => (taken, None),
+            Ok(passthrough::Open::Join(id)) => (Taken { mode: Mode::Passthrough, writes: false }, Some(id)),
+            Err(e) => {
+                if let Some(Handle::File(f)) = lock(&self.handles).remove(&fh.0) {
+                    if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
+                        let _ = file.close();
+                    }
+                }
+                return Err(Errno::from_i32(e));
+            }
+        };
+        f.io_mode.store(mode.to_u8(), Ordering::Relaxed);
+        Ok(id)
+    }
+
     fn open_flags(&self) -> FopenFlags {
         if self.opts.cache {
             FopenFlags::empty()
@@ -682,15 +714,9 @@ impl FerryFs {
         let attr = *file.attr();
         let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
         let (mode, gid) = (attr.mode.into(), attr.gid.into());
-        let passthrough = false.into();
-        let f = Arc::new(OpenFile {
-            file: RwLock::new(Some(file)),
-            append,
-            ino: AtomicU64::new(ino),
-            mode,
-            gid,
-            passthrough,
-        });
+        let io_mode = Taken::NOTHING.to_u8().into();
+        let f =
+            Arc::new(OpenFile { file: RwLock::new(Some(file)), append, ino: AtomicU64::new(ino), mode, gid, io_mode });
         let fh = self.add_handle(Handle::File(Arc::clone(&f)));
         Ok((f, fh, attr))
     }
@@ -1125,21 +1151,28 @@ impl Filesystem for FerryFs {
             Err(stale) => return reply.error(stale),
         };
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        let mut flags = self.open_flags();
         if let Some(file) = g.as_ref().filter(|f| f.is_cached()) {
-            // A cached file: the kernel reads the local cache file itself,
-            // or, without passthrough, keeps its pages (every read that
-            // reaches us is served from the local cache anyway).
+            // A cached file: the kernel reads the local cache file itself
+            // (passthrough), or keeps its pages while they hold the version
+            // this open found (every read that reaches us is served from
+            // the local cache anyway).
             if self.passthrough {
                 let data = file.cache_file().ok().flatten();
-                if let Some(id) = data.and_then(|d| self.backings.acquire(ino.0, &d, |d| reply.open_backing(d))) {
-                    f.passthrough.store(true, Ordering::Relaxed);
+                if let Some(id) = data.and_then(|d| self.modes.passthrough(ino.0, &d, |d| reply.open_backing(d))) {
+                    f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);
                     return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
                 }
             }
-            return reply.opened(fh, FopenFlags::empty());
+            let keep = file.cache_tag().is_some_and(|t| self.modes.keep_pages(ino.0, t));
+            flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
         }
         drop(g);
-        reply.opened(fh, self.open_flags());
+        match self.io_mode(&f, fh, ino.0, flags, writes) {
+            Ok(None) => reply.opened(fh, flags),
+            Ok(Some(id)) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn read(
@@ -1224,9 +1257,7 @@ impl Filesystem for FerryFs {
         self.locks.released(self.file(fh).ok().as_deref(), fh.0, ino.0, lock_owner.map(|o| o.0));
         let h = lock(&self.handles).remove(&fh.0);
         if let Some(Handle::File(f)) = h {
-            if f.passthrough.load(Ordering::Relaxed) {
-                self.backings.release(ino.0);
-            }
+            self.modes.release(ino.0, Taken::from_u8(f.io_mode.load(Ordering::Relaxed)));
             if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
                 tri!(reply, file.close().map_err(errno));
             }
@@ -1467,7 +1498,14 @@ impl Filesystem for FerryFs {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, self.open_flags());
+        // A new file has no backing, but `create` also opens an existing
+        // file (`O_CREAT` without `O_EXCL` of a name the kernel thought
+        // absent), and a writer never joins a backing.
+        let flags = self.open_flags();
+        if let Err(e) = self.file(fh).and_then(|f| self.io_mode(&f, fh, ino, flags, true).map(drop)) {
+            return reply.error(e);
+        }
+        reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, flags);
     }
 }
 

@@ -69,20 +69,22 @@ impl Mounted {
     }
 }
 
-/// Reads `path` whole (1 MiB reads, its pages dropped first, in a Python
-/// process of its own) and returns the data with how much the `/proc/PID/io`
-/// `counter` (`rchar`, `wchar`) of process `pid` grew meanwhile: which
-/// process moved a read's bytes, told apart by their own counts.
-pub fn read_counting(path: &Path, pid: u32, counter: &str) -> (Vec<u8>, u64) {
+/// Reads `path` whole (1 MiB reads, in a Python process of its own; its
+/// pages dropped first when `cold`) and returns the data with how much the
+/// `/proc/PID/io` `counter` (`rchar`, `wchar`) of process `pid` grew
+/// meanwhile: which process moved a read's bytes, told apart by their own
+/// counts.
+pub fn read_counting(path: &Path, pid: u32, counter: &str, cold: bool) -> (Vec<u8>, u64) {
     let script = r#"
 import os, sys
-path, pid, counter = sys.argv[1], sys.argv[2], sys.argv[3] + ":"
+path, pid, counter, cold = sys.argv[1], sys.argv[2], sys.argv[3] + ":", sys.argv[4] == "cold"
 def count():
     for l in open(f"/proc/{pid}/io"):
         if l.startswith(counter):
             return int(l.split()[1])
 fd = os.open(path, os.O_RDONLY)
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+if cold:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 before = count()
 out = bytearray()
 while True:
@@ -99,6 +101,7 @@ print(after - before, file=sys.stderr)
         .args(["60", "python3", "-c", script])
         .arg(path)
         .args([pid.to_string(), counter.to_string()])
+        .arg(if cold { "cold" } else { "warm" })
         .output()
         .expect("run python3");
     let err = String::from_utf8_lossy(&o.stderr).into_owned();

@@ -68,6 +68,8 @@ pub struct Entry {
     known: Vec<AtomicBool>,
     meta_path: PathBuf,
     touched: Mutex<Instant>,
+    /// Which file and version this is (the metadata header).
+    tag: Vec<u8>,
 }
 
 impl Store {
@@ -127,6 +129,7 @@ impl Store {
             known: (0..chunks).map(|_| AtomicBool::new(false)).collect(),
             meta_path,
             touched: Mutex::new(Instant::now()),
+            tag: header,
         };
         let _ = e.meta.set_modified(SystemTime::now());
         Ok(e)
@@ -289,6 +292,12 @@ fn mix(mut x: u64) -> u64 {
 impl Entry {
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Names the file and the version of it this entry holds: equal tags,
+    /// equal data.
+    pub fn tag(&self) -> &[u8] {
+        &self.tag
     }
 
     fn chunks(&self) -> u64 {
