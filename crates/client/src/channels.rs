@@ -26,7 +26,6 @@ use crate::error::{Error, Result};
 use crate::redial::{attach, new_session};
 
 pub(crate) struct Channels {
-    addr: String,
     opts: Options,
     st: Mutex<State>,
     said: AtomicBool,
@@ -61,18 +60,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Channels {
-    pub(crate) fn new(addr: &str, opts: &Options) -> Option<Channels> {
+    pub(crate) fn new(opts: &Options) -> Option<Channels> {
         // A volatile session's handles end with its main connection
         // (`ferry run`): nothing for another connection to share.
         if (opts.data_channels == 0 && !opts.same_host) || (opts.reconnect.is_some() && !opts.session_keeps_handles) {
             return None;
         }
-        Some(Channels {
-            addr: addr.to_string(),
-            opts: opts.clone(),
-            st: Mutex::default(),
-            said: AtomicBool::new(false),
-        })
+        Some(Channels { opts: opts.clone(), st: Mutex::default(), said: AtomicBool::new(false) })
     }
 
     /// Bytes from which a transfer goes on a channel.
@@ -197,7 +191,9 @@ impl Channels {
             return Ok(());
         }
         for _ in 0..self.opts.data_channels {
-            let e = Engine::connect(&self.addr, &self.opts)?;
+            // The main connection's server: of several gateways, the one
+            // holding the session.
+            let e = Engine::connect(main.addr(), &self.opts)?;
             attach(&e, &ticket)?;
             if e.welcome().boot_id != main.welcome().boot_id {
                 return Err(Error::Protocol("another server instance answered".into()));
@@ -255,7 +251,8 @@ impl Channels {
         st.off = true;
         st.engines.clear();
         if !self.said.swap(true, Relaxed) {
-            eprintln!("ferry: {}: {why}; bulk data goes on the main connection", self.addr);
+            let addr = st.main.upgrade().map_or_else(String::new, |m| m.addr().to_string());
+            eprintln!("ferry: {addr}: {why}; bulk data goes on the main connection");
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::channels::Channels;
 use crate::engine::{Engine, Frame, Options};
 use crate::error::{Error, Result};
 use crate::file::{File, OpenOptions};
+use crate::gateways::Gateways;
 use crate::redial::{self, is_lost, Redial};
 
 /// A connection to one server. Cheap to clone: clones share the connection
@@ -128,9 +129,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Client {
+    /// Connects to the server at `addr`, or to one of several gateways
+    /// exporting the same file system (`h1:7070,h2:7070`): a random one
+    /// that answers, and another when it stops answering (with
+    /// `Options::reconnect`).
     pub fn connect(addr: &str, opts: &Options) -> Result<Client> {
-        let engine = Engine::connect(addr, opts)?;
-        let redial = opts.reconnect.map(|bound| Redial::new(addr, opts, bound, &engine));
+        let gateways = Gateways::new(addr);
+        let engine = gateways.connect(opts)?;
+        let redial = opts.reconnect.map(|bound| Redial::new(gateways, opts, bound, &engine));
         let unstable = Arc::new(AtomicUsize::new(0));
         let cache = opts.cache.clone().map(|c| (c, format!("{addr}\0").into_bytes()));
         Ok(Client {
@@ -141,7 +147,7 @@ impl Client {
                 cache,
                 fetched: 0.into(),
                 ahead: 0.into(),
-                channels: Channels::new(addr, opts),
+                channels: Channels::new(opts),
                 behind: Arc::default(),
             }),
         })

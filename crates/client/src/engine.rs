@@ -214,6 +214,8 @@ pub struct Engine {
     passed: Arc<Mutex<Passed>>,
     /// A Unix socket (so the server is on this host).
     unix: bool,
+    /// The address connected to (one gateway's, of a list).
+    addr: String,
     /// The socket's descriptor number, readable without a lock (the
     /// preload library asks it on every `close` of a high descriptor).
     fd: AtomicI32,
@@ -305,6 +307,7 @@ impl Engine {
             rx: Mutex::new(rx),
             passed,
             unix,
+            addr: addr.to_string(),
             fd: AtomicI32::new(fd),
             st: Mutex::new(State {
                 // Ids of a client's successive connections never meet: a
@@ -397,6 +400,11 @@ impl Engine {
     }
 
     /// Whether the connection is a Unix socket (the server is on this host).
+    /// The server address this connection went to.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
     pub fn is_unix(&self) -> bool {
         self.unix
     }

@@ -18,6 +18,7 @@ mod client;
 mod engine;
 mod error;
 mod file;
+mod gateways;
 mod local;
 mod lock;
 mod redial;

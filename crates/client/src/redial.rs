@@ -1,8 +1,10 @@
 //! Reconnecting after a lost connection: a new connection to the same
-//! address, which rejoins the client's session if the server still has it
-//! (same server instance, within the lease: open files, offsets and locks
-//! are all still there) or starts a new one (the server restarted: files
-//! opened before are stale, paths work again).
+//! server (or, of several gateways, to the first that answers, the one in
+//! use tried first), which rejoins the client's session if the server still
+//! has it (same server instance, within the lease: open files, offsets and
+//! locks are all still there) or starts a new one (the server restarted, or
+//! another gateway answered: files open before are opened again by their
+//! identity).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -14,9 +16,10 @@ use ferry_proto::{caps, Reply, Request};
 use crate::client::SessionTicket;
 use crate::engine::{Engine, Options};
 use crate::error::{Error, Result};
+use crate::gateways::Gateways;
 
 pub(crate) struct Redial {
-    addr: String,
+    gateways: Gateways,
     opts: Options,
     bound: Duration,
     ticket: Mutex<Option<SessionTicket>>,
@@ -70,11 +73,11 @@ pub(crate) fn attach(e: &Engine, t: &SessionTicket) -> Result<()> {
 impl Redial {
     /// For a client that reconnects: its first connection's state becomes a
     /// session right away, so that there is something to rejoin.
-    pub(crate) fn new(addr: &str, opts: &Options, bound: Duration, first: &Engine) -> Redial {
+    pub(crate) fn new(gateways: Gateways, opts: &Options, bound: Duration, first: &Engine) -> Redial {
         // A server without sessions still gets reconnects, just never resumes.
         let ticket = new_session(first, opts.session_keeps_handles).ok();
         Redial {
-            addr: addr.to_string(),
+            gateways,
             opts: opts.clone(),
             bound,
             ticket: Mutex::new(ticket),
@@ -113,9 +116,10 @@ impl Redial {
             // A server killed again between the connect and the attach is
             // one more failed attempt: taking it for a forgotten session
             // would give up replies the restarted server still keeps.
-            let attempt = Engine::connect(&self.addr, &self.opts).and_then(|e| Ok((self.resume(&e)?, e)));
+            let attempt = self.gateways.connect(&self.opts).and_then(|e| Ok((self.resume(&e)?, e)));
             match attempt {
                 Ok(((resumed, same_instance), e)) => {
+                    let e_addr = e.addr().to_string();
                     *cur = Arc::new(e);
                     if !resumed {
                         self.lost.fetch_add(1, Relaxed);
@@ -123,13 +127,18 @@ impl Redial {
                     if !same_instance {
                         self.epoch.fetch_add(1, Relaxed);
                     }
-                    if said {
+                    let moved = e_addr != failed.addr();
+                    if said || moved {
                         let how = match (resumed, same_instance) {
                             (true, true) => "session resumed",
                             (true, false) => "server restarted, session resumed: files open before are opened again",
                             _ => "new session: files open before are opened again",
                         };
-                        eprintln!("ferry: {}: reconnected ({how})", self.addr);
+                        if moved {
+                            eprintln!("ferry: {}: lost; moved to gateway {e_addr} ({how})", failed.addr());
+                        } else {
+                            eprintln!("ferry: {e_addr}: reconnected ({how})");
+                        }
                     }
                     return Ok(());
                 }
@@ -143,7 +152,7 @@ impl Redial {
                             errno: Some(libc::EIO),
                             message: format!(
                                 "lost the connection to {} ({why}) and could not reconnect within {} s: {e}",
-                                self.addr,
+                                failed.addr(),
                                 self.bound.as_secs_f64()
                             ),
                         });
@@ -153,7 +162,7 @@ impl Redial {
                             Some(_) => format!("giving up after {} s", self.bound.as_secs_f64()),
                             None => "for as long as it takes".into(),
                         };
-                        eprintln!("ferry: {}: connection lost ({why}); reconnecting ({until})", self.addr);
+                        eprintln!("ferry: {}: connection lost ({why}); reconnecting ({until})", failed.addr());
                         said = true;
                     }
                     std::thread::sleep(deadline.map_or(pause, |d| pause.min(d - now)));

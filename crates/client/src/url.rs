@@ -1,4 +1,5 @@
-//! `ferry://HOST:PORT/path` addresses, and `ferry+unix://SOCKET/path` for a
+//! `ferry://HOST:PORT/path` addresses (`ferry://H1:P1,H2:P2/path` for
+//! several gateways exporting one file system), and `ferry+unix://SOCKET/path` for a
 //! server's Unix socket on this host, the socket's path percent-encoded as
 //! the host (`ferry+unix://%2Frun%2Fferry.sock/data`; `%40NAME` for an
 //! abstract socket `@NAME`).
@@ -17,7 +18,8 @@ pub struct Url {
 }
 
 impl Url {
-    /// Parses `ferry://HOST[:PORT][/path]` or `ferry+unix://SOCKET[/path]`.
+    /// Parses `ferry://HOST[:PORT][,HOST[:PORT]…][/path]` or
+    /// `ferry+unix://SOCKET[/path]`.
     pub fn parse(s: &str) -> Result<Url, String> {
         if let Some(rest) = s.strip_prefix("ferry+unix://") {
             let (sock, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
@@ -37,16 +39,9 @@ impl Url {
         if hostport.is_empty() {
             return Err(format!("{s}: no host"));
         }
-        let addr = if let Some(v6) = hostport.strip_prefix('[') {
-            let end = v6.find(']').ok_or_else(|| format!("{s}: unclosed '['"))?;
-            let port = parse_port(&v6[end + 1..], s)?;
-            format!("[{}]:{port}", &v6[..end])
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => format!("{h}:{}", parse_port(&format!(":{p}"), s)?),
-                None => format!("{hostport}:{DEFAULT_PORT}"),
-            }
-        };
+        // Several gateways of one file system: `h1:7070,h2:7070`.
+        let addrs: Result<Vec<String>, String> = hostport.split(',').map(|hp| host_port(hp, s)).collect();
+        let addr = addrs?.join(",");
         Ok(Url { addr, path: normalize(path) })
     }
 
@@ -61,6 +56,22 @@ impl Url {
             if self.path.ends_with('/') { format!("{}{name}", self.path) } else { format!("{}/{name}", self.path) };
         Url { addr: self.addr.clone(), path }
     }
+}
+
+/// `HOST[:PORT]` (IPv6 hosts in brackets) as `connect` wants it.
+fn host_port(hostport: &str, url: &str) -> Result<String, String> {
+    if hostport.is_empty() {
+        return Err(format!("{url}: no host"));
+    }
+    if let Some(v6) = hostport.strip_prefix('[') {
+        let end = v6.find(']').ok_or_else(|| format!("{url}: unclosed '['"))?;
+        let port = parse_port(&v6[end + 1..], url)?;
+        return Ok(format!("[{}]:{port}", &v6[..end]));
+    }
+    Ok(match hostport.rsplit_once(':') {
+        Some((h, p)) => format!("{h}:{}", parse_port(&format!(":{p}"), url)?),
+        None => format!("{hostport}:{DEFAULT_PORT}"),
+    })
 }
 
 fn parse_port(s: &str, url: &str) -> Result<u16, String> {
@@ -152,6 +163,15 @@ mod tests {
         let u = Url::parse("ferry://[::1]:7/x").unwrap();
         assert_eq!(u.addr, "[::1]:7");
         assert_eq!(u.path, "/x");
+    }
+
+    #[test]
+    fn parses_gateway_lists() {
+        let u = Url::parse("ferry://a:1,b,[::1]:3/x").unwrap();
+        assert_eq!(u.addr, "a:1,b:7070,[::1]:3");
+        assert_eq!(u.to_string(), "ferry://a:1,b:7070,[::1]:3/x");
+        assert!(Url::parse("ferry://a:1,/x").is_err());
+        assert!(Url::parse("ferry://a:1,b:x/x").is_err());
     }
 
     #[test]

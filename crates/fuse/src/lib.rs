@@ -89,7 +89,9 @@ pub struct MountConfig {
 /// Mounts `fs` on `mountpoint` and serves it on background threads until
 /// the returned session is dropped (which unmounts) or the mount goes away.
 pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<BackgroundSession> {
-    let mut opts = vec![MountOption::FSName(cfg.fsname.clone()), MountOption::Subtype("ferry".into())];
+    // Options travel comma-separated (to `fusermount3` too): a URL of
+    // several gateways has its commas escaped as `mount.fuse` reads them.
+    let mut opts = vec![MountOption::FSName(cfg.fsname.replace(',', "\\,")), MountOption::Subtype("ferry".into())];
     if cfg.read_only {
         opts.push(MountOption::RO);
     }

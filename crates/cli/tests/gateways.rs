@@ -1,0 +1,249 @@
+//! Several gateways exporting one file system, named in one URL
+//! (`ferry://h1:p1,h2:p2/`): a client uses one that answers and, when it
+//! dies, moves to another and goes on — open files opened again there by
+//! their identity, writes the dead one acknowledged sent again. Here the
+//! gateways are two servers of one local directory; each has its own
+//! token file copy and session state, as on two machines.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::fuse::{is_live, require_fuse, wait_for, Detach};
+use common::restart::Serve;
+use common::{random_bytes, stderr, stdout, TempDir, FERRY};
+use ferry_client::{Client, OpenOptions, Options};
+
+struct Gateways {
+    export: TempDir,
+    _state: [TempDir; 2],
+    tokens: [PathBuf; 2],
+    ports: [u16; 2],
+}
+
+impl Gateways {
+    /// Two gateways' places and ports, neither running.
+    fn new(tag: &str) -> Gateways {
+        let export = TempDir::new(&format!("{tag}-export"));
+        let state = [TempDir::new(&format!("{tag}-a")), TempDir::new(&format!("{tag}-b"))];
+        let tokens = [state[0].path().join("token"), state[1].path().join("token")];
+        // The first start writes a token; the other gateway gets a copy.
+        let mut ports = [0; 2];
+        for i in 0..2 {
+            let s = Serve::start(export.path(), 0, &tokens[i]);
+            ports[i] = s.port;
+            if i == 0 {
+                fs::copy(&tokens[0], &tokens[1]).unwrap();
+            }
+        }
+        Gateways { export, _state: state, tokens, ports }
+    }
+
+    fn start(&self, i: usize) -> Serve {
+        Serve::start(self.export.path(), self.ports[i], &self.tokens[i])
+    }
+
+    fn list(&self) -> String {
+        format!("127.0.0.1:{},127.0.0.1:{}", self.ports[0], self.ports[1])
+    }
+
+    fn options(&self) -> Options {
+        let token = fs::read_to_string(&self.tokens[0]).unwrap().trim().as_bytes().to_vec();
+        // On TCP, as between machines.
+        Options { token: Some(token), reconnect: Some(Duration::from_secs(20)), same_host: false, ..Options::default() }
+    }
+}
+
+/// A library client on gateway A (B down when it connects) writes a file
+/// and reads another; B comes up and A dies in the middle; the client
+/// finishes both and every byte is there, read through B alone. Name-space
+/// requests after the move run once.
+#[test]
+fn a_client_moves_to_another_gateway_when_its_gateway_dies() {
+    let g = Gateways::new("gw-lib");
+    let mut a = g.start(0);
+    let old = random_bytes(3 << 20, 21);
+    fs::write(g.export.path().join("old"), &old).unwrap();
+    let c = Client::connect(&g.list(), &g.options()).unwrap();
+    let data = random_bytes(8 << 20, 22);
+    let mut w = c.open("/new", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
+    let r = c.open("/old", OpenOptions::new().read(true)).unwrap();
+    let mut got = vec![0u8; old.len()];
+    let half = old.len() / 2;
+    assert_eq!(r.read_at(&mut got[..half], 0).unwrap(), half);
+    let chunk = 256 << 10;
+    let mut b = None;
+    for (i, piece) in data.chunks(chunk).enumerate() {
+        if i == data.len() / chunk / 2 {
+            b = Some(g.start(1));
+            a.kill();
+        }
+        w.write_at(piece, (i * chunk) as u64).unwrap_or_else(|e| panic!("write {i} after the move: {e}"));
+    }
+    w.sync_all().unwrap();
+    w.close().unwrap();
+    let mut at = half;
+    while at < old.len() {
+        let n = r.read_at(&mut got[at..], at as u64).unwrap();
+        assert!(n > 0, "short read at {at}");
+        at += n;
+    }
+    assert!(got == old, "the file read across the move differs");
+    c.create_dir("/made-after", 0o755).unwrap();
+    assert!(b.is_some());
+    let on_b = Client::connect(&format!("127.0.0.1:{}", g.ports[1]), &g.options()).unwrap();
+    drop(common::read_both_ways(&on_b, "/new", &data));
+    assert!(fs::read(g.export.path().join("new")).unwrap() == data, "the export differs");
+    assert!(g.export.path().join("made-after").is_dir());
+}
+
+/// The CLI takes the first gateway that answers, and when none does says
+/// why for each.
+#[test]
+fn the_cli_uses_a_gateway_that_answers_and_names_each_that_did_not() {
+    let g = Gateways::new("gw-cli");
+    fs::write(g.export.path().join("f"), b"through B").unwrap();
+    let ferry = |args: &[&str]| {
+        Command::new(FERRY).args(args).env("FERRY_TOKEN_FILE", &g.tokens[0]).env_remove("FERRY_TOKEN").output().unwrap()
+    };
+    let url = format!("ferry://{}/f", g.list());
+    let o = ferry(&["cat", &url]);
+    assert!(!o.status.success(), "cat with no gateway up succeeded");
+    let err = stderr(&o);
+    for p in g.ports {
+        assert!(err.contains(&format!("127.0.0.1:{p}")), "the error does not name gateway {p}: {err}");
+    }
+    let b = g.start(1);
+    for _ in 0..6 {
+        let o = ferry(&["cat", &url]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o), "through B");
+    }
+    drop(b);
+    // The gateway brought back is used again by new clients.
+    let _a = g.start(0);
+    let o = ferry(&["cat", &url]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "through B");
+}
+
+fn read(p: &Path) -> String {
+    fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Blocks of 64 KiB a writer writes; block `i` is all `i % 251`.
+const BLOCKS: usize = 256;
+
+/// Runs `writer` (a command ending in `python3`, to which the script, the
+/// file's `path` as the writer sees it and the count are added) in a process of its own,
+/// as a user's program would be; once it is a quarter done, starts gateway
+/// B and kills A. The writer must finish (its `fsync` included) and the
+/// file in the export be whole. Returns B, running, and the writer's stderr.
+fn write_across_a_move(
+    g: &Gateways,
+    a: &mut Serve,
+    mut writer: Command,
+    path: &Path,
+    log: &dyn Fn() -> String,
+) -> (Serve, String) {
+    let script = r#"
+import os, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for i in range(n):
+    os.pwrite(fd, bytes([i % 251]) * 65536, i * 65536)
+    time.sleep(0.002)
+os.fsync(fd)
+os.close(fd)
+print("done")
+"#;
+    let child = writer
+        .args(["-c", script])
+        .arg(path)
+        .arg(BLOCKS.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let big = g.export.path().join("big");
+    let quarter = (BLOCKS as u64 / 4) * 65536;
+    assert!(
+        wait_for(Duration::from_secs(30), || fs::metadata(&big).is_ok_and(|m| m.len() >= quarter)),
+        "the writer did not get going: {}",
+        log()
+    );
+    let b = g.start(1);
+    a.kill();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "the writer failed: {}; log: {}", stderr(&o), log());
+    let got = fs::read(&big).unwrap();
+    assert_eq!(got.len(), BLOCKS * 65536);
+    for i in 0..BLOCKS {
+        assert!(got[i * 65536..(i + 1) * 65536].iter().all(|&x| x == (i % 251) as u8), "block {i} differs");
+    }
+    (b, stderr(&o))
+}
+
+/// A program writing through a mount of two gateways goes on when the
+/// gateway in use dies: the file is whole and its `fsync` succeeded.
+#[test]
+fn a_mount_of_two_gateways_goes_on_when_one_dies() {
+    require_fuse();
+    let g = Gateways::new("gw-mnt");
+    let mut a = g.start(0);
+    let state = TempDir::new("gw-mnt-mp");
+    let mp = state.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let log = state.path().join("mount.log");
+    let _detach = Detach(mp.clone());
+    let mut daemon = Command::new(FERRY)
+        .args(["mount", &format!("ferry://{}/", g.list())])
+        .arg(&mp)
+        .env("FERRY_TOKEN_FILE", &g.tokens[0])
+        .env("FERRY_SAME_HOST", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(20), || is_live(&mp)), "mount did not come up: {}", read(&log));
+    fs::write(mp.join("held"), b"open across the move").unwrap();
+    let held = fs::OpenOptions::new().read(true).write(true).open(mp.join("held")).unwrap();
+    let mut writer = Command::new("timeout");
+    writer.args(["120", "python3"]);
+    let _b = write_across_a_move(&g, &mut a, writer, &mp.join("big"), &|| read(&log));
+    let mut buf = [0u8; 64];
+    let k = held.read_at(&mut buf, 0).unwrap_or_else(|e| panic!("{e}; log: {}", read(&log)));
+    assert_eq!(&buf[..k], b"open across the move");
+    held.write_all_at(b"OPEN", 0).unwrap();
+    drop(held);
+    assert_eq!(fs::read(g.export.path().join("held")).unwrap(), b"OPEN across the move");
+    assert!(read(&log).contains("moved to gateway"), "the mount did not say it moved: {}", read(&log));
+    let t = std::time::Instant::now();
+    let st = Command::new(FERRY).args(["umount"]).arg(&mp).status().unwrap();
+    assert!(st.success());
+    let _ = daemon.wait();
+    eprintln!("unmounted in {:?}", t.elapsed());
+}
+
+/// The same under `ferry run`: the program's writes go on on gateway B.
+#[test]
+fn ferry_run_with_two_gateways_goes_on_when_one_dies() {
+    let g = Gateways::new("gw-run");
+    let mut a = g.start(0);
+    let mut writer = Command::new("timeout");
+    writer
+        .args(["120", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://{}/", g.list()))
+        .args(["--", "python3"])
+        .env("FERRY_TOKEN_FILE", &g.tokens[0])
+        .env("FERRY_SAME_HOST", "0")
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS");
+    let (_b, err) = write_across_a_move(&g, &mut a, writer, Path::new("/remote/big"), &String::new);
+    assert!(err.contains("moved to gateway"), "the program's library did not say it moved: {err}");
+}
