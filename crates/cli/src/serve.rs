@@ -58,6 +58,13 @@ pub struct ServeArgs {
     /// Keep sessions in memory only: a restart forgets them.
     #[arg(long)]
     no_state: bool,
+    /// The export is a file system that other machines mount too, each
+    /// exported by its own `ferry serve` (gateways, named together in
+    /// clients' URLs): clients that move here from another gateway find
+    /// their open files again by inode number. On by itself for NFS,
+    /// CephFS, JuiceFS, Lustre, GlusterFS and the like.
+    #[arg(long, conflicts_with = "memory")]
+    shared_volume: bool,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
     /// sessions, file-ids, replay, open-read, list-dir, caching,
     /// data-channels, same-host): to serve as an older server would, and to test how
@@ -110,7 +117,12 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         Export::Memory(MemoryBackend::new())
     } else {
         let dir = a.dir.unwrap_or_else(|| PathBuf::from("."));
-        let backend = PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut backend = PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let fs_type = ferry_server::volume::shared_fs_type(&dir);
+        if let Some(t) = &fs_type {
+            eprintln!("ferry serve: {} is on {t}, a shared file system: clients may move here from other gateways", dir.display());
+        }
+        backend.set_shared(a.shared_volume || fs_type.is_some());
         cfg.state_dir = state_dir(&a.state_dir, a.no_state, &dir)?;
         Export::Dir(backend)
     };

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::fuse::{is_live, require_fuse, wait_for, Detach};
 use common::restart::Serve;
 use common::{random_bytes, stderr, stdout, TempDir, FERRY};
-use ferry_client::{Client, OpenOptions, Options};
+use ferry_client::{Client, LockKind, LockSpec, LockType, OpenOptions, Options};
 
 struct Gateways {
     export: TempDir,
@@ -246,4 +246,55 @@ fn ferry_run_with_two_gateways_goes_on_when_one_dies() {
         .env_remove("FERRY_MOUNTS");
     let (_b, err) = write_across_a_move(&g, &mut a, writer, Path::new("/remote/big"), &String::new);
     assert!(err.contains("moved to gateway"), "the program's library did not say it moved: {err}");
+}
+
+/// A lock taken through one gateway holds against clients of the other,
+/// and against a program on the server's host locking the file itself:
+/// each server takes its clients' locks on the file (OFD locks).
+#[test]
+fn a_lock_taken_through_one_gateway_holds_on_the_other() {
+    let g = Gateways::new("gw-lock");
+    let (_a, _b) = (g.start(0), g.start(1));
+    fs::write(g.export.path().join("db"), vec![0u8; 4096]).unwrap();
+    // B's client does not reconnect: its connection's end is its end (a
+    // session would keep its locks for the lease, for it to come back).
+    let on = |i: usize, o: Options| Client::connect(&format!("127.0.0.1:{}", g.ports[i]), &o).unwrap();
+    let (ca, cb) = (on(0, g.options()), on(1, Options { reconnect: None, ..g.options() }));
+    let mut rw = OpenOptions::new();
+    rw.read(true).write(true);
+    let (fa, fb) = (ca.open("/db", &rw).unwrap(), cb.open("/db", &rw).unwrap());
+    let spec = |kind, typ, start, len| LockSpec { kind, typ, start, len, pid: 7 };
+    fa.try_lock(&spec(LockKind::Posix(1), LockType::Write, 0, 100)).unwrap();
+    let e = fb.try_lock(&spec(LockKind::Posix(1), LockType::Read, 50, 1)).unwrap_err();
+    assert_eq!(e.errno(), libc::EAGAIN, "{e}");
+    let held = fb.get_lock(&spec(LockKind::Posix(1), LockType::Read, 0, 0)).unwrap();
+    assert_eq!(held.map(|h| (h.typ, h.start, h.len)), Some((LockType::Write, 0, 100)));
+    // Outside the range, and after the unlock, B's client gets its lock.
+    fb.try_lock(&spec(LockKind::Ofd, LockType::Write, 100, 0)).unwrap();
+    fa.unlock(LockKind::Posix(1), 0, 0).unwrap();
+    fb.try_lock(&spec(LockKind::Posix(1), LockType::Read, 50, 1)).unwrap();
+    // A program on the server's host, locking the exported file itself.
+    let local = r#"
+import fcntl, sys
+f = open(sys.argv[1], "r+b")
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 50)
+    print("locked")
+except OSError:
+    print("refused")
+"#;
+    let run = || {
+        let o = Command::new("python3").args(["-c", local]).arg(g.export.path().join("db")).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o).trim().to_string()
+    };
+    assert_eq!(run(), "refused", "a local program locked over a ferry client's lock");
+    // A client whose connection ends leaves nothing locked, here or there.
+    drop(fb);
+    drop(cb);
+    assert!(
+        wait_for(Duration::from_secs(10), || run() == "locked"),
+        "the locks of a client that went away still hold the file"
+    );
+    fa.try_lock(&spec(LockKind::Posix(1), LockType::Write, 0, 0)).unwrap();
 }

@@ -170,11 +170,17 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
-/// `Backend::reopen` by path: the file at `path` if it is still `key`.
-pub fn reopen_by_path<B: Backend + ?Sized>(b: &B, path: &[u8], flags: u32, key: (u64, u64)) -> Result<(B::File, Attr)> {
+/// `Backend::reopen` by path: the file at `path` if it is still the one
+/// the client had (`same`: its attributes say so).
+pub fn reopen_by_path<B: Backend + ?Sized>(
+    b: &B,
+    path: &[u8],
+    flags: u32,
+    same: impl Fn(&Attr) -> bool,
+) -> Result<(B::File, Attr)> {
     let flags = flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
     match b.open(path, flags, 0) {
-        Ok((f, a)) if (a.dev, a.ino) == key => Ok((f, a)),
+        Ok((f, a)) if same(&a) => Ok((f, a)),
         Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => Err(Errno::STALE),
         Err(e) => Err(e),
     }

@@ -15,11 +15,13 @@ mod dirpolicy;
 mod fileid;
 mod journal;
 mod locks;
+mod ofd;
 pub mod memory;
 pub mod posix;
 mod replay;
 mod session;
 mod sessions;
+pub mod volume;
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;

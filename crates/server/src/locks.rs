@@ -1,5 +1,10 @@
 //! Record locks, shared by every connection of a server.
 //!
+//! Where the backend has a descriptor of the file, each owner's locks are
+//! also taken on the file itself (`ofd`), so gateways of one shared file
+//! system exclude each other's clients; the table stays the record of who
+//! holds what here (owners, process ids) and answers first.
+//!
 //! Locks are kept per file identity (`dev`, `ino`), so locks taken through
 //! different handles or connections on one file see each other. An owner is
 //! a connection plus either a client-chosen process id (POSIX locks) or a
@@ -8,9 +13,13 @@
 //! and the client retries (see PROTOCOL.md, "Waiting for a lock"), so no
 //! connection thread is ever parked on a lock.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+
+use crate::ofd::Ofd;
 
 /// A file's identity on the server: `(dev, ino)`.
 pub type FileKey = (u64, u64);
@@ -59,8 +68,20 @@ impl Lock {
 /// Every lock held on the server.
 #[derive(Default, Debug)]
 pub struct LockTable {
-    files: Mutex<HashMap<FileKey, Vec<Lock>>>,
+    t: Mutex<Table>,
 }
+
+#[derive(Default, Debug)]
+struct Table {
+    files: HashMap<FileKey, Vec<Lock>>,
+    /// Each owner's open file description of a file it holds locks on, where
+    /// the file has a descriptor: closing it ends the owner's kernel locks.
+    ofds: HashMap<(FileKey, Owner), Ofd>,
+}
+
+/// The owner of a lock taken elsewhere than on this server (seen through
+/// the kernel): connection 0 is never a connection's.
+const ELSEWHERE: Owner = Owner { conn: 0, id: OwnerId::Process(0) };
 
 /// Connection ids for lock owners, unique for the server's life.
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -93,35 +114,76 @@ pub fn start_len(start: u64, end: u64) -> (u64, u64) {
 }
 
 impl LockTable {
-    fn files(&self) -> std::sync::MutexGuard<'_, HashMap<FileKey, Vec<Lock>>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         // A panic while holding the table cannot leave it half-changed in a
         // way that matters more than losing every lock: keep going.
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        self.t.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The first lock of another owner that conflicts with `mode` over the range.
-    pub fn test(&self, file: FileKey, owner: Owner, mode: Mode, start: u64, end: u64) -> Option<Lock> {
-        let files = self.files();
-        files.get(&file)?.iter().find(|l| l.conflicts(owner, mode, start, end)).copied()
+    /// The first lock of another owner that conflicts with `mode` over the
+    /// range: one of this server's, else (asked of the kernel through
+    /// `file`, a descriptor of it, if there is one) one taken elsewhere,
+    /// whose process id is not known here (0).
+    pub fn test(
+        &self,
+        key: FileKey,
+        owner: Owner,
+        mode: Mode,
+        start: u64,
+        end: u64,
+        file: Option<BorrowedFd<'_>>,
+    ) -> Option<Lock> {
+        let t = self.table();
+        if let Some(l) = t.files.get(&key).and_then(|ls| ls.iter().find(|l| l.conflicts(owner, mode, start, end))) {
+            return Some(*l);
+        }
+        // The owner's own description, so that its own locks are no conflict.
+        let fd = t.ofds.get(&(key, owner)).map(Ofd::as_fd).or(file)?;
+        let (mode, start, end) = crate::ofd::conflict(fd, mode, start, end).ok()??;
+        Some(Lock { owner: ELSEWHERE, mode, start, end, pid: 0 })
     }
 
     /// Sets the owner's lock over the range to `mode` (`None` unlocks),
-    /// replacing, splitting and merging what it held there as `fcntl` does.
-    /// A conflict with another owner changes nothing and returns that lock.
+    /// replacing, splitting and merging what it held there as `fcntl` does,
+    /// on the file itself too when `file` (a descriptor of it) is given.
+    /// A conflict with another owner — here, or elsewhere as the kernel
+    /// says — changes nothing and returns that lock.
+    #[allow(clippy::too_many_arguments)]
     pub fn set(
         &self,
-        file: FileKey,
+        key: FileKey,
         owner: Owner,
         mode: Option<Mode>,
         start: u64,
         end: u64,
         pid: u32,
+        file: Option<BorrowedFd<'_>>,
     ) -> Result<(), Lock> {
-        let mut files = self.files();
-        let locks = files.entry(file).or_default();
+        let mut t = self.table();
+        let Table { files, ofds } = &mut *t;
+        let locks = files.entry(key).or_default();
         if let Some(m) = mode {
             if let Some(c) = locks.iter().find(|l| l.conflicts(owner, m, start, end)) {
                 return Err(*c);
+            }
+        }
+        // The kernel's turn. A description that cannot be had (no such
+        // file any more, no access) leaves the lock to this table alone.
+        if let Some(fd) = file.filter(|_| mode.is_some() || ofds.contains_key(&(key, owner))) {
+            let ofd = match ofds.entry((key, owner)) {
+                Entry::Occupied(o) => Some(o.into_mut()),
+                Entry::Vacant(v) => Ofd::open(fd).ok().map(|o| v.insert(o)),
+            };
+            if let Some(ofd) = ofd {
+                if let Ok(false) = ofd.set(mode, start, end) {
+                    if locks.is_empty() {
+                        files.remove(&key);
+                    }
+                    let m = mode.unwrap_or(Mode::Write);
+                    let held = crate::ofd::conflict(ofd.as_fd(), m, start, end).ok().flatten();
+                    let (mode, start, end) = held.unwrap_or((m, start, end));
+                    return Err(Lock { owner: ELSEWHERE, mode, start, end, pid: 0 });
+                }
             }
         }
         carve(locks, owner, start, end);
@@ -145,26 +207,32 @@ impl LockTable {
             });
             locks.push(Lock { owner, mode, start: s, end: e, pid });
         }
+        if !locks.iter().any(|l| l.owner == owner) {
+            ofds.remove(&(key, owner));
+        }
         if locks.is_empty() {
-            files.remove(&file);
+            files.remove(&key);
         }
         Ok(())
     }
 
     /// Releases every lock of `owner` on `file`.
-    pub fn release(&self, file: FileKey, owner: Owner) {
-        let mut files = self.files();
-        if let Some(locks) = files.get_mut(&file) {
+    pub fn release(&self, key: FileKey, owner: Owner) {
+        let mut t = self.table();
+        t.ofds.remove(&(key, owner));
+        if let Some(locks) = t.files.get_mut(&key) {
             locks.retain(|l| l.owner != owner);
             if locks.is_empty() {
-                files.remove(&file);
+                t.files.remove(&key);
             }
         }
     }
 
     /// Releases every lock of a connection (it ended).
     pub fn release_conn(&self, conn: u64) {
-        self.files().retain(|_, locks| {
+        let mut t = self.table();
+        t.ofds.retain(|(_, o), _| o.conn != conn);
+        t.files.retain(|_, locks| {
             locks.retain(|l| l.owner.conn != conn);
             !locks.is_empty()
         });
@@ -172,8 +240,8 @@ impl LockTable {
 
     /// The locks held on `file`, for tests.
     #[cfg(test)]
-    pub fn held(&self, file: FileKey) -> Vec<Lock> {
-        self.files().get(&file).cloned().unwrap_or_default()
+    pub fn held(&self, key: FileKey) -> Vec<Lock> {
+        self.table().files.get(&key).cloned().unwrap_or_default()
     }
 }
 
@@ -216,30 +284,58 @@ mod tests {
     #[test]
     fn split_merge_upgrade_and_unlock() {
         let t = LockTable::default();
-        t.set(F, p(1), Some(Mode::Read), 0, 99, 1).unwrap();
+        t.set(F, p(1), Some(Mode::Read), 0, 99, 1, None).unwrap();
         // A write lock in the middle splits the read lock in three.
-        t.set(F, p(1), Some(Mode::Write), 10, 19, 1).unwrap();
+        t.set(F, p(1), Some(Mode::Write), 10, 19, 1, None).unwrap();
         assert_eq!(sorted(&t), vec![(p(1), Mode::Read, 0, 9), (p(1), Mode::Write, 10, 19), (p(1), Mode::Read, 20, 99)]);
         // Downgrading it again merges everything back into one lock.
-        t.set(F, p(1), Some(Mode::Read), 10, 19, 1).unwrap();
+        t.set(F, p(1), Some(Mode::Read), 10, 19, 1, None).unwrap();
         assert_eq!(sorted(&t), vec![(p(1), Mode::Read, 0, 99)]);
         // Another owner may share a read lock but not write over it.
-        t.set(F, p(2), Some(Mode::Read), 50, u64::MAX, 2).unwrap();
-        let c = t.set(F, p(2), Some(Mode::Write), 90, 95, 2).unwrap_err();
+        t.set(F, p(2), Some(Mode::Read), 50, u64::MAX, 2, None).unwrap();
+        let c = t.set(F, p(2), Some(Mode::Write), 90, 95, 2, None).unwrap_err();
         assert_eq!((c.owner, c.start, c.end), (p(1), 0, 99));
-        assert_eq!(t.test(F, p(3), Mode::Write, 200, 300).map(|l| l.owner), Some(p(2)));
-        t.set(F, p(1), None, 0, u64::MAX, 1).unwrap();
-        t.set(F, p(2), Some(Mode::Write), 90, 95, 2).unwrap();
+        assert_eq!(t.test(F, p(3), Mode::Write, 200, 300, None).map(|l| l.owner), Some(p(2)));
+        t.set(F, p(1), None, 0, u64::MAX, 1, None).unwrap();
+        t.set(F, p(2), Some(Mode::Write), 90, 95, 2, None).unwrap();
         t.release(F, p(2));
         assert!(t.held(F).is_empty());
+    }
+
+    /// Two servers (two tables) with a descriptor of one file: each one's
+    /// owners are excluded by the other's locks, through the kernel, and
+    /// ending an owner or a connection frees the file for the other.
+    #[test]
+    fn two_servers_of_one_file_exclude_each_other() {
+        use std::os::fd::AsFd;
+        let dir = std::env::temp_dir().join(format!("ferry-locks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), b"data").unwrap();
+        let (fa, fb) = (std::fs::File::open(dir.join("f")).unwrap(), std::fs::File::open(dir.join("f")).unwrap());
+        let (a, b) = (LockTable::default(), LockTable::default());
+        let (on_a, on_b) = (Some(fa.as_fd()), Some(fb.as_fd()));
+        a.set(F, p(1), Some(Mode::Read), 0, 9, 1, on_a).unwrap();
+        b.set(F, p(1), Some(Mode::Read), 5, 20, 1, on_b).unwrap();
+        let c = b.set(F, p(2), Some(Mode::Write), 0, 0, 2, on_b).unwrap_err();
+        assert_eq!((c.mode, c.start, c.end, c.pid), (Mode::Read, 0, 9, 0), "conflict reported: {c:?}");
+        assert!(b.held(F).iter().all(|l| l.owner == p(1)), "a refused lock was kept: {:?}", b.held(F));
+        assert_eq!(b.test(F, p(2), Mode::Write, 0, 3, on_b).map(|l| (l.mode, l.start)), Some((Mode::Read, 0)));
+        // An owner that unlocks, or whose connection ends, frees the file.
+        a.set(F, p(1), None, 0, u64::MAX, 1, on_a).unwrap();
+        b.set(F, p(2), Some(Mode::Write), 0, 3, 2, on_b).unwrap();
+        assert!(a.set(F, p(1), Some(Mode::Read), 2, 2, 1, on_a).is_err());
+        b.release_conn(p(2).conn);
+        a.set(F, p(1), Some(Mode::Write), 0, 4, 1, on_a).unwrap();
+        assert!(b.set(F, p(1), Some(Mode::Read), 4, 4, 1, on_b).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_connection_ending_releases_its_locks_only() {
         let t = LockTable::default();
         let other = Owner { conn: 2, id: OwnerId::Handle(7) };
-        t.set(F, p(1), Some(Mode::Write), 0, 0, 1).unwrap();
-        t.set(F, other, Some(Mode::Write), 5, 5, 9).unwrap();
+        t.set(F, p(1), Some(Mode::Write), 0, 0, 1, None).unwrap();
+        t.set(F, other, Some(Mode::Write), 5, 5, 9, None).unwrap();
         t.release_conn(1);
         assert_eq!(sorted(&t), vec![(other, Mode::Write, 5, 5)]);
     }
@@ -286,7 +382,7 @@ mod tests {
                 let conflict = mode.is_some() && (0..3).any(|other| other != o as usize && (start as usize..=last).any(|b| {
                     matches!((model[other][b], mode), (Some(Mode::Write), _) | (Some(_), Some(Mode::Write)))
                 }));
-                let got = t.set(F, p(o), mode, start, end, 0);
+                let got = t.set(F, p(o), mode, start, end, 0, None);
                 prop_assert_eq!(got.is_err(), conflict);
                 if !conflict {
                     model[o as usize][start as usize..=last].fill(mode);

@@ -864,7 +864,7 @@ impl Backend for MemoryBackend {
         if id.get(..8) != Some(&self.tag[..]) {
             return Err(Errno::STALE);
         }
-        crate::backend::reopen_by_path(self, path, flags, key)
+        crate::backend::reopen_by_path(self, path, flags, |a| (a.dev, a.ino) == key)
     }
 
     fn open(&self, path: &[u8], flags: u32, mode: u32) -> Result<(MemoryFile, Attr)> {

@@ -40,6 +40,9 @@ const CLIENT_FLAGS: u32 = (libc::O_ACCMODE
 
 pub struct PosixBackend {
     root: OwnedFd,
+    /// The export is one gateway's view of a file system other gateways
+    /// export too (`shared_volume`).
+    shared: bool,
 }
 
 /// An open file; directories carry a lazily created stream for `readdir`.
@@ -60,7 +63,16 @@ impl PosixBackend {
     /// Exports `root`, which must be a directory.
     pub fn new(root: &Path) -> std::io::Result<PosixBackend> {
         let fd = rfs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(PosixBackend { root: fd })
+        Ok(PosixBackend { root: fd, shared: false })
+    }
+
+    /// Declares the export one of several gateways' views of one shared
+    /// file system (see `shared_volume`): a client moving from another
+    /// gateway finds its open files again by inode number alone, as the
+    /// device number differs between machines (and between two mounts of
+    /// one volume on one machine).
+    pub fn set_shared(&mut self, shared: bool) {
+        self.shared = shared;
     }
 
     /// Whether `fd` (opened by a file id, which a client could forge) is a
@@ -321,7 +333,11 @@ impl Backend for PosixBackend {
                 _ => {}
             }
         }
-        crate::backend::reopen_by_path(self, path, flags, key)
+        // On a shared volume the client may come from another gateway,
+        // whose device number for the volume is its own: inode numbers are
+        // the volume's, and name the file on every gateway.
+        let shared = self.shared;
+        crate::backend::reopen_by_path(self, path, flags, |a| a.ino == key.1 && (shared || a.dev == key.0))
     }
 
     fn fd_of<'f>(&self, file: &'f PosixFile) -> Option<std::os::fd::BorrowedFd<'f>> {

@@ -529,7 +529,9 @@ impl<B: Backend> Session<B> {
             lock::WRLCK => Some(Mode::Write),
             _ => None,
         };
-        self.policy.locks.set(key, who, mode, start, end, pid).map_err(|_| Errno(libc::EAGAIN))?;
+        let h = self.handle(handle)?;
+        let file = self.backend.fd_of(&h.file);
+        self.policy.locks.set(key, who, mode, start, end, pid, file).map_err(|_| Errno(libc::EAGAIN))?;
         if mode.is_some() {
             self.locked = true;
             if let OwnerId::Handle(_) = who.id {
@@ -542,7 +544,8 @@ impl<B: Backend> Session<B> {
     fn get_lock(&self, handle: u64, owner: u64, (start, len): (u64, u64), kind: u8, typ: u8) -> Result<Answer<'_>> {
         let (who, key, start, end, _) = self.lock_target(handle, owner, start, len, kind)?;
         let mode = if typ == lock::WRLCK { Mode::Write } else { Mode::Read };
-        Ok(match self.policy.locks.test(key, who, mode, start, end) {
+        let file = self.backend.fd_of(&self.handle(handle)?.file);
+        Ok(match self.policy.locks.test(key, who, mode, start, end, file) {
             None => Answer::Lock { typ: lock::UNLCK, start: 0, len: 0, pid: 0 },
             Some(l) => {
                 let (start, len) = locks::start_len(l.start, l.end);
