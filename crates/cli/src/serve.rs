@@ -120,7 +120,10 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         let mut backend = PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let fs_type = ferry_server::volume::shared_fs_type(&dir);
         if let Some(t) = &fs_type {
-            eprintln!("ferry serve: {} is on {t}, a shared file system: clients may move here from other gateways", dir.display());
+            eprintln!(
+                "ferry serve: {} is on {t}, a shared file system: clients may move here from other gateways",
+                dir.display()
+            );
         }
         backend.set_shared(a.shared_volume || fs_type.is_some());
         cfg.state_dir = state_dir(&a.state_dir, a.no_state, &dir)?;

