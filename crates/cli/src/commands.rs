@@ -5,7 +5,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, IsTerminal, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -74,7 +74,7 @@ fn local_fail(p: &Path, e: io::Error) -> String {
 /// Either side of a copy. A remote side is its server's URL and the exact
 /// path, whose names below the URL's own path are bytes (not always UTF-8),
 /// as local names are.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 enum Loc {
     Local(PathBuf),
     Remote(Url, PathBuf),
@@ -257,9 +257,29 @@ enum SinkFile {
     Remote(Box<ferry_client::File>),
 }
 
+/// Whether a copy must write into `dst` itself rather than replace it: a
+/// device (`ferry cp x /dev/null`), FIFO or socket, a symbolic link (cp
+/// writes through it), or a file with other hard links — replacing any of
+/// them would destroy what the name stood for, as cp(1) never does.
+fn in_place(c: &mut Clients, dst: &Loc) -> Result<bool, String> {
+    let (mode, nlink) = match dst {
+        Loc::Local(p) => match fs::symlink_metadata(p) {
+            Ok(m) => (m.mode(), m.nlink()),
+            Err(_) => return Ok(false),
+        },
+        Loc::Remote(u, p) => match c.get(u)?.symlink_metadata(p) {
+            Ok(a) => (a.mode, a.nlink),
+            Err(_) => return Ok(false),
+        },
+    };
+    Ok(mode & libc::S_IFMT != libc::S_IFREG || nlink > 1)
+}
+
 impl Sink {
     fn open(c: &mut Clients, dst: &Loc, mode: u32) -> Result<Sink, String> {
-        let tmp = temp_name(dst)?;
+        // Written in place, the destination is its own "temporary" name:
+        // `finish` renames nothing, `Drop` removes nothing.
+        let tmp = if in_place(c, dst)? { dst.clone() } else { temp_name(dst)? };
         let (file, client) = match &tmp {
             Loc::Local(p) => {
                 let f = fs::OpenOptions::new()
@@ -300,6 +320,7 @@ impl Sink {
             None => {}
         }
         match (&self.tmp, &self.dst, &self.client) {
+            _ if self.tmp == self.dst => {}
             (Loc::Local(t), Loc::Local(d), _) => fs::rename(t, d).map_err(|e| local_fail(d, e))?,
             (Loc::Remote(_, t), Loc::Remote(_, d), Some(c)) => c.rename(t, d).map_err(|e| remote_fail(&self.dst, e))?,
             _ => unreachable!("a temporary name is on the destination's side"),
@@ -315,6 +336,7 @@ impl Drop for Sink {
         drop(self.file.take());
         // Best effort: the server may be the reason we are failing.
         match (&self.tmp, &self.client) {
+            _ if self.tmp == self.dst => {}
             (Loc::Local(t), _) if !t.as_os_str().is_empty() => {
                 let _ = fs::remove_file(t);
             }

@@ -229,6 +229,40 @@ fn cp_empty_file() {
     assert_eq!(std::fs::metadata(&back).unwrap().len(), 0);
 }
 
+/// A destination that is not a plain file is written into, never
+/// replaced, as cp(1) does: a character device (a copy of /dev/null made
+/// here: `ferry cp URL /dev/null` once turned the real one into a regular
+/// file), a symbolic link (its target gets the bytes), a file with another
+/// hard link (both names see them); on the server too.
+#[test]
+fn cp_writes_into_devices_links_and_hard_links_instead_of_replacing_them() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let server = Server::start(&[]);
+    put(&server, "/src", b"copied");
+    let local = TempDir::new("cp-into");
+    let null = local.path().join("null");
+    let st = Command::new("mknod").arg(&null).args(["c", "1", "3"]).status().unwrap();
+    assert!(st.success(), "mknod");
+    ok(&server.ferry(&["cp", &server.url("/src"), null.to_str().unwrap()]));
+    assert!(std::fs::symlink_metadata(&null).unwrap().file_type().is_char_device(), "the device was replaced");
+    let target = local.path().join("target");
+    std::fs::write(&target, b"old").unwrap();
+    std::os::unix::fs::symlink(&target, local.path().join("link")).unwrap();
+    ok(&server.ferry(&["cp", &server.url("/src"), local.path().join("link").to_str().unwrap()]));
+    assert!(std::fs::symlink_metadata(local.path().join("link")).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(&target).unwrap(), b"copied");
+    std::fs::hard_link(&target, local.path().join("other")).unwrap();
+    std::fs::write(local.path().join("up"), b"uploaded").unwrap();
+    ok(&server.ferry(&["cp", &server.url("/src"), local.path().join("other").to_str().unwrap()]));
+    assert_eq!(std::fs::metadata(&target).unwrap().nlink(), 2);
+    // The server side: a symbolic link and a hard link there.
+    std::os::unix::fs::symlink("src", exported(&server, "/rlink")).unwrap();
+    std::fs::hard_link(exported(&server, "/src"), exported(&server, "/rhard")).unwrap();
+    ok(&server.ferry(&["cp", local.path().join("up").to_str().unwrap(), &server.url("/rlink")]));
+    assert!(std::fs::symlink_metadata(exported(&server, "/rlink")).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(exported(&server, "/rhard")).unwrap(), b"uploaded");
+}
+
 #[test]
 fn cp_remote_to_remote_same_and_other_server() {
     let a = Server::start(&[]);

@@ -43,6 +43,9 @@ pub struct PosixBackend {
     /// The export is one gateway's view of a file system other gateways
     /// export too (`shared_volume`).
     shared: bool,
+    /// The export is a whole file system (`volume::is_fs_root`): every file
+    /// of its device is inside it.
+    whole_fs: bool,
 }
 
 /// An open file; directories carry a lazily created stream for `readdir`.
@@ -63,7 +66,7 @@ impl PosixBackend {
     /// Exports `root`, which must be a directory.
     pub fn new(root: &Path) -> std::io::Result<PosixBackend> {
         let fd = rfs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(PosixBackend { root: fd, shared: false })
+        Ok(PosixBackend { root: fd, shared: false, whole_fs: crate::volume::is_fs_root(root) })
     }
 
     /// Declares the export one of several gateways' views of one shared
@@ -76,9 +79,16 @@ impl PosixBackend {
     }
 
     /// Whether `fd` (opened by a file id, which a client could forge) is a
-    /// file of the export: the path the kernel knows for it, walked again
-    /// from the export root with the usual confinement, gives this file.
+    /// file of the export: the export is its whole file system, or the path
+    /// the kernel knows for it, walked again from the export root with the
+    /// usual confinement, gives this file.
     fn inside(&self, fd: &OwnedFd) -> Result<bool> {
+        // A file of the exported file system, when all of it is exported:
+        // the path is not needed (and a FUSE file system gives a file
+        // opened by a handle of another mount of it no path: "/").
+        if self.whole_fs && rfs::fstat(fd)?.st_dev == rfs::fstat(&self.root)?.st_dev {
+            return Ok(true);
+        }
         let link = |fd: &OwnedFd| rfs::readlinkat(CWD, format!("/proc/self/fd/{}", fd.as_raw_fd()), Vec::new());
         let (root, p) = (link(&self.root)?, link(fd)?);
         let (root, p) = (root.as_bytes(), p.as_bytes());

@@ -34,6 +34,48 @@ pub fn shared_fs_type(dir: &Path) -> Option<String> {
     fs_type_of(&info, dev).filter(|t| SHARED.contains(&t.as_str()))
 }
 
+/// Whether `dir` is where a whole file system is mounted (its own root,
+/// not a bind mount of a directory inside): then every file of that file
+/// system is inside `dir`, which the kernel's file handles can be checked
+/// against without a path (FUSE file systems give handles of other mounts
+/// no path).
+pub fn is_fs_root(dir: &Path) -> bool {
+    let (Ok(dir), Ok(info)) = (dir.canonicalize(), std::fs::read_to_string("/proc/self/mountinfo")) else {
+        return false;
+    };
+    is_root_in(&info, &dir.to_string_lossy())
+}
+
+fn is_root_in(mountinfo: &str, dir: &str) -> bool {
+    // The last mount at `dir` is the one in sight.
+    let last = mountinfo.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && unescape(f[4]) == dir).then(|| f[3] == "/")
+    });
+    last.last().unwrap_or(false)
+}
+
+/// `mountinfo` writes space, tab, newline and backslash as octal escapes.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The file system type of device `dev` in a `mountinfo` text.
 fn fs_type_of(mountinfo: &str, dev: u64) -> Option<String> {
     let want = format!("{}:{}", libc::major(dev), libc::minor(dev));
@@ -60,6 +102,17 @@ mod tests {
         assert_eq!(fs_type_of(info, libc::makedev(0, 41)).as_deref(), Some("nfs4"));
         assert_eq!(fs_type_of(info, libc::makedev(0, 21)).as_deref(), Some("proc"));
         assert_eq!(fs_type_of(info, libc::makedev(8, 1)), None);
+    }
+
+    #[test]
+    fn knows_a_file_system_root_from_a_directory_in_one() {
+        let info = "40 28 0:40 / /mnt/jfs rw - fuse.juicefs JuiceFS:v rw\n\
+                    50 28 0:40 /sub /mnt/bound rw - fuse.juicefs JuiceFS:v rw\n\
+                    60 28 0:41 / /mnt/with\\040space rw - nfs4 s:/ rw\n";
+        assert!(is_root_in(info, "/mnt/jfs"));
+        assert!(!is_root_in(info, "/mnt/bound"));
+        assert!(!is_root_in(info, "/mnt/jfs/dir"));
+        assert!(is_root_in(info, "/mnt/with space"));
     }
 
     #[test]
