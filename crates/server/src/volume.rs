@@ -48,11 +48,11 @@ pub fn is_fs_root(dir: &Path) -> bool {
 
 fn is_root_in(mountinfo: &str, dir: &str) -> bool {
     // The last mount at `dir` is the one in sight.
-    let last = mountinfo.lines().filter_map(|l| {
+    let mut at = mountinfo.lines().rev().filter_map(|l| {
         let f: Vec<&str> = l.split(' ').collect();
         (f.len() > 4 && unescape(f[4]) == dir).then(|| f[3] == "/")
     });
-    last.last().unwrap_or(false)
+    at.next().unwrap_or(false)
 }
 
 /// `mountinfo` writes space, tab, newline and backslash as octal escapes.
