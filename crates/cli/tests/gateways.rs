@@ -401,8 +401,9 @@ impl Drop for Juicefs {
 /// Two ferry gateways in front of one JuiceFS volume (each exporting its
 /// own mount of it): a writer through both gateways' URL goes on when its
 /// gateway is killed mid-write and every byte is there through the other
-/// mount; a file open across the move is found again (by inode: the two
-/// mounts' device numbers differ); a lock taken through one gateway
+/// mount; a file open across the move is found again, also when renamed
+/// meanwhile (the two mounts' device numbers differ: by the kernel's file
+/// handle, or by inode); a lock taken through one gateway
 /// blocks a client of the other; the gateway brought back serves new
 /// clients.
 #[test]
@@ -428,6 +429,9 @@ fn gateways_in_front_of_juicefs() {
     let f = c.open("/big", OpenOptions::new().read(true)).unwrap();
     let mut head = vec![0u8; 65536];
     f.read_at(&mut head, 0).unwrap();
+    // Renamed behind ferry's back: found again by its file handle (the
+    // kernel's, which JuiceFS's mounts share), not by its old name.
+    fs::rename(g.export().join("big"), g.export().join("big-moved")).unwrap();
     let mut b = b;
     let _a = g.start(0);
     b.kill();
@@ -442,7 +446,7 @@ fn gateways_in_front_of_juicefs() {
     let (ca, cb) = (on(0), on(1));
     let mut rw = OpenOptions::new();
     rw.read(true).write(true);
-    let (fa, fb) = (ca.open("/big", &rw).unwrap(), cb.open("/big", &rw).unwrap());
+    let (fa, fb) = (ca.open("/big-moved", &rw).unwrap(), cb.open("/big-moved", &rw).unwrap());
     let spec = |typ, start, len| LockSpec { kind: LockKind::Posix(1), typ, start, len, pid: 7 };
     fa.try_lock(&spec(LockType::Write, 0, 4096)).unwrap();
     let e = fb.try_lock(&spec(LockType::Write, 0, 1)).unwrap_err();
