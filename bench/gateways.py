@@ -15,7 +15,7 @@ write (+ fsync), a file of their own, at the same time:
 Each figure is the aggregate MB/s (all clients' bytes over the wall time of
 the slowest), the median of --runs runs, the order of the systems rotated
 between runs; beside them the raw loopback TCP rate measured in the same run
-(one stream, Python sockets, 1 MiB buffers). Everything shares this
+(`ferry compare --only 0`: one stream, 1 MiB writes). Everything shares this
 machine's cores: the figures are bounded by the CPU, not by the network or
 the gateways' number (see docs/benchmarks.md for how they would scale).
 
@@ -26,12 +26,10 @@ Usage: bench/gateways.py [--ferry target/release/ferry] [--size-mib 256]
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 
@@ -49,38 +47,15 @@ def mounted(path):
         return any(l.split()[4] == path for l in f)
 
 
-def loopback_mbs(total=1 << 30):
-    """One TCP stream over 127.0.0.1: the raw limit for the figures."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    port = srv.getsockname()[1]
-    got = [0]
-
-    def sink():
-        c, _ = srv.accept()
-        buf = bytearray(1 << 20)
-        while True:
-            n = c.recv_into(buf)
-            if not n:
-                break
-            got[0] += n
-        c.close()
-
-    t = threading.Thread(target=sink)
-    t.start()
-    s = socket.create_connection(("127.0.0.1", port))
-    chunk = b"\0" * (1 << 20)
-    start = time.monotonic()
-    sent = 0
-    while sent < total:
-        s.sendall(chunk)
-        sent += len(chunk)
-    s.close()
-    t.join()
-    secs = time.monotonic() - start
-    srv.close()
-    return got[0] / secs / 1e6
+def loopback_mbs(ferry):
+    """The raw TCP stream rate over 127.0.0.1 (1 MiB writes), as `ferry
+    compare` measures it: the limit the figures are stated against."""
+    out = subprocess.run([ferry, "compare", "--only", "0", "--runs", "1"], capture_output=True, text=True,
+                         timeout=300).stdout
+    for line in out.splitlines():
+        if "TCP stream, 1 MiB writes" in line:
+            return float(line.split()[-2])
+    sys.exit(f"gateways.py: no raw TCP figure from ferry compare:\n{out}")
 
 
 class Setup:
@@ -192,7 +167,7 @@ def main():
         results = {}
         loop = []
         for r in range(args.runs):
-            loop.append(loopback_mbs())
+            loop.append(loopback_mbs(args.ferry))
             order = systems[r % 3:] + systems[:r % 3]
             for n in counts:
                 for op in ["read", "write"]:
@@ -203,7 +178,7 @@ def main():
         raw = statistics.median(loop)
         print(f"JuiceFS volume mounted twice, a ferry gateway on each; {args.size_mib} MiB per client, "
               f"median of {args.runs} runs, system order rotated")
-        print(f"raw loopback (one TCP stream, same run): {raw:,.0f} MB/s; cores: {os.cpu_count()}")
+        print(f"raw loopback (one TCP stream, 1 MiB writes, same run): {raw:,.0f} MB/s; cores: {os.cpu_count()}")
         print(f"{'clients':>7} {'op':>6} " + " ".join(f"{x:>12}" for x in systems) + "   ratios to direct / to loopback")
         for n in counts:
             for op in ["read", "write"]:
