@@ -1,4 +1,5 @@
-"""fsspec file system for ``ferry://host:port/path`` URLs.
+"""fsspec file system for ``ferry://host:port/path`` URLs (and
+``ferry://h1:p1,h2:p2/path`` for several gateways of one file system).
 
 Registered by an entry point (``fsspec.specs``), so ``fsspec.open``,
 ``pandas.read_csv("ferry://host:7070/x.csv")`` and friends find it with no
@@ -27,12 +28,16 @@ COPY_CHUNK = 8 * 1024 * 1024
 
 def _split_url(path: str) -> "tuple[Optional[str], Optional[int], str]":
     """(host, port, path) of ``ferry://host[:port][/path]``; a path without
-    the scheme is returned as is."""
+    the scheme is returned as is. For several gateways
+    (``ferry://h1:p1,h2:p2/path``) the host is the whole list and the port
+    None."""
     if not path.startswith("ferry://"):
         return None, None, path
     rest = path[len("ferry://") :]
     i = rest.find("/")
     hostport, p = (rest, "/") if i < 0 else (rest[:i], rest[i:])
+    if "," in hostport:
+        return hostport, None, p
     if hostport.startswith("["):
         end = hostport.index("]")
         host, tail = hostport[: end + 1], hostport[end + 1 :]
@@ -59,12 +64,17 @@ class FerryFileSystem(AbstractFileSystem):
         token: Optional[Union[str, bytes]] = None,
         token_file: Optional[str] = None,
         window: Optional[int] = None,
+        gateways: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.host = host
         self.port = int(port)
-        self.client = Client(f"{host}:{self.port}", token=token, token_file=token_file, window=window)
+        # Several gateways of one file system (``h1:7070,h2:7070``): the
+        # client uses one that answers and moves when it dies.
+        self.gateways = gateways
+        addr = gateways or f"{host}:{self.port}"
+        self.client = Client(addr, token=token, token_file=token_file, window=window)
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -81,7 +91,9 @@ class FerryFileSystem(AbstractFileSystem):
     def _get_kwargs_from_urls(path: str) -> Dict[str, Any]:
         host, port, _ = _split_url(stringify_path(path))
         out: Dict[str, Any] = {}
-        if host:
+        if host and "," in host:
+            out["gateways"] = host
+        elif host:
             out["host"] = host.strip("[]")
         if port:
             out["port"] = port
@@ -90,6 +102,8 @@ class FerryFileSystem(AbstractFileSystem):
     def unstrip_protocol(self, name: str) -> str:
         if name.startswith("ferry://"):
             return name
+        if self.gateways:
+            return f"ferry://{self.gateways}{self._strip_protocol(name)}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"ferry://{host}:{self.port}{self._strip_protocol(name)}"
 

@@ -34,6 +34,22 @@ def test_registered_by_entry_point(server: Server) -> None:
     assert FerryFileSystem._get_kwargs_from_urls("ferry://[::1]:9/x") == {"host": "::1", "port": 9}
 
 
+def test_several_gateways_in_one_url(server: Server, rdir: str) -> None:
+    """A list of gateways: a dead one is skipped (a port nobody listens on)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    gateways = f"{dead},{server.addr}"
+    assert FerryFileSystem._get_kwargs_from_urls(f"ferry://{gateways}/x") == {"gateways": gateways}
+    assert FerryFileSystem._strip_protocol(f"ferry://{gateways}//x/") == "/x"
+    fs, path = fsspec.core.url_to_fs(f"ferry://{gateways}{rdir}/g.txt")
+    assert isinstance(fs, FerryFileSystem) and fs.unstrip_protocol(path) == f"ferry://{gateways}{rdir}/g.txt"
+    fs.pipe(path, b"through a gateway that answers")
+    assert fs.cat(path) == b"through a gateway that answers"
+
+
 def test_operations(ffs: FerryFileSystem, server: Server, rdir: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ffs.pipe(f"{rdir}/a/x.bin", b"0123456789")
     ffs.pipe({f"{rdir}/a/y.bin": b"y", f"{rdir}/b/z.bin": b"zz"})
