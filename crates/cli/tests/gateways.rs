@@ -456,3 +456,111 @@ fn gateways_in_front_of_juicefs() {
     fb.try_lock(&spec(LockType::Write, 0, 1)).unwrap();
     fb.unlock(LockKind::Posix(1), 0, 0).unwrap();
 }
+
+/// A client that moves to another gateway takes its locks again there
+/// (POSIX and OFD, at the next use of each file): a client of the new
+/// gateway is refused them. A lock someone else took in between cannot be
+/// had: that file is `ESTALE`, never silently unlocked.
+#[test]
+fn locks_are_taken_again_on_the_gateway_a_client_moves_to() {
+    let g = Gateways::new("gw-reclaim");
+    let mut a = g.start(0);
+    fs::write(g.export().join("db"), vec![0u8; 4096]).unwrap();
+    fs::write(g.export().join("other"), vec![0u8; 4096]).unwrap();
+    let c = Client::connect(&g.list(), &g.options()).unwrap();
+    let mut rw = OpenOptions::new();
+    rw.read(true).write(true);
+    let (db, other) = (c.open("/db", &rw).unwrap(), c.open("/other", &rw).unwrap());
+    let spec = |kind, typ, start, len| LockSpec { kind, typ, start, len, pid: 7 };
+    db.try_lock(&spec(LockKind::Posix(1), LockType::Write, 0, 100)).unwrap();
+    db.try_lock(&spec(LockKind::Ofd, LockType::Read, 200, 100)).unwrap();
+    other.try_lock(&spec(LockKind::Posix(1), LockType::Write, 0, 0)).unwrap();
+    let _b = g.start(1);
+    a.kill();
+    db.write_at(b"moved", 0).unwrap_or_else(|e| panic!("the locked file after the move: {e}"));
+    let d = Client::connect(&format!("127.0.0.1:{}", g.ports[1]), &Options { reconnect: None, ..g.options() }).unwrap();
+    let (d_db, d_other) = (d.open("/db", &rw).unwrap(), d.open("/other", &rw).unwrap());
+    for (s, what) in [
+        (spec(LockKind::Posix(9), LockType::Write, 50, 1), "POSIX"),
+        (spec(LockKind::Posix(9), LockType::Write, 250, 1), "OFD"),
+    ] {
+        let e = d_db.try_lock(&s).expect_err(&format!("the {what} lock was not taken again on the new gateway"));
+        assert_eq!(e.errno(), libc::EAGAIN, "{e}");
+    }
+    d_db.try_lock(&spec(LockKind::Posix(9), LockType::Write, 100, 100)).unwrap();
+    // `other` is not used before another client locks it: its lock is gone.
+    d_other.try_lock(&spec(LockKind::Posix(9), LockType::Write, 0, 1)).unwrap();
+    let e = other.write_at(b"x", 0).expect_err("a file whose lock was taken by another client went on");
+    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+    // The file that kept its locks goes on, and gives them up as asked.
+    db.unlock(LockKind::Posix(1), 0, 0).unwrap();
+    d_db.try_lock(&spec(LockKind::Posix(9), LockType::Write, 50, 1)).unwrap();
+    // Closed while a gateway is up (a client of dead gateways would try
+    // to reconnect for its bound).
+    drop((db, other, c));
+}
+
+/// The same for a program under `ferry run` holding an `fcntl` lock (as
+/// sqlite does): after its gateway dies it goes on, its lock held on the
+/// new gateway (a program on the server's host is refused it).
+#[test]
+fn a_program_keeps_its_fcntl_lock_across_a_move() {
+    use std::io::{BufRead, BufReader, Write};
+    let g = Gateways::new("gw-run-lock");
+    let mut a = g.start(0);
+    fs::write(g.export().join("db"), vec![0u8; 4096]).unwrap();
+    let script = r#"
+import fcntl, os, sys
+f = open("/remote/db", "r+b")
+fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 0)
+print("locked", flush=True)
+sys.stdin.readline()
+f.seek(0); f.write(b"after the move"); f.flush(); os.fsync(f.fileno())
+print("wrote", flush=True)
+sys.stdin.readline()
+"#;
+    let mut child = Command::new("timeout")
+        .args(["60", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://{}/", g.list()))
+        .args(["--", "python3", "-c", script])
+        .env("FERRY_TOKEN_FILE", &g.tokens[0])
+        .env("FERRY_SAME_HOST", "0")
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+    let local = r#"
+import fcntl, sys
+f = open(sys.argv[1], "r+b")
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 10)
+    print("locked")
+except OSError:
+    print("refused")
+"#;
+    let try_local = || {
+        let o = Command::new("python3").args(["-c", local]).arg(g.export().join("db")).output().unwrap();
+        stdout(&o).trim().to_string()
+    };
+    assert_eq!(try_local(), "refused");
+    let _b = g.start(1);
+    a.kill();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "wrote", "the program failed after the move");
+    assert_eq!(try_local(), "refused", "the program's lock was not taken again on the new gateway");
+    stdin.write_all(b"end\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("moved to gateway"), "{}", stderr(&o));
+    assert_eq!(&fs::read(g.export().join("db")).unwrap()[..14], b"after the move");
+}

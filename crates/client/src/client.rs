@@ -1,5 +1,6 @@
 //! Path operations on one server, shaped like `std::fs`.
 
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use crate::engine::{Engine, Frame, Options};
 use crate::error::{Error, Result};
 use crate::file::{File, OpenOptions};
 use crate::gateways::Gateways;
+use crate::lock::{Held, LockKind, LockSpec};
 use crate::redial::{self, is_lost, Redial};
 
 /// A connection to one server. Cheap to clone: clones share the connection
@@ -38,6 +40,21 @@ struct Inner {
     channels: Option<Channels>,
     /// Writes of all files sent behind and not yet answered.
     behind: Arc<AtomicUsize>,
+    /// The POSIX locks this client holds, per file (the server's `dev`,
+    /// `ino` at open) and owner: what to take again from a server that lost
+    /// them. Locks of handles (OFD, `flock`) are their `File`'s.
+    posix: Mutex<HashMap<(u64, u64, u64), PosixHeld>>,
+}
+
+/// One owner's POSIX locks on one file, and the epoch they were last taken
+/// in: asked for again once per epoch, by whichever of its files opens
+/// again first.
+struct PosixHeld {
+    held: Held,
+    epoch: u64,
+    /// Asking for them again failed (another owner took the range
+    /// meanwhile): every file of the owner is stale.
+    lost: bool,
 }
 
 /// What it takes to rejoin a session from another connection: its id and
@@ -146,6 +163,7 @@ impl Client {
                 unstable,
                 cache,
                 fetched: 0.into(),
+                posix: Mutex::default(),
                 ahead: 0.into(),
                 channels: Channels::new(opts),
                 behind: Arc::default(),
@@ -280,6 +298,51 @@ impl Client {
     /// (the server restarted): handles obtained before are stale.
     pub fn epoch(&self) -> u64 {
         self.inner.redial.as_ref().map_or(0, Redial::epoch)
+    }
+
+    /// Records a POSIX lock or unlock of `owner` on `file` the server granted.
+    pub(crate) fn posix_granted(&self, file: (u64, u64), owner: u64, spec: &LockSpec) {
+        let mut posix = lock(&self.inner.posix);
+        let key = (file.0, file.1, owner);
+        let epoch = self.epoch();
+        let e = posix.entry(key).or_insert_with(|| PosixHeld { held: Held::default(), epoch, lost: false });
+        e.held.set(spec);
+        if e.held.is_empty() {
+            posix.remove(&key);
+        }
+    }
+
+    /// Each owner's POSIX locks on `file` not yet asked for again in
+    /// `epoch`, or `Err` if some owner's could not be had.
+    pub(crate) fn posix_to_reclaim(&self, file: (u64, u64), epoch: u64) -> Result<Vec<(u64, Vec<LockSpec>)>> {
+        let posix = lock(&self.inner.posix);
+        let mut out = Vec::new();
+        for (&(dev, ino, owner), e) in posix.iter() {
+            if (dev, ino) != file {
+                continue;
+            }
+            if e.lost {
+                return Err(Error::remote(libc::ESTALE));
+            }
+            if e.epoch < epoch {
+                out.push((owner, e.held.specs(LockKind::Posix(owner)).collect()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `owner`'s POSIX locks on `file` are held again in `epoch`.
+    pub(crate) fn posix_reclaimed(&self, file: (u64, u64), owner: u64, epoch: u64) {
+        if let Some(e) = lock(&self.inner.posix).get_mut(&(file.0, file.1, owner)) {
+            e.epoch = e.epoch.max(epoch);
+        }
+    }
+
+    /// The POSIX locks of `owner` on `file` could not be taken again.
+    pub(crate) fn posix_lost(&self, file: (u64, u64), owner: u64) {
+        if let Some(e) = lock(&self.inner.posix).get_mut(&(file.0, file.1, owner)) {
+            e.lost = true;
+        }
     }
 
     /// Sends a request and waits for its reply. With `Options::reconnect`, a

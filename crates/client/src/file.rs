@@ -14,7 +14,7 @@ use crate::client::Client;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::local::Local;
-use crate::lock::{typ_from_wire, LockHolder, LockKind, LockSpec, LockType};
+use crate::lock::{typ_from_wire, Held, LockHolder, LockKind, LockSpec, LockType};
 use crate::unstable::{Commit, Unstable};
 
 /// Like `std::fs::OpenOptions`, plus the flags ferry passes through.
@@ -166,9 +166,12 @@ pub struct File {
     id: Vec<u8>,
     /// Serialises re-opening.
     reopening: Mutex<()>,
-    /// A lock was taken through this handle: a restarted server no longer
-    /// has it, so the file must not quietly go on without it.
+    /// A lock was taken through this handle (its close must be waited for).
     locked: AtomicBool,
+    /// The OFD and `flock` locks this handle holds: taken again when the
+    /// file is opened again on a server that lost them (POSIX locks are
+    /// the client's, per owner).
+    handle_locks: Mutex<(Held, Held)>,
     attr: Attr,
     pos: u64,
     append: bool,
@@ -303,6 +306,7 @@ impl File {
             id,
             reopening: Mutex::new(()),
             locked: AtomicBool::new(false),
+            handle_locks: Mutex::default(),
             attr,
             pos: 0,
             append: flags & libc::O_APPEND as u32 != 0,
@@ -444,10 +448,11 @@ impl File {
     }
 
     /// Makes sure the server knows this handle. After a reconnect that
-    /// could not rejoin the session (the server restarted), the file is
-    /// opened again by its identity, so it is the same file even if it was
-    /// renamed; a file removed meanwhile, a server without `FILE_IDS`, or a
-    /// file that held a lock (which the restart released) is `ESTALE`.
+    /// could not rejoin the session (the server restarted, or another
+    /// gateway answered), the file is opened again by its identity, so it is
+    /// the same file even if it was renamed, and the locks held through it
+    /// are taken again; a file removed meanwhile, a server without
+    /// `FILE_IDS`, or a lock someone else took meanwhile is `ESTALE`.
     fn live(&self) -> Result<()> {
         if self.same_epoch() {
             return Ok(());
@@ -459,7 +464,7 @@ impl File {
             if before == self.epoch.load(Ordering::Acquire) {
                 return Ok(());
             }
-            if self.locked.load(Ordering::Relaxed) || !self.client.engine().has_cap(caps::FILE_IDS) {
+            if !self.client.engine().has_cap(caps::FILE_IDS) {
                 return stale();
             }
             let (a, create) = (&self.attr, (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
@@ -476,7 +481,7 @@ impl File {
                 continue;
             }
             self.handle.store(handle, Ordering::Release);
-            match self.replay(handle) {
+            match self.replay(handle).and_then(|()| self.reclaim(handle, before)) {
                 Err(_) if self.client.epoch() != before => continue,
                 r => r?,
             }
@@ -486,6 +491,46 @@ impl File {
             }
         }
         stale()
+    }
+
+    /// Takes again, on the new `handle` in `epoch`, the locks held through
+    /// this file and its owners' POSIX locks on it. One that another owner
+    /// took meanwhile cannot be had: `ESTALE`, never a silent loss.
+    fn reclaim(&self, handle: u64, epoch: u64) -> Result<()> {
+        let key = (self.attr.dev, self.attr.ino);
+        let (ofd, flock) = lock(&self.handle_locks).clone();
+        let mine: Vec<LockSpec> = ofd.specs(LockKind::Ofd).chain(flock.specs(LockKind::Flock)).collect();
+        self.take_again(handle, &mine)?;
+        for (owner, specs) in self.client.posix_to_reclaim(key, epoch)? {
+            match self.take_again(handle, &specs) {
+                Ok(()) => self.client.posix_reclaimed(key, owner, epoch),
+                // This handle's access does not allow that lock (a write
+                // lock taken through another, writable, file of the owner):
+                // that file takes them again when it is used.
+                Err(e) if e.errno() == libc::EBADF => {}
+                Err(e) => {
+                    if e.errno() == libc::ESTALE {
+                        self.client.posix_lost(key, owner);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `specs` on `handle`; a lock someone else holds now is `ESTALE`.
+    fn take_again(&self, handle: u64, specs: &[LockSpec]) -> Result<()> {
+        for spec in specs {
+            let (owner, kind, typ) = spec.wire();
+            let req = Request::Lock { handle, owner, start: spec.start, len: spec.len, pid: spec.pid, kind, typ };
+            match self.client.call(&req) {
+                Ok(_) => {}
+                Err(e) if e.errno() == libc::EAGAIN => return Err(Error::remote(libc::ESTALE)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Sends the copies of uncommitted writes again, oldest first, if the
@@ -1056,6 +1101,11 @@ impl File {
         engine.call(&req)?;
         if spec.typ != LockType::Unlock {
             self.locked.store(true, Ordering::Relaxed);
+        }
+        match spec.kind {
+            LockKind::Posix(o) => self.client.posix_granted((self.attr.dev, self.attr.ino), o, spec),
+            LockKind::Ofd => lock(&self.handle_locks).0.set(spec),
+            LockKind::Flock => lock(&self.handle_locks).1.set(spec),
         }
         self.drop_prefetch();
         Ok(())

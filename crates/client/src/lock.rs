@@ -80,9 +80,84 @@ pub(crate) fn typ_from_wire(t: u8) -> LockType {
     }
 }
 
+/// What one owner holds on one file, as `fcntl` leaves it (a lock over a
+/// range replaces what the owner held there): kept by the client so that
+/// a server that lost its locks (restarted, or another gateway) can be
+/// asked for them again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// Disjoint inclusive ranges, `Read` or `Write`, with the pid to report.
+    ranges: Vec<(u64, u64, LockType, u32)>,
+}
+
+impl Held {
+    /// Records a granted lock or unlock.
+    pub(crate) fn set(&mut self, spec: &LockSpec) {
+        let (start, end) = match spec.kind {
+            LockKind::Flock => (0, u64::MAX),
+            _ if spec.len == 0 => (spec.start, u64::MAX),
+            _ => (spec.start, spec.start.saturating_add(spec.len - 1)),
+        };
+        let mut out = Vec::with_capacity(self.ranges.len() + 2);
+        for &(s, e, t, p) in &self.ranges {
+            if e < start || s > end {
+                out.push((s, e, t, p));
+                continue;
+            }
+            if s < start {
+                out.push((s, start - 1, t, p));
+            }
+            if e > end {
+                out.push((end + 1, e, t, p));
+            }
+        }
+        if spec.typ != LockType::Unlock {
+            out.push((start, end, spec.typ, spec.pid));
+        }
+        self.ranges = out;
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The locks to take again to hold what is recorded.
+    pub(crate) fn specs(&self, kind: LockKind) -> impl Iterator<Item = LockSpec> + '_ {
+        self.ranges.iter().map(move |&(start, end, typ, pid)| {
+            let len = if end == u64::MAX { 0 } else { end - start + 1 };
+            LockSpec { kind, typ, start, len, pid }
+        })
+    }
+}
+
 /// The pause before attempt `n` (0-based) of a waiting lock: 1 ms doubling
 /// to 50 ms, short enough that a released lock is taken soon, long enough
 /// that a long wait costs the server little.
 pub fn backoff(n: u32) -> Duration {
     Duration::from_millis((1u64 << n.min(6)).min(50))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(typ: LockType, start: u64, len: u64) -> LockSpec {
+        LockSpec { kind: LockKind::Posix(1), typ, start, len, pid: 9 }
+    }
+
+    #[test]
+    fn held_locks_follow_fcntl_replacement() {
+        let mut h = Held::default();
+        h.set(&spec(LockType::Write, 0, 0));
+        h.set(&spec(LockType::Read, 10, 10));
+        h.set(&spec(LockType::Unlock, 100, 0));
+        let mut got: Vec<_> = h.specs(LockKind::Posix(1)).map(|s| (s.typ, s.start, s.len)).collect();
+        got.sort_by_key(|x| x.1);
+        assert_eq!(got, [(LockType::Write, 0, 10), (LockType::Read, 10, 10), (LockType::Write, 20, 80)]);
+        h.set(&spec(LockType::Unlock, 0, 0));
+        assert!(h.is_empty());
+        let mut f = Held::default();
+        f.set(&LockSpec { kind: LockKind::Flock, typ: LockType::Read, start: 5, len: 1, pid: 0 });
+        assert_eq!(f.specs(LockKind::Flock).map(|s| (s.start, s.len)).collect::<Vec<_>>(), [(0, 0)]);
+    }
 }
