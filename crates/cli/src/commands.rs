@@ -24,6 +24,7 @@ pub struct Clients {
     token_file: Option<PathBuf>,
     conns: HashMap<String, Client>,
     reconnect: Duration,
+    metrics: Option<std::sync::Arc<ferry_metrics::Ops>>,
 }
 
 impl Clients {
@@ -34,12 +35,18 @@ impl Clients {
             .and_then(|v| v.parse::<f64>().ok())
             .and_then(|s| Duration::try_from_secs_f64(s).ok())
             .unwrap_or(RECONNECT_FOR);
-        Clients { token_file: token_file.map(Path::to_path_buf), conns: HashMap::new(), reconnect }
+        Clients { token_file: token_file.map(Path::to_path_buf), conns: HashMap::new(), reconnect, metrics: None }
     }
 
     /// Reconnects for up to `bound` (`Duration::MAX`: for ever).
     pub fn reconnecting_for(mut self, bound: Duration) -> Self {
         self.reconnect = bound;
+        self
+    }
+
+    /// Counts the clients' requests in `ops`.
+    pub fn counting(mut self, ops: Option<std::sync::Arc<ferry_metrics::Ops>>) -> Self {
+        self.metrics = ops;
         self
     }
 
@@ -50,7 +57,8 @@ impl Clients {
         let token = ferry_client::token::find_client_token(self.token_file.as_deref())?;
         let reconnect = (!self.reconnect.is_zero()).then_some(self.reconnect);
         let cache = ferry_client::cache::Cache::from_env()?;
-        let opts = Options { token, reconnect, cache, ..Options::default() }.data_path_from_env()?;
+        let metrics = self.metrics.clone();
+        let opts = Options { token, reconnect, cache, metrics, ..Options::default() }.data_path_from_env()?;
         let c = Client::connect(&url.addr, &opts).map_err(|e| format!("{}: {e}", Url::show(&url.addr, "")))?;
         self.conns.insert(url.addr.clone(), c.clone());
         Ok(c)

@@ -4,6 +4,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -52,6 +53,11 @@ pub struct MountArgs {
     /// Extra mount options, comma-separated (e.g. -o default_permissions,noexec).
     #[arg(short = 'o', value_delimiter = ',', value_name = "OPT")]
     options: Vec<String>,
+    /// Answer `GET /metrics` (Prometheus text format) on this address
+    /// (HOST:PORT; port 0 picks one, said on stderr): the mount's requests
+    /// to its server by operation, and its reconnects.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// When the server goes away, retry for ever (as an NFS hard mount)
     /// instead of giving up with EIO after 60 s.
     #[arg(long)]
@@ -99,7 +105,43 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         Ok(_) => return Err(format!("{}: Not a directory", mp.display())),
         Err(e) => return Err(format!("{}: {}", mp.display(), strip(&e))),
     }
-    let client = Clients::new(tf).reconnecting_for(if a.hard { Duration::MAX } else { RECONNECT_FOR }).get(&url)?;
+    let metrics = match &a.metrics {
+        Some(m) => {
+            let l = std::net::TcpListener::bind(m)
+                .map_err(|e| format!("cannot serve metrics on {m}: {e} (expected HOST:PORT)"))?;
+            Some((l, Arc::new(ferry_metrics::Ops::default())))
+        }
+        None => None,
+    };
+    let client = Clients::new(tf)
+        .reconnecting_for(if a.hard { Duration::MAX } else { RECONNECT_FOR })
+        .counting(metrics.as_ref().map(|(_, ops)| Arc::clone(ops)))
+        .get(&url)?;
+    if let Some((l, ops)) = metrics {
+        let at = l.local_addr().map_err(|e| e.to_string())?;
+        let c = client.clone();
+        ferry_metrics::serve_http(l, move || {
+            ops.render(
+                "ferry_client",
+                &[
+                    (
+                        "ferry_client_reconnects_total",
+                        "Connections to the server made again.",
+                        "counter",
+                        c.reconnect_count(),
+                    ),
+                    (
+                        "ferry_client_sessions_lost_total",
+                        "Reconnects that found the session gone (server restarted, another gateway).",
+                        "counter",
+                        c.sessions_lost(),
+                    ),
+                ],
+            )
+        })
+        .map_err(|e| format!("metrics: {e}"))?;
+        eprintln!("ferry mount: metrics at http://{at}/metrics");
+    }
     match client.metadata(&url.path) {
         Ok(attr) if attr.is_dir() => {}
         Ok(_) => return Err(format!("{url}: Not a directory")),
@@ -232,6 +274,9 @@ fn background(a: &MountArgs, tf: Option<&Path>) -> Result<(), String> {
         if on {
             cmd.arg(flag);
         }
+    }
+    if let Some(m) = &a.metrics {
+        cmd.args(["--metrics", m]);
     }
     if !a.options.is_empty() {
         cmd.arg("-o").arg(a.options.join(","));

@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// Keep sessions in memory only: a restart forgets them.
     #[arg(long)]
     no_state: bool,
+    /// Answer `GET /metrics` (Prometheus text format) on this address
+    /// (HOST:PORT; port 0 picks one, said on stderr).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// The export is a file system that other machines mount too, each
     /// exported by its own `ferry serve` (gateways, named together in
     /// clients' URLs): clients that move here from another gateway find
@@ -74,6 +78,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
+    init_log();
     let mut cfg = Config {
         read_only: a.read_only,
         allow_devices: a.allow_devices,
@@ -120,8 +125,8 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         let mut backend = PosixBackend::new(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let fs_type = ferry_server::volume::shared_fs_type(&dir);
         if let Some(t) = &fs_type {
-            eprintln!(
-                "ferry serve: {} is on {t}, a shared file system: clients may move here from other gateways",
+            tracing::info!(
+                "{} is on {t}, a shared file system: clients may move here from other gateways",
                 dir.display()
             );
         }
@@ -134,6 +139,16 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}: {e} (expected HOST:PORT or PORT, e.g. 127.0.0.1:7070)", a.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let unix = unix_listener(a.unix.as_deref(), cfg.caps & ferry_proto::caps::SAME_HOST != 0)?;
+    let metrics = match &a.metrics {
+        Some(m) => {
+            let l = TcpListener::bind(listen_addr(m))
+                .map_err(|e| format!("cannot serve metrics on {m}: {e} (expected HOST:PORT or PORT)"))?;
+            let at = l.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!("metrics at http://{at}/metrics");
+            Some(l)
+        }
+        None => None,
+    };
     // Scripts wait for this exact first line. One write: a script that
     // reads only it and closes the pipe must not fail the second.
     let mut said = format!("listening on {local}\n");
@@ -142,7 +157,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     }
     let mut out = std::io::stdout();
     out.write_all(said.as_bytes()).and_then(|_| out.flush()).map_err(|e| e.to_string())?;
-    let listeners = ferry_server::Listeners { tcp: Some(listener), unix };
+    let listeners = ferry_server::Listeners { tcp: Some(listener), unix, metrics };
     let res = match export {
         Export::Memory(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
         Export::Dir(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
@@ -175,7 +190,7 @@ fn unix_listener(path: Option<&Path>, same_host: bool) -> Result<Option<(UnixLis
     match UnixListener::bind_addr(&addr) {
         Ok(l) => Ok(Some((l, format!("unix:@{name}")))),
         Err(e) => {
-            eprintln!("ferry serve: no same-host socket ({e}); local clients use TCP");
+            tracing::warn!("no same-host socket ({e}); local clients use TCP");
             Ok(None)
         }
     }
@@ -215,7 +230,7 @@ fn state_dir(asked: &Option<PathBuf>, none: bool, export: &Path) -> Result<Optio
             Ok(Some(dir))
         }
         Err(e) => {
-            eprintln!("ferry serve: sessions kept in memory only ({}: {e})", dir.display());
+            tracing::warn!("sessions kept in memory only ({}: {e})", dir.display());
             Ok(None)
         }
     }
@@ -250,6 +265,22 @@ fn listen_addr(s: &str) -> String {
     }
 }
 
+/// Log lines on stderr, one per event (`tracing`): `FERRY_LOG` filters
+/// them (`warn`, `debug` for every connection, `ferry_server=debug,info`…;
+/// default `info`). Each has the time, the level, the message and its
+/// fields (the peer's address); never a token.
+fn init_log() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
 /// Open files on behalf of clients are descriptors: take all the kernel allows.
 fn raise_fd_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
@@ -282,6 +313,6 @@ fn server_token(path: &Path) -> Result<Vec<u8>, String> {
         .open(path)
         .map_err(|e| format!("token file {}: {e}", path.display()))?;
     writeln!(f, "{token}").map_err(|e| format!("token file {}: {e}", path.display()))?;
-    eprintln!("ferry serve: created token file {}", path.display());
+    tracing::info!("created token file {}", path.display());
     Ok(token.into_bytes())
 }

@@ -294,6 +294,18 @@ impl Client {
         Arc::clone(&lock(&self.inner.engine))
     }
 
+    /// Connections made again after one was lost (0 without
+    /// `Options::reconnect`).
+    pub fn reconnect_count(&self) -> u64 {
+        self.inner.redial.as_ref().map_or(0, Redial::reconnects)
+    }
+
+    /// Reconnects that could not rejoin the session (the server restarted,
+    /// or another gateway answered).
+    pub fn sessions_lost(&self) -> u64 {
+        self.inner.redial.as_ref().map_or(0, Redial::sessions_lost)
+    }
+
     /// Changes each time a reconnect could not rejoin the client's session
     /// (the server restarted): handles obtained before are stale.
     pub fn epoch(&self) -> u64 {

@@ -12,7 +12,7 @@ use std::io::{self, BufReader, IoSlice, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_sock::{Addr, Socket};
 
@@ -83,6 +83,9 @@ pub struct Options {
     /// over its Unix socket and through descriptors it passes, instead of
     /// TCP (`FERRY_SAME_HOST=0` turns it off in the CLI and the mount).
     pub same_host: bool,
+    /// Where to count this client's requests (by operation: how many,
+    /// failed, bytes, latency), for `ferry mount --metrics`.
+    pub metrics: Option<Arc<ferry_metrics::Ops>>,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
@@ -128,6 +131,7 @@ impl Default for Options {
             data_channels: DATA_CHANNELS,
             data_threshold: DATA_THRESHOLD,
             same_host: true,
+            metrics: None,
         }
     }
 }
@@ -156,6 +160,8 @@ struct State {
     next_id: u64,
     /// Ids sent and not yet read off the socket, with the bytes they hold.
     outstanding: HashMap<u64, u64>,
+    /// With metrics: when each request in flight left, and its size.
+    started: HashMap<u64, (Instant, u64)>,
     bytes_outstanding: u64,
     /// Of `outstanding`, the read-ahead (`try_start`): it has slots of its
     /// own, beside the window, so a caller never waits behind it.
@@ -214,6 +220,8 @@ pub struct Engine {
     passed: Arc<Mutex<Passed>>,
     /// A Unix socket (so the server is on this host).
     unix: bool,
+    /// Where requests are counted (`Options::metrics`).
+    metrics: Option<Arc<ferry_metrics::Ops>>,
     /// The address connected to (one gateway's, of a list).
     addr: String,
     /// The socket's descriptor number, readable without a lock (the
@@ -307,6 +315,7 @@ impl Engine {
             rx: Mutex::new(rx),
             passed,
             unix,
+            metrics: opts.metrics.clone(),
             addr: addr.to_string(),
             fd: AtomicI32::new(fd),
             st: Mutex::new(State {
@@ -315,6 +324,7 @@ impl Engine {
                 // taken for a request of the new one.
                 next_id: id_base(),
                 outstanding: HashMap::new(),
+                started: HashMap::new(),
                 bytes_outstanding: 0,
                 ahead: HashSet::new(),
                 window,
@@ -511,6 +521,9 @@ impl Engine {
                 st.next_id - 1
             });
             st.outstanding.insert(id, cost);
+            if self.metrics.is_some() {
+                st.started.insert(id, (Instant::now(), req.bulk().len() as u64));
+            }
             st.bytes_outstanding += cost;
             if spare {
                 st.ahead.insert(id);
@@ -613,6 +626,7 @@ impl Engine {
         let mut st = lock(&self.st);
         if let Some(cost) = st.outstanding.remove(&id) {
             st.ahead.remove(&id);
+            st.started.remove(&id);
             st.bytes_outstanding -= cost;
         }
     }
@@ -661,10 +675,15 @@ impl Engine {
                 }
                 Err(e)
             }
-            Ok((id, cost, what)) => {
+            Ok((h, cost, what)) => {
+                let id = h.id;
                 st.outstanding.remove(&id);
                 st.ahead.remove(&id);
                 st.bytes_outstanding -= cost;
+                if let (Some(m), Some((t0, sent))) = (&self.metrics, st.started.remove(&id)) {
+                    let data = if !h.is_error() && matches!(h.op, op::READ | op::PREAD) { h.len } else { 0 };
+                    m.request(h.op, t0.elapsed(), h.is_error(), sent, u64::from(data));
+                }
                 match what {
                     Got::Mine(f) => Ok((st, Some(f))),
                     Got::Other(s) => {
@@ -679,7 +698,7 @@ impl Engine {
     }
 
     /// Reads exactly one reply frame. Called only by the reader.
-    fn read_one(&self, want: Option<u64>, dest: Option<&mut [u8]>) -> Result<(u64, u64, Got)> {
+    fn read_one(&self, want: Option<u64>, dest: Option<&mut [u8]>) -> Result<(Header, u64, Got)> {
         let mut rx = lock(&self.rx);
         let mut hb = [0u8; HEADER_LEN];
         read_reply(&mut rx, &mut hb).map_err(|e| lost(e, "server closed the connection"))?;
@@ -698,7 +717,7 @@ impl Engine {
                     return Err(Error::Protocol(format!("read reply of {len} bytes for a {}-byte buffer", d.len())));
                 }
                 read_reply(&mut rx, &mut d[..len]).map_err(|e| lost(e, MID_REPLY))?;
-                return Ok((h.id, cost, Got::Mine(Ok(Frame { op: h.op, body: Vec::new(), data_len: len }))));
+                return Ok((h, cost, Got::Mine(Ok(Frame { op: h.op, body: Vec::new(), data_len: len }))));
             }
         }
         if is_data && want != Some(h.id) {
@@ -708,9 +727,9 @@ impl Engine {
         read_reply(&mut rx, &mut body).map_err(|e| lost(e, MID_REPLY))?;
         let s = Stored { header: h, body };
         if want == Some(h.id) {
-            return Ok((h.id, cost, Got::Mine(deliver(s, None))));
+            return Ok((h, cost, Got::Mine(deliver(s, None))));
         }
-        Ok((h.id, cost, Got::Other(s)))
+        Ok((h, cost, Got::Other(s)))
     }
 }
 

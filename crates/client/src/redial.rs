@@ -29,6 +29,8 @@ pub(crate) struct Redial {
     /// Bumped when a reconnect could not rejoin the session at all: replies
     /// of requests sent before are gone with it.
     lost: AtomicU64,
+    /// Reconnects made.
+    made: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,6 +85,7 @@ impl Redial {
             ticket: Mutex::new(ticket),
             epoch: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            made: AtomicU64::new(0),
         }
     }
 
@@ -97,6 +100,10 @@ impl Redial {
 
     pub(crate) fn sessions_lost(&self) -> u64 {
         self.lost.load(Relaxed)
+    }
+
+    pub(crate) fn reconnects(&self) -> u64 {
+        self.made.load(Relaxed)
     }
 
     /// Replaces `failed` in `slot` with a new connection, trying for up to
@@ -121,6 +128,7 @@ impl Redial {
                 Ok(((resumed, same_instance), e)) => {
                     let e_addr = e.addr().to_string();
                     *cur = Arc::new(e);
+                    self.made.fetch_add(1, Relaxed);
                     if !resumed {
                         self.lost.fetch_add(1, Relaxed);
                     }

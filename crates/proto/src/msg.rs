@@ -58,6 +58,59 @@ pub mod op {
     pub const LOCAL_ADDR: u16 = 50;
     /// An open file's descriptor, passed over a Unix socket.
     pub const FILE_FD: u16 = 51;
+
+    /// The operation's name (lower case, as in `PROTOCOL.md`), or
+    /// `"unknown"`: for logs and metrics.
+    pub fn name(op: u16) -> &'static str {
+        match op {
+            HELLO => "hello",
+            AUTH => "auth",
+            PING => "ping",
+            OPEN => "open",
+            CLOSE => "close",
+            READ => "read",
+            PREAD => "pread",
+            WRITE => "write",
+            PWRITE => "pwrite",
+            SEEK => "seek",
+            STAT => "stat",
+            FSYNC => "fsync",
+            TRUNCATE => "truncate",
+            MKDIR => "mkdir",
+            RMDIR => "rmdir",
+            UNLINK => "unlink",
+            RENAME => "rename",
+            LINK => "link",
+            SYMLINK => "symlink",
+            READLINK => "readlink",
+            CHMOD => "chmod",
+            CHOWN => "chown",
+            UTIMENS => "utimens",
+            STATFS => "statfs",
+            ACCESS => "access",
+            GETXATTR => "getxattr",
+            SETXATTR => "setxattr",
+            LISTXATTR => "listxattr",
+            REMOVEXATTR => "removexattr",
+            READDIR => "readdir",
+            MKNOD => "mknod",
+            LOCK => "lock",
+            GETLOCK => "getlock",
+            SESSION_NEW => "session_new",
+            SESSION_ATTACH => "session_attach",
+            OPEN_ID => "open_id",
+            REOPEN => "reopen",
+            OPEN_READ => "open_read",
+            LIST_DIR => "list_dir",
+            SESSION_NEW_VOLATILE => "session_new_volatile",
+            OPEN_CACHED => "open_cached",
+            CACHE_SET => "cache_set",
+            CACHE_GET => "cache_get",
+            LOCAL_ADDR => "local_addr",
+            FILE_FD => "file_fd",
+            _ => "unknown",
+        }
+    }
 }
 
 /// Cache policies stored on the server (capability `CACHING`).

@@ -72,6 +72,7 @@ pub struct Common<B: Backend> {
     pub changes: Arc<crate::changes::Changes>,
     pub dirs: Arc<crate::dirpolicy::DirPolicies>,
     pub sessions: Arc<Sessions<B>>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 // Not derived: that would ask `B: Clone`, and only the `Arc`s are cloned.
@@ -84,6 +85,7 @@ impl<B: Backend> Clone for Common<B> {
             pool: Arc::clone(&self.pool),
             locks: Arc::clone(&self.locks),
             changes: Arc::clone(&self.changes),
+            metrics: Arc::clone(&self.metrics),
             dirs: Arc::clone(&self.dirs),
             sessions: Arc::clone(&self.sessions),
         }
@@ -298,11 +300,13 @@ impl<B: Backend> Conn<B> {
             self.common.sessions.detach(old);
         }
         *session = joined;
+        self.common.metrics.session_attaches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(id)
     }
 
     fn serve_one(&mut self, session: &mut Shared<B>, caps: u64) -> Result<(), End> {
         let h = self.read_frame(self.common.cfg.max_frame)?;
+        let _counted = Counted::start(&self.common.metrics, h.op, HEADER_LEN as u64 + u64::from(h.len));
         let body = match &self.big {
             Some(b) => b.as_slice(),
             None => &self.body[..h.len as usize],
@@ -510,7 +514,8 @@ impl<B: Backend> Conn<B> {
     }
 
     fn queue_error(&mut self, h: Header, e: Errno, msg: &str) -> Result<(), End> {
-        eprintln!("ferry serve: {}: bad request (op {}): {msg}", self.peer, h.op);
+        FAILED.with(|f| f.set(true));
+        tracing::warn!(peer = %self.peer, op = ferry_proto::op::name(h.op), "bad request: {msg}");
         ErrorReply { errno: e.0 as u32, message: msg }.encode(h.op, h.id, &mut self.out);
         self.maybe_flush()
     }
@@ -535,6 +540,7 @@ impl<B: Backend> Conn<B> {
 
     /// Sends queued replies plus the header already appended, then the data.
     fn send_data(&mut self, data: ReadData<'_>) -> Result<(), End> {
+        count_sent(data.len());
         match data {
             ReadData::Bytes(b) => {
                 self.out.extend_from_slice(&b);
@@ -613,8 +619,47 @@ fn encode_data_header(op: u16, id: u64, len: usize, out: &mut Vec<u8>) {
     out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
 }
 
+thread_local! {
+    /// Set when this thread encodes an error reply; read and cleared by the
+    /// request's `Counted`. Thread-local: one request at a time per
+    /// connection thread.
+    static FAILED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// File data sent for the request being served.
+    static SENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one request in the metrics when dropped, whichever way its
+/// serving ends.
+struct Counted {
+    metrics: Arc<crate::metrics::Metrics>,
+    op: u16,
+    bytes_in: u64,
+    start: Instant,
+}
+
+impl Counted {
+    fn start(metrics: &Arc<crate::metrics::Metrics>, op: u16, bytes_in: u64) -> Self {
+        FAILED.with(|f| f.set(false));
+        SENT.with(|s| s.set(0));
+        Counted { metrics: Arc::clone(metrics), op, bytes_in, start: Instant::now() }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let (failed, sent) = (FAILED.with(|f| f.get()), SENT.with(|s| s.get()));
+        self.metrics.ops.request(self.op, self.start.elapsed(), failed, self.bytes_in, sent);
+    }
+}
+
+/// Counts file data sent for the request being served.
+fn count_sent(n: usize) {
+    SENT.with(|s| s.set(s.get() + n as u64));
+}
+
 /// An error reply saying `e` in words.
 fn encode_errno(e: Errno, op: u16, id: u64, out: &mut Vec<u8>) {
+    FAILED.with(|f| f.set(true));
     let msg = io::Error::from_raw_os_error(e.0).to_string();
     ErrorReply { errno: e.0 as u32, message: &msg }.encode(op, id, out);
 }

@@ -16,6 +16,7 @@ mod fileid;
 mod journal;
 mod locks;
 pub mod memory;
+pub mod metrics;
 mod ofd;
 pub mod posix;
 mod replay;
@@ -117,6 +118,8 @@ pub struct Listeners {
     /// or `unix:@NAME`): the server tells it to TCP clients (`LocalAddr`)
     /// so that one on this host can move its data over it instead.
     pub unix: Option<(UnixListener, String)>,
+    /// Where `GET /metrics` is answered (Prometheus text), if anywhere.
+    pub metrics: Option<TcpListener>,
 }
 
 /// Accepts connections forever, one thread each.
@@ -146,8 +149,21 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         sessions,
         backend,
         cfg: Arc::new(cfg),
+        metrics: Arc::default(),
     };
     let live = Arc::new(AtomicUsize::new(0));
+    if let Some(l) = listeners.metrics {
+        let (c, live) = (common.clone(), Arc::clone(&live));
+        metrics::serve_http(l, move || {
+            let g = metrics::Gauges {
+                connections: live.load(Ordering::Relaxed) as u64,
+                sessions: c.sessions.count() as u64,
+                handles: c.budget.open() as u64,
+                locked_files: c.locks.files_locked() as u64,
+            };
+            c.metrics.render(&g)
+        })?;
+    }
     let unix = match listeners.unix {
         Some((l, _)) => {
             let (common, live) = (common.clone(), Arc::clone(&live));
@@ -178,14 +194,16 @@ fn accept_loop<B: Backend>(
             Ok(x) => x,
             Err(e) => {
                 // EMFILE and friends: wait for connections to end instead of spinning.
-                eprintln!("ferry serve: accept failed: {e}");
+                tracing::error!("accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
         };
+        common.metrics.connections.fetch_add(1, Ordering::Relaxed);
         if live.load(Ordering::Relaxed) >= cfg.max_connections {
+            common.metrics.refused_busy.fetch_add(1, Ordering::Relaxed);
             let peer = stream.peer_name();
-            eprintln!("ferry serve: {peer}: refused, {} connections already", cfg.max_connections);
+            tracing::warn!(peer = %peer, "refused: {} connections already", cfg.max_connections);
             let msg =
                 format!("server busy: it serves {} connections already (its --max-connections)", cfg.max_connections);
             // Best effort: without a thread the peer gets a plain close.
@@ -198,31 +216,39 @@ fn accept_loop<B: Backend>(
         let conn = match conn::Conn::new(stream, common) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("ferry serve: connection: {e}");
+                tracing::warn!("connection not set up: {e}");
                 continue;
             }
         };
+        tracing::debug!(peer = %conn.peer(), "connection accepted");
         live.fetch_add(1, Ordering::Relaxed);
         let live2 = Arc::clone(live);
+        let metrics = Arc::clone(&common.metrics);
         let spawned = std::thread::Builder::new().name("ferry-conn".into()).stack_size(256 * 1024).spawn(move || {
             let peer = conn.peer();
-            match conn.run() {
-                End::Closed => {}
+            let end = conn.run();
+            match &end {
+                End::AuthFailed => metrics.auth_failures.fetch_add(1, Ordering::Relaxed),
+                End::Protocol(_) => metrics.protocol_errors.fetch_add(1, Ordering::Relaxed),
+                _ => 0,
+            };
+            match end {
+                End::Closed => tracing::debug!(peer = %peer, "connection closed"),
                 // A client that exits with a reply it no longer wanted
                 // unread (a close it did not wait for, read-ahead it did
                 // not need) resets rather than closes, or is gone while
                 // those replies are sent: a normal end, nothing to report.
                 End::Io(e)
                     if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {}
-                End::Io(e) => eprintln!("ferry serve: {peer}: connection error: {e}"),
-                End::Protocol(m) => eprintln!("ferry serve: {peer}: protocol error, closing: {m}"),
-                End::AuthFailed => eprintln!("ferry serve: {peer}: authentication failed"),
+                End::Io(e) => tracing::warn!(peer = %peer, "connection error: {e}"),
+                End::Protocol(m) => tracing::warn!(peer = %peer, "protocol error, closing: {m}"),
+                End::AuthFailed => tracing::warn!(peer = %peer, "authentication failed"),
             }
             live2.fetch_sub(1, Ordering::Relaxed);
         });
         if let Err(e) = spawned {
             live.fetch_sub(1, Ordering::Relaxed);
-            eprintln!("ferry serve: cannot start a thread: {e}");
+            tracing::error!("cannot start a thread: {e}");
         }
     }
 }

@@ -238,6 +238,11 @@ impl LockTable {
         });
     }
 
+    /// Files with locks held (for metrics).
+    pub fn files_locked(&self) -> usize {
+        self.table().files.len()
+    }
+
     /// The locks held on `file`, for tests.
     #[cfg(test)]
     pub fn held(&self, key: FileKey) -> Vec<Lock> {

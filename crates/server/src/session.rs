@@ -48,6 +48,11 @@ impl HandleBudget {
         HandleBudget { open: AtomicUsize::new(0), max }
     }
 
+    /// Handles open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
     fn take(&self) -> Result<()> {
         if self.open.fetch_add(1, Ordering::Relaxed) >= self.max {
             self.open.fetch_sub(1, Ordering::Relaxed);

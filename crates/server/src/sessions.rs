@@ -74,6 +74,11 @@ impl<B: Backend> Sessions<B> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sessions held, connected or not.
+    pub fn count(&self) -> usize {
+        self.st.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     pub fn lease(&self) -> Duration {
         self.lease
     }
@@ -93,7 +98,7 @@ impl<B: Backend> Sessions<B> {
         if let Some(j) = &self.journal {
             match j.session(id, &secret, caps) {
                 Ok(log) => session.lock().unwrap_or_else(|e| e.into_inner()).log = Some(log),
-                Err(e) => eprintln!("ferry serve: session state not kept (exactly-once only within this process): {e}"),
+                Err(e) => tracing::warn!("session state not kept (exactly-once only within this process): {e}"),
             }
         }
         let e =

@@ -53,6 +53,11 @@ pub struct Server {
 impl Server {
     /// `ferry serve EXPORT --listen 127.0.0.1:0 --token-file T` plus `extra`.
     pub fn start(extra: &[&str]) -> Server {
+        Server::start_env(extra, &[])
+    }
+
+    /// `start`, with `env` set for the server process.
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let export = TempDir::new("export");
         let state = TempDir::new("state");
         let token_file = state.path().join("token");
@@ -61,7 +66,7 @@ impl Server {
         if !extra.contains(&"--memory") {
             cmd.arg(export.path());
         }
-        cmd.args(["--listen", "127.0.0.1:0", "--token-file"]).arg(&token_file).args(extra);
+        cmd.args(["--listen", "127.0.0.1:0", "--token-file"]).arg(&token_file).args(extra).envs(env.iter().copied());
         // A file, not a pipe: a server logging many bad frames must never
         // block on a full pipe nobody reads.
         let log = std::fs::File::create(state.path().join("server.log")).expect("log file");
