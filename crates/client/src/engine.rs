@@ -680,9 +680,11 @@ impl Engine {
                 st.outstanding.remove(&id);
                 st.ahead.remove(&id);
                 st.bytes_outstanding -= cost;
-                if let (Some(m), Some((t0, sent))) = (&self.metrics, st.started.remove(&id)) {
-                    let data = if !h.is_error() && matches!(h.op, op::READ | op::PREAD) { h.len } else { 0 };
-                    m.request(h.op, t0.elapsed(), h.is_error(), sent, u64::from(data));
+                if let Some(m) = &self.metrics {
+                    if let Some((t0, sent)) = st.started.remove(&id) {
+                        let data = if !h.is_error() && matches!(h.op, op::READ | op::PREAD) { h.len } else { 0 };
+                        m.request(h.op, t0.elapsed(), h.is_error(), sent, u64::from(data));
+                    }
                 }
                 match what {
                     Got::Mine(f) => Ok((st, Some(f))),
