@@ -257,8 +257,14 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
 }
 
 pub(crate) fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
+    start_server_with(dir, &[])
+}
+
+/// `start_server` with more `ferry serve` arguments.
+pub(crate) fn start_server_with(dir: &Path, extra: &[&str]) -> Result<(Reap, u16), String> {
     let child = Command::new(exe()?)
         .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
+        .args(extra)
         .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -7,6 +7,7 @@ mod compare;
 mod mount;
 mod run;
 mod serve;
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +89,9 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// The papers' experiments, side by side with NFS, 9P, SMB and sshfs.
     Compare(compare::CompareArgs),
+    /// Many clients at once against a server of its own, every byte
+    /// checked, the server's memory and descriptors watched.
+    Soak(soak::SoakArgs),
     /// Internal: `ferry run`'s trampoline for a program stored under a
     /// mount (runs with the library loaded).
     #[command(hide = true)]
@@ -119,6 +123,7 @@ fn main() -> ExitCode {
         Cmd::RunExec { command } => run::exec(&command),
         Cmd::Bench(a) => bench::run(a, tf),
         Cmd::Compare(a) => compare::run(a, tf),
+        Cmd::Soak(a) => soak::run(a),
         Cmd::BenchPeer { mode, addr, bytes, path } => bench::peer(&mode, &addr, bytes, path.as_deref()),
     };
     match result {
