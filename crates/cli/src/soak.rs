@@ -165,7 +165,10 @@ fn soak(a: &SoakArgs, seed: u64, dir: &Path) -> Result<(), String> {
     drop(server);
     let under_load = under_load.unwrap_or(at_end);
     let hists = shared.hists.lock().unwrap_or_else(|e| e.into_inner());
-    println!("{:<12} {:>9} {:>10} {:>10} {:>10} {:>10}", "operation", "count", "p50 µs", "p99 µs", "p99.9 µs", "max µs");
+    println!(
+        "{:<12} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "operation", "count", "p50 µs", "p99 µs", "p99.9 µs", "max µs"
+    );
     for (name, h) in OPS.iter().zip(hists.iter()) {
         let q = |q: f64| h.value_at_quantile(q);
         println!("{name:<12} {:>9} {:>10} {:>10} {:>10} {:>10}", h.len(), q(0.5), q(0.99), q(0.999), h.max());
@@ -194,7 +197,11 @@ fn soak(a: &SoakArgs, seed: u64, dir: &Path) -> Result<(), String> {
     // quarter in (the clients' files and connections were there by then),
     // give or take allocator slack; and every descriptor comes back.
     if at_end.0 > under_load.0 + under_load.0 / 4 + 32 * 1024 {
-        problems.push(format!("server memory grew under steady load: {:.1} → {:.1} MiB", mib(under_load.0), mib(at_end.0)));
+        problems.push(format!(
+            "server memory grew under steady load: {:.1} → {:.1} MiB",
+            mib(under_load.0),
+            mib(at_end.0)
+        ));
     }
     if after.1 > before.1 + 8 {
         problems.push(format!(
