@@ -66,6 +66,9 @@ echo "== tests"
 # Release build: the end-to-end tests move hundreds of MiB.
 cargo test --workspace --release
 
+echo "== fuzz targets, briefly (./fuzz/run.sh SECONDS runs them longer)"
+./fuzz/run.sh 5
+
 echo "== python package (virtualenv in target/pyvenv, pip install ./python, pytest)"
 ./python/test.sh
 

@@ -515,7 +515,7 @@ impl<B: Backend> Conn<B> {
 
     fn queue_error(&mut self, h: Header, e: Errno, msg: &str) -> Result<(), End> {
         FAILED.with(|f| f.set(true));
-        tracing::warn!(peer = %self.peer, op = ferry_proto::op::name(h.op), "bad request: {msg}");
+        tracing::warn!(peer = %self.peer, "bad request (op {}): {msg}", h.op);
         ErrorReply { errno: e.0 as u32, message: msg }.encode(h.op, h.id, &mut self.out);
         self.maybe_flush()
     }

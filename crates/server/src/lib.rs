@@ -13,6 +13,8 @@ mod commit;
 mod conn;
 mod dirpolicy;
 mod fileid;
+#[doc(hidden)]
+pub mod fuzz;
 mod journal;
 mod locks;
 pub mod memory;
