@@ -4,7 +4,10 @@
 
 use std::path::Path;
 
-fn replay(dir: &str, target: &str, run: fn(&[u8])) -> usize {
+/// A fuzz target's entry point.
+type Target = fn(&[u8]);
+
+fn replay(dir: &str, target: &str, run: Target) -> usize {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz").join(dir).join(target);
     let entries = std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display()));
     let mut n = 0;
@@ -23,7 +26,7 @@ fn replay(dir: &str, target: &str, run: fn(&[u8])) -> usize {
 #[test]
 fn the_fuzz_targets_pass_every_input_kept() {
     use ferry_server::fuzz;
-    let targets: [(&str, fn(&[u8])); 3] =
+    let targets: [(&str, Target); 3] =
         [("decode_frame", fuzz::frame), ("handshake", fuzz::handshake), ("session", fuzz::session)];
     let mut corpus = 0;
     for (t, run) in targets {
