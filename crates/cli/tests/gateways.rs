@@ -62,6 +62,21 @@ impl Gateways {
         &self.exports[0]
     }
 
+    /// `python3` under `ferry run` with both gateways mounted at `/remote`
+    /// (on TCP, as between machines), bounded by `timeout SECS`; the caller
+    /// adds the script and its arguments.
+    fn python_under_ferry_run(&self, secs: u32) -> Command {
+        let mut c = Command::new("timeout");
+        c.args([&secs.to_string(), FERRY, "run", "--mount"])
+            .arg(format!("/remote=ferry://{}/", self.list()))
+            .args(["--", "python3"])
+            .env("FERRY_TOKEN_FILE", &self.tokens[0])
+            .env("FERRY_SAME_HOST", "0")
+            .env_remove("FERRY_TOKEN")
+            .env_remove("FERRY_MOUNTS");
+        c
+    }
+
     fn list(&self) -> String {
         format!("127.0.0.1:{},127.0.0.1:{}", self.ports[0], self.ports[1])
     }
@@ -250,15 +265,7 @@ fn a_mount_of_two_gateways_goes_on_when_one_dies() {
 fn ferry_run_with_two_gateways_goes_on_when_one_dies() {
     let g = Gateways::new("gw-run");
     let mut a = g.start(0);
-    let mut writer = Command::new("timeout");
-    writer
-        .args(["120", FERRY, "run", "--mount"])
-        .arg(format!("/remote=ferry://{}/", g.list()))
-        .args(["--", "python3"])
-        .env("FERRY_TOKEN_FILE", &g.tokens[0])
-        .env("FERRY_SAME_HOST", "0")
-        .env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_MOUNTS");
+    let writer = g.python_under_ferry_run(120);
     let (_b, err) = write_across_a_move(&g, &mut a, writer, Path::new("/remote/big"), &String::new);
     assert!(err.contains("moved to gateway"), "the program's library did not say it moved: {err}");
 }
@@ -412,15 +419,7 @@ fn gateways_in_front_of_juicefs() {
     let g = Gateways::over("gw-jfs", j.nodes(), None);
     let mut a = g.start(0);
     // A program under `ferry run`, its gateway killed mid-write.
-    let mut writer = Command::new("timeout");
-    writer
-        .args(["120", FERRY, "run", "--mount"])
-        .arg(format!("/remote=ferry://{}/", g.list()))
-        .args(["--", "python3"])
-        .env("FERRY_TOKEN_FILE", &g.tokens[0])
-        .env("FERRY_SAME_HOST", "0")
-        .env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_MOUNTS");
+    let writer = g.python_under_ferry_run(120);
     let (b, err) = write_across_a_move(&g, &mut a, writer, Path::new("/remote/big"), &String::new);
     assert!(err.contains("moved to gateway"), "the program did not move: {err}");
     assert!(!err.contains("Stale"), "{err}");
@@ -519,14 +518,9 @@ f.seek(0); f.write(b"after the move"); f.flush(); os.fsync(f.fileno())
 print("wrote", flush=True)
 sys.stdin.readline()
 "#;
-    let mut child = Command::new("timeout")
-        .args(["60", FERRY, "run", "--mount"])
-        .arg(format!("/remote=ferry://{}/", g.list()))
-        .args(["--", "python3", "-c", script])
-        .env("FERRY_TOKEN_FILE", &g.tokens[0])
-        .env("FERRY_SAME_HOST", "0")
-        .env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_MOUNTS")
+    let mut child = g
+        .python_under_ferry_run(60)
+        .args(["-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
