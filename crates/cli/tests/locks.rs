@@ -396,3 +396,56 @@ fn a_late_release_leaves_a_newer_flock_alone() {
     }
     assert_eq!(stolen, 0, "a flock held on one mount was taken on the other");
 }
+
+/// `flock(1)` opens its lock file read-only and takes `LOCK_EX`, which
+/// Linux allows: on two mounts it serialises, and a read-only descriptor's
+/// exclusive flock excludes the other mount until `LOCK_UN`. (It failed with
+/// `EBADF`: the kernel's flock flag does not reach the daemon, and a POSIX
+/// write lock needs a writable handle.)
+#[test]
+fn flock_exclusive_on_a_read_only_descriptor_works_on_the_mount() {
+    require_fuse();
+    let s = Server::start(&[]);
+    let (m1, _g1) = mount(&s);
+    let (m2, _g2) = mount(&s);
+    std::fs::write(s.export.path().join("lockfile"), b"").unwrap();
+    let script = r#"
+import fcntl, os, sys, time
+a = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(a, fcntl.LOCK_EX | fcntl.LOCK_NB)
+b = os.open(sys.argv[2], os.O_RDONLY)
+try:
+    fcntl.flock(b, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    print("not excluded")
+    sys.exit(1)
+except BlockingIOError:
+    pass
+fcntl.flock(a, fcntl.LOCK_UN)
+fcntl.flock(b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+fcntl.flock(b, fcntl.LOCK_UN)
+# fcntl locks on a writable descriptor are unaffected.
+w = os.open(sys.argv[1], os.O_RDWR)
+fcntl.lockf(w, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)
+print("ok")
+"#;
+    let o = Command::new("timeout")
+        .args(["60", "python3", "-c", script])
+        .arg(m1.path().join("lockfile"))
+        .arg(m2.path().join("lockfile"))
+        .output()
+        .unwrap();
+    assert!(o.status.success() && stdout(&o).trim() == "ok", "{}{}", stdout(&o), stderr(&o));
+    // flock(1), twice at once on the two mounts: the second waits for the first.
+    let start = Instant::now();
+    let hold = |m: &TempDir| {
+        Command::new("timeout")
+            .args(["60", "flock"])
+            .arg(m.path().join("lockfile"))
+            .args(["-c", "sleep 1"])
+            .spawn()
+            .unwrap()
+    };
+    let (mut x, mut y) = (hold(&m1), hold(&m2));
+    assert!(x.wait().unwrap().success() && y.wait().unwrap().success());
+    assert!(start.elapsed() >= Duration::from_millis(1900), "flock(1) on two mounts overlapped: {:?}", start.elapsed());
+}

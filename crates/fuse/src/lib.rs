@@ -477,6 +477,8 @@ struct OpenFile {
     /// What it took of its node's kernel I/O mode (`passthrough::Taken`),
     /// given back at its release.
     io_mode: std::sync::atomic::AtomicU8,
+    /// It holds a whole-file lock as a flock (`locks::take`).
+    flock_kind: std::sync::atomic::AtomicBool,
 }
 
 /// The mode a write by a caller without `CAP_FSETID` leaves, as Linux's
@@ -717,8 +719,15 @@ impl FerryFs {
         let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
         let (mode, gid) = (attr.mode.into(), attr.gid.into());
         let io_mode = Taken::NOTHING.to_u8().into();
-        let f =
-            Arc::new(OpenFile { file: RwLock::new(Some(file)), append, ino: AtomicU64::new(ino), mode, gid, io_mode });
+        let f = Arc::new(OpenFile {
+            file: RwLock::new(Some(file)),
+            append,
+            ino: AtomicU64::new(ino),
+            mode,
+            gid,
+            io_mode,
+            flock_kind: false.into(),
+        });
         let fh = self.add_handle(Handle::File(Arc::clone(&f)));
         Ok((f, fh, attr))
     }

@@ -64,6 +64,30 @@ fn with_file<T>(f: &OpenFile, g: impl FnOnce(&File) -> ferry_client::Result<T>) 
     g(file.as_ref().ok_or(Errno::EBADF)?).map_err(errno)
 }
 
+/// Takes (or releases) `s` through the handle. A whole-file lock that the
+/// handle's access mode does not allow (`EBADF`) is what `flock(LOCK_EX)`
+/// asks on a read-only descriptor, which Linux allows; fuser does not pass
+/// the kernel's `FUSE_LK_FLOCK` flag that would tell it from `fcntl`, so it
+/// is taken as the handle's whole-file lock (`LockKind::Flock`: owned by the
+/// handle, as a flock is; no access check), and so is the unlock after it.
+/// What a local file system would refuse — `fcntl(F_SETLK, F_WRLCK)` of a
+/// whole read-only file — is granted as such a lock: the price of `flock`
+/// on read-only descriptors (`flock(1)`, lock files) working.
+fn take(f: &OpenFile, s: &LockSpec) -> Result<(), Errno> {
+    let whole = s.start == 0 && s.len == 0;
+    if whole && s.typ == LockType::Unlock && f.flock_kind.swap(false, Ordering::Relaxed) {
+        with_file(f, |file| file.unlock(LockKind::Flock, 0, 0))?;
+    }
+    match with_file(f, |file| file.try_lock(s)) {
+        Err(e) if e == Errno::EBADF && whole && s.typ != LockType::Unlock => {
+            with_file(f, |file| file.try_lock(&LockSpec { kind: LockKind::Flock, ..*s }))?;
+            f.flock_kind.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        r => r,
+    }
+}
+
 fn ticket(waits: &Waits, key: (u64, u64)) -> u64 {
     let mut w = waits.lock().unwrap_or_else(|e| e.into_inner());
     *w.entry(key).or_insert_with(|| NEXT_TICKET.fetch_add(1, Ordering::Relaxed))
@@ -114,7 +138,7 @@ impl MountLocks {
                 fhs.push(fh);
             }
         }
-        match with_file(&f, |file| file.try_lock(&s)) {
+        match take(&f, &s) {
             Err(e) if e == Errno::EAGAIN && sleep => {}
             Err(e) => return reply.error(e),
             Ok(()) => return reply.ok(),
@@ -131,7 +155,7 @@ impl MountLocks {
                     if cancelled(&waits, key, ticket) {
                         return reply.error(Errno::EINTR);
                     }
-                    match with_file(&f, |file| file.try_lock(&s)) {
+                    match take(&f, &s) {
                         Err(e) if e == Errno::EAGAIN => {}
                         Err(e) => return reply.error(e),
                         Ok(()) => return reply.ok(),
