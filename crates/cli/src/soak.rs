@@ -38,31 +38,27 @@ pub struct SoakArgs {
 
 const OPS: [&str; 8] = ["write", "write+fsync", "read", "stat", "list", "rename", "remove", "mkdir+rmdir"];
 
-/// A small fast generator (splitmix64): choices and file contents.
-struct Rng(u64);
+/// The choices: a seeded `fastrand` generator.
+struct Rng(fastrand::Rng);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.u64(..)
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.u64(..n.max(1))
     }
 }
 
 /// The content of one version of one file: a function of its tag.
 fn content(tag: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(tag);
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        v.extend_from_slice(&r.next().to_le_bytes());
-    }
-    v.truncate(len);
+    let mut v = vec![0u8; len];
+    fastrand::Rng::with_seed(tag).fill(&mut v);
     v
 }
 
@@ -249,7 +245,7 @@ fn client(i: usize, seed: u64, addr: &str, max: usize, shared: &Shared) {
         Ok(c) => c,
         Err(e) => return shared.fail(format!("client {i}: connect: {e}")),
     };
-    let mut rng = Rng(seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let home = format!("/c{i}");
     if let Err(e) = c.create_dir(&home, 0o755) {
         return shared.fail(format!("client {i}: mkdir {home}: {e}"));

@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{random_bytes, Server};
+use common::{random_bytes, Rng, Server};
 use ferry_client::{Client, OpenOptions};
 
 /// Time the whole of one test may take before it is declared hung.
@@ -76,18 +76,6 @@ fn ensure(cond: bool, what: impl FnOnce() -> String) -> Outcome {
     }
 }
 
-/// Deterministic small generator, one per worker.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
-}
-
 /// 1 B to 2 MiB, the big ones rarer.
 const SIZES: [usize; 12] =
     [1, 7, 100, 4096, 4097, 20_000, 65_536, 131_073, 300_001, 1 << 20, (1 << 20) + 12_345, 2 << 20];
@@ -109,13 +97,13 @@ fn client_work(
         let what = what.to_string();
         move |err: ferry_client::Error| format!("{what}: {err}")
     };
-    let mut rng = Rng(0x1234_5678 + i as u64 * 7919);
+    let mut rng = Rng::new(0x1234_5678 + i as u64 * 7919);
     let dir = format!("/c{i:03}");
     c.create_dir(&dir, 0o755).map_err(e("mkdir"))?;
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
 
     for it in 0..ITERATIONS {
-        let size = SIZES[(i * 5 + it * 7 + rng.below(3)) % SIZES.len()];
+        let size = SIZES[(i * 5 + it * 7 + rng.index(3)) % SIZES.len()];
         *sizes_seen.lock().unwrap().entry(size).or_default() += 1;
         let data = random_bytes(size, (i * 1000 + it) as u64 + 1);
         let path = format!("{dir}/f{it}");
@@ -127,7 +115,7 @@ fn client_work(
                 let mut f = c
                     .open(&path, OpenOptions::new().write(true).create_new(true))
                     .map_err(e("open for write-behind"))?;
-                for part in data.chunks(1 + rng.below(70_000)) {
+                for part in data.chunks(1 + rng.index(70_000)) {
                     f.write_all(part).map_err(|x| format!("write_all: {x}"))?;
                 }
                 f.close().map_err(e("close"))?;
@@ -152,7 +140,7 @@ fn client_work(
             0 => {
                 let mut f = c.open(&path, OpenOptions::new().read(true)).map_err(e("open for read"))?;
                 let mut out = vec![0u8; size];
-                let chunk = [4096, 65_536, 1 << 20][rng.below(3)];
+                let chunk = [4096, 65_536, 1 << 20][rng.index(3)];
                 for part in out.chunks_mut(chunk) {
                     f.read_exact(part).map_err(|x| format!("read_exact: {x}"))?;
                 }
@@ -194,8 +182,8 @@ fn client_work(
         files.insert(renamed, data);
 
         // A slice of the shared file.
-        let off = rng.below(SHARED_LEN);
-        let len = (1 + rng.below(512 * 1024)).min(SHARED_LEN - off);
+        let off = rng.index(SHARED_LEN);
+        let len = (1 + rng.index(512 * 1024)).min(SHARED_LEN - off);
         let f = c.open("/shared", OpenOptions::new().read(true)).map_err(e("open shared"))?;
         let mut buf = vec![0u8; len];
         let n = f.read_at(&mut buf, off as u64).map_err(e("read_at shared"))?;
@@ -297,7 +285,7 @@ fn shared_connection_work(t: usize, c: &Client, shared: &[u8]) -> Outcome {
     const ROUNDS: usize = 6;
     let e = |what: &'static str| move |err: ferry_client::Error| format!("{what}: {err}");
     let io = |what: &'static str| move |err: std::io::Error| format!("{what}: {err}");
-    let mut rng = Rng(0xDEAD_BEEF + t as u64);
+    let mut rng = Rng::new(0xDEAD_BEEF + t as u64);
     let path = format!("/t{t}");
     let len = 3 << 20;
     let mut model = random_bytes(len, 500 + t as u64);
@@ -319,11 +307,11 @@ fn shared_connection_work(t: usize, c: &Client, shared: &[u8]) -> Outcome {
         check(&big, &model, &format!("round {round}: whole own file"))?;
 
         // A large positional write, then stream writes (write-behind).
-        let off = rng.below(len - (1 << 20));
-        let patch = random_bytes(1 + rng.below(1 << 20), (t * 100 + round) as u64);
+        let off = rng.index(len - (1 << 20));
+        let patch = random_bytes(1 + rng.index(1 << 20), (t * 100 + round) as u64);
         f.write_at(&patch, off as u64).map_err(e("write_at"))?;
         model[off..off + patch.len()].copy_from_slice(&patch);
-        let off2 = rng.below(len - 100_000);
+        let off2 = rng.index(len - 100_000);
         f.seek(SeekFrom::Start(off2 as u64)).map_err(io("seek"))?;
         for k in 0..50usize {
             let piece = [(t * 31 + round * 7 + k) as u8; 2000];
@@ -332,7 +320,7 @@ fn shared_connection_work(t: usize, c: &Client, shared: &[u8]) -> Outcome {
         }
 
         // Small sequential reads with read-ahead, from a random place.
-        let from = rng.below(len - 200 * 4096);
+        let from = rng.index(len - 200 * 4096);
         f.seek(SeekFrom::Start(from as u64)).map_err(io("seek"))?;
         let mut buf = [0u8; 4096];
         for k in 0..200 {
@@ -342,7 +330,7 @@ fn shared_connection_work(t: usize, c: &Client, shared: &[u8]) -> Outcome {
         }
 
         // Sequential reads of the shared file on its own handle.
-        let soff = rng.below(SHARED_LEN - 64 * 16 * 1024);
+        let soff = rng.index(SHARED_LEN - 64 * 16 * 1024);
         sf.seek(SeekFrom::Start(soff as u64)).map_err(io("seek shared"))?;
         let mut sbuf = vec![0u8; 16 * 1024];
         for k in 0..64 {
@@ -352,7 +340,7 @@ fn shared_connection_work(t: usize, c: &Client, shared: &[u8]) -> Outcome {
         }
         // And a big split read of it.
         let mut sbig = vec![0u8; 2 << 20];
-        let soff = rng.below(SHARED_LEN - sbig.len());
+        let soff = rng.index(SHARED_LEN - sbig.len());
         ensure(sf.read_at(&mut sbig, soff as u64).map_err(e("read_at shared"))? == sbig.len(), || {
             "short shared read_at".into()
         })?;

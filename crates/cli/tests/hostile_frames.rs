@@ -26,7 +26,7 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{random_bytes, Server};
+use common::{random_bytes, Rng, Server};
 use ferry_client::{Client, Options};
 use ferry_proto::{
     client_proof, op, server_proof, ErrorReply, Header, Reply, Request, Target, Time, Welcome, FLAG_ERROR, HEADER_LEN,
@@ -865,26 +865,6 @@ fn readdir_on_a_file_handle_is_enotdir() {
 // ---------------------------------------------------------------------------
 // Random frames
 
-/// xorshift64: reproducible from the seed printed on failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// Sends `frames` one at a time; each must get exactly one reply with its
 /// id and op (an error or a decodable success), or the connection may close
 /// cleanly, after which a new one is made. Returns (replies, closes).
@@ -955,7 +935,7 @@ fn ten_thousand_random_frames() {
 
     // Phase 1: random op among the valid ones, random body of 0-64 bytes.
     let seed = 0x0F0E_BAD5_EED5_u64;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let frames: Vec<(u16, u64, Vec<u8>)> = (0..10_000u64)
         .map(|i| {
             let op = VALID_OPS[rng.below(VALID_OPS.len() as u64) as usize];
@@ -980,7 +960,7 @@ fn ten_thousand_random_frames() {
     // Phase 2: well-formed requests with random fields on a few paths
     // (deeper: they reach the backend).
     let seed = 0x5EED_0002_u64;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let paths = ["/f", "/d", "/d/x", "/g", "/", "..", "/d/../f", "/l", "/nope/x", ""];
     let mut frames = Vec::new();
     for i in 0..3000u64 {

@@ -23,28 +23,12 @@ use std::time::{Duration, Instant};
 
 use common::fuse::{is_live, require_fuse, wait_for, Detach};
 use common::restart::Serve;
-use common::{random_bytes, TempDir, FERRY};
+use common::{random_bytes, Rng, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, Options};
 
 /// Kills per run, and the longest time between two.
 const KILLS: usize = 8;
 const MAX_GAP_MS: u64 = 50;
-
-/// xorshift64*: small, seedable, the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn seed() -> u64 {
     let seed = match std::env::var("FERRY_KILL_SEED") {
@@ -118,7 +102,7 @@ impl Fs for Library {
 /// Runs operations until `done` is set and at least `min_ops` ran; panics
 /// (with the seed in the message) on the first failure or wrong read.
 fn workload(fs: &dyn Fs, seed: u64, min_ops: usize, done: &AtomicBool, ops: &AtomicUsize) -> Model {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut m = Model::default();
     let mut i = 0usize;
     while i < min_ops || !done.load(Ordering::Relaxed) {
@@ -203,7 +187,7 @@ fn killer(s: &Setup, seed: u64, ops: Arc<AtomicUsize>, done: Arc<AtomicBool>) ->
     let (server, export, token) = (Arc::clone(&s.server), s.export.path().to_path_buf(), s.token.clone());
     let stop = Arc::clone(&s.stop);
     std::thread::spawn(move || {
-        let mut rng = Rng(seed.rotate_left(17) | 1);
+        let mut rng = Rng::new(seed.rotate_left(17));
         let deadline = Instant::now() + Duration::from_secs(60);
         while ops.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));

@@ -72,7 +72,7 @@ fn sequential_reads_of_any_size_are_fetched_ahead_and_random_ones_are_not() {
     // A random read collapses the window; random reads fetch only what
     // they ask for.
     assert!(g.read_ahead_window() > 0);
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut rng = Rng::new(0x2545_F491_4F6C_DD1D);
     let (fetched0, ahead0) = (c.bytes_fetched(), c.bytes_read_ahead());
     let mut read = 0u64;
     for i in 0..1500 {

@@ -166,30 +166,38 @@ pub fn read_both_ways(c: &Client, path: &str, data: &[u8]) -> ferry_client::File
     f
 }
 
-/// A small deterministic generator (xorshift), so failures reproduce.
-pub struct Rng(pub u64);
+/// A seeded generator (`fastrand`), so a failure's seed reproduces it.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
+
+    /// A number below `m` (0 for `m` 0).
     pub fn below(&mut self, m: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % m
+        self.0.u64(..m.max(1))
+    }
+
+    /// An index below `n` (0 for `n` 0).
+    pub fn index(&mut self, n: usize) -> usize {
+        self.0.usize(..n.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0.u64(..)
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        self.0.fill(&mut v);
+        v
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+/// Deterministic pseudo-random bytes, so failures reproduce.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
+    Rng::new(seed).bytes(len)
 }
 
 pub fn stdout(o: &Output) -> String {
