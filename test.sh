@@ -67,7 +67,8 @@ echo "== tests"
 cargo test --workspace --release
 
 echo "== fuzz targets, briefly (./fuzz/run.sh SECONDS runs them longer)"
-./fuzz/run.sh 5
+rm -rf target/fuzz-corpus && mkdir -p target && cp -r fuzz/corpus target/fuzz-corpus
+FERRY_FUZZ_CORPUS="$PWD/target/fuzz-corpus" ./fuzz/run.sh 5
 
 echo "== python package (virtualenv in target/pyvenv, pip install ./python, pytest)"
 ./python/test.sh

@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 secs="${1:-60}"
+# FERRY_FUZZ_CORPUS: run on a copy (the test suite does), leaving
+# fuzz/corpus as committed.
+corpus="${FERRY_FUZZ_CORPUS:-corpus}"
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(decode_frame handshake session)
@@ -20,16 +23,16 @@ RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-
   cargo build --release --target "$host" --bins
 status=0
 for t in "${targets[@]}"; do
-  mkdir -p "corpus/$t" "regressions/$t" "artifacts/$t"
+  mkdir -p "$corpus/$t" "regressions/$t" "artifacts/$t"
   echo "== fuzz $t for $secs s"
-  if ! "target/$host/release/$t" "corpus/$t" -max_total_time="$secs" -max_len=65536 \
+  if ! "target/$host/release/$t" "$corpus/$t" -max_total_time="$secs" -max_len=65536 \
       -artifact_prefix="artifacts/$t/" -print_final_stats=1 2>&1 | tail -n 12; then
     status=1
   fi
   # Keep the corpus small: only inputs that add coverage.
-  rm -rf "corpus/$t.min" && mkdir "corpus/$t.min"
-  "target/$host/release/$t" -merge=1 "corpus/$t.min" "corpus/$t" >/dev/null 2>&1 &&
-    rm -rf "corpus/$t" && mv "corpus/$t.min" "corpus/$t"
+  rm -rf "$corpus/$t.min" && mkdir "$corpus/$t.min"
+  "target/$host/release/$t" -merge=1 "$corpus/$t.min" "$corpus/$t" >/dev/null 2>&1 &&
+    rm -rf "${corpus:?}/$t" && mv "$corpus/$t.min" "$corpus/$t"
   for a in artifacts/"$t"/*; do
     [ -e "$a" ] || continue
     cp "$a" "regressions/$t/"
