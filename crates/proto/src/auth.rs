@@ -26,7 +26,8 @@ pub fn server_proof(token: &[u8], server_nonce: &Nonce, client_nonce: &Nonce) ->
 
 /// Compares proofs without an early exit, so timing does not leak a prefix.
 pub fn proofs_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    bool::from(a.ct_eq(b))
 }
 
 /// A session's secret, known to both ends and never sent: derived from the
