@@ -84,7 +84,7 @@ class Setup:
         self.ports = []
         for i, mp in enumerate(self.nodes):
             env = dict(os.environ, XDG_STATE_HOME=os.path.join(self.dir, f"state{i}"))
-            p = self.spawn([args.ferry, "serve", mp, "--listen", "127.0.0.1:0", "--token-file", self.token],
+            p = self.spawn([args.ferry, "serve", mp, "--listen", "127.0.0.1:0", "--no-root-squash", "--token-file", self.token],
                            stdout=subprocess.PIPE, env=env)
             line = p.stdout.readline().decode()
             self.ports.append(int(line.strip().rsplit(":", 1)[1]))

@@ -120,7 +120,7 @@ def pin(cpu: int) -> None:
 
 def start_server(ferry_bin: str, root: str) -> "tuple[subprocess.Popen, str]":
     p = subprocess.Popen(
-        [ferry_bin, "serve", "--no-auth", "--listen", "127.0.0.1:0", root],
+        [ferry_bin, "serve", "--no-auth", "--no-root-squash", "--listen", "127.0.0.1:0", root],
         stdout=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: pin(1),

@@ -37,7 +37,7 @@ class Server(NamedTuple):
 
 def start_server(root: Path, *args: str) -> Server:
     p = subprocess.Popen(
-        [ferry_bin(), "serve", "--listen", "127.0.0.1:0", *args, str(root)],
+        [ferry_bin(), "serve", "--listen", "127.0.0.1:0", "--no-root-squash", *args, str(root)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

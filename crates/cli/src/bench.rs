@@ -263,7 +263,7 @@ pub(crate) fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
 /// `start_server` with more `ferry serve` arguments.
 pub(crate) fn start_server_with(dir: &Path, extra: &[&str]) -> Result<(Reap, u16), String> {
     let child = Command::new(exe()?)
-        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--no-auth", "--no-root-squash", "--listen", "127.0.0.1:0"])
         .args(extra)
         .arg(dir)
         .stdout(Stdio::piped())

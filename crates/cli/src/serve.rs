@@ -69,12 +69,57 @@ pub struct ServeArgs {
     /// CephFS, JuiceFS, Lustre, GlusterFS and the like.
     #[arg(long, conflicts_with = "memory")]
     shared_volume: bool,
+    /// Clients' root stays root here (NFS's no_root_squash). By default a
+    /// server running as root acts for each request as the user who made
+    /// it, and for root as the anonymous user.
+    #[arg(long, overrides_with = "root_squash")]
+    no_root_squash: bool,
+    /// Clients' root becomes the anonymous user (the default; overrides an
+    /// earlier --no-root-squash).
+    #[arg(long, overrides_with = "no_root_squash")]
+    root_squash: bool,
+    /// The anonymous user that clients' root becomes.
+    #[arg(long, default_value_t = 65534, value_name = "UID")]
+    anon_uid: u32,
+    /// The anonymous group that clients' group 0 becomes.
+    #[arg(long, default_value_t = 65534, value_name = "GID")]
+    anon_gid: u32,
+    /// A client's uid CLIENT acts here as SERVER (for machines whose ids
+    /// differ); repeat or separate with commas.
+    #[arg(long, value_name = "CLIENT=SERVER", value_delimiter = ',')]
+    map_uid: Vec<String>,
+    /// As --map-uid, for group ids.
+    #[arg(long, value_name = "CLIENT=SERVER", value_delimiter = ',')]
+    map_gid: Vec<String>,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
     /// sessions, file-ids, replay, open-read, list-dir, caching,
-    /// data-channels, same-host): to serve as an older server would, and to test how
-    /// clients degrade.
+    /// data-channels, same-host, identity): to serve as an older server would, and to test how
+    /// clients degrade. Without identity a root server acts as root for everyone.
     #[arg(long, value_delimiter = ',')]
     disable_caps: Vec<String>,
+}
+
+/// How requests act as their callers: only a server running as root can
+/// (as anyone else it serves as itself, for everyone).
+fn identity_policy(a: &ServeArgs) -> Result<Option<ferry_server::identity::Policy>, String> {
+    use ferry_server::identity::{parse_map, Policy};
+    let parse = |v: &[String], what: &str| {
+        v.iter().map(|m| parse_map(m).map_err(|e| format!("--map-{what} {e}"))).collect::<Result<Vec<_>, _>>()
+    };
+    let policy = Policy {
+        squash_root: !a.no_root_squash,
+        anon_uid: a.anon_uid,
+        anon_gid: a.anon_gid,
+        uid_map: parse(&a.map_uid, "uid")?,
+        gid_map: parse(&a.map_gid, "gid")?,
+    };
+    if !rustix::process::geteuid().is_root() {
+        if policy != Policy::default() {
+            tracing::warn!("not running as root: every client acts as this server's user, ids are not mapped");
+        }
+        return Ok(None);
+    }
+    Ok(Some(policy))
 }
 
 pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
@@ -102,6 +147,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "caching" => ferry_proto::caps::CACHING,
             "data-channels" => ferry_proto::caps::DATA_CHANNELS,
             "same-host" => ferry_proto::caps::SAME_HOST,
+            "identity" => ferry_proto::caps::IDENTITY,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }
@@ -118,6 +164,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     rustix::process::umask(rustix::fs::Mode::empty());
     // The export is opened before anything is printed: the first line is
     // for scripts, and must only appear once the server can serve.
+    let identity = identity_policy(&a)?;
     let export = if a.memory {
         Export::Memory(MemoryBackend::new())
     } else {
@@ -131,6 +178,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             );
         }
         backend.set_shared(a.shared_volume || fs_type.is_some());
+        cfg.identity = identity;
         cfg.state_dir = state_dir(&a.state_dir, a.no_state, &dir)?;
         Export::Dir(backend)
     };

@@ -150,6 +150,14 @@ fn pjdfstest_passes_on_the_mount() {
 }
 
 #[test]
+fn pjdfstest_passes_on_a_mount_open_to_all_checked_by_the_server_alone() {
+    // `--allow-other` without `default_permissions`: the kernel checks
+    // nothing; the server (root here) acts as each request's caller, so its
+    // kernel applies every rule to the right user (PROTOCOL.md 8.8).
+    pjdfstest_on_a_mount(&["--attr-timeout", "0", "--entry-timeout", "0", "--allow-other"], "pjdfstest.toml");
+}
+
+#[test]
 fn pjdfstest_passes_on_a_mount_with_default_options() {
     // No `--allow-other`, no `default_permissions`: the kernel checks
     // nothing, the mount and the server answer every rule themselves.

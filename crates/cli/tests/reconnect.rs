@@ -157,6 +157,9 @@ fn a_request_in_flight_when_the_server_is_killed_runs_once_after_the_restart() {
     // the client cannot know whether the request ran, and says so.
     restarter(&server, export.path(), port, &token, &["--no-state"])();
     c.ping().unwrap();
+    // (A stat names the caller in the new session, so the next reply is
+    // the create's own, not that of the `Caller` before it.)
+    c.metadata("/").unwrap();
     proxy.swallow_next_reply_then(restarter(&server, export.path(), port, &token, &["--no-state"]));
     let e = c.create_dir("/e", 0o755).unwrap_err();
     assert_eq!(e.errno(), libc::EIO, "{e}");

@@ -44,6 +44,8 @@ struct Inner {
     /// `ino` at open) and owner: what to take again from a server that lost
     /// them. Locks of handles (OFD, `flock`) are their `File`'s.
     posix: Mutex<HashMap<(u64, u64, u64), PosixHeld>>,
+    /// The slots this client gave its requests' callers (`IDENTITY`).
+    slots: crate::caller::Slots,
 }
 
 /// One owner's POSIX locks on one file, and the epoch they were last taken
@@ -167,6 +169,7 @@ impl Client {
                 ahead: 0.into(),
                 channels: Channels::new(opts),
                 behind: Arc::default(),
+                slots: Default::default(),
             }),
         })
     }
@@ -363,9 +366,66 @@ impl Client {
     /// does no harm (see `repeatable`); a `Close` whose handle the server no
     /// longer has is done.
     pub fn call(&self, req: &Request<'_>) -> Result<Frame> {
+        if !self.engine().has_cap(ferry_proto::caps::IDENTITY) {
+            return self.call_once(req);
+        }
+        // The request carries its caller's slot, named in the session
+        // first; a session that does not know it (a new one, after a
+        // restart or a move) refuses with ENOKEY before running anything.
+        let Some((slot, caller)) = self.caller_slot()? else { return self.call_once(req) };
+        let _stamp = crate::caller::Stamp::new(slot);
+        // Sent again with the same id: refused, it did not run, and a
+        // server that kept its reply from before a restart still knows it.
+        let mut id = None;
+        match self.call_once_as(req, &mut id) {
+            Err(e) if e.errno() == libc::ENOKEY => {
+                self.name_caller(slot, &caller)?;
+                self.call_once_as(req, &mut id)
+            }
+            other => other,
+        }
+    }
+
+    /// The slot of this thread's caller, named in the session first if
+    /// new; `None` from a server that does not act as callers.
+    fn caller_slot(&self) -> Result<Option<(u16, crate::caller::Caller)>> {
+        if !self.engine().has_cap(ferry_proto::caps::IDENTITY) {
+            return Ok(None);
+        }
+        let caller = crate::caller::current();
+        let generation = self.inner.redial.as_ref().map_or(0, Redial::sessions_lost);
+        let (slot, fresh) = self.inner.slots.of(&caller, generation).ok_or_else(|| Error::remote(libc::EUSERS))?;
+        if fresh {
+            self.name_caller(slot, &caller)?;
+        }
+        Ok(Some((slot, caller)))
+    }
+
+    /// Stamps this thread's requests sent outside [`call`](Self::call)
+    /// (writes sent behind) with its caller's slot, until dropped: the
+    /// server treats a write by a user as the kernel would (set-id bits).
+    pub(crate) fn stamp(&self) -> Result<Option<crate::caller::Stamp>> {
+        Ok(self.caller_slot()?.map(|(s, _)| crate::caller::Stamp::new(s)))
+    }
+
+    /// `Caller`: names `slot` in the session.
+    fn name_caller(&self, slot: u16, c: &crate::caller::Caller) -> Result<()> {
+        let groups = ferry_proto::encode_groups(&c.groups);
+        let _stamp = crate::caller::Stamp::new(0);
+        self.call_once(&Request::Caller { slot, uid: c.uid, gid: c.gid, groups: &groups }).map(drop)
+    }
+
+    /// [`call`](Self::call) without naming the caller.
+    fn call_once(&self, req: &Request<'_>) -> Result<Frame> {
+        self.call_once_as(req, &mut None)
+    }
+
+    /// `call_once` with the id `id` if it is set (a request sent again),
+    /// else with a new id, left in `id`.
+    fn call_once_as(&self, req: &Request<'_>, id: &mut Option<u64>) -> Result<Frame> {
         let e = self.engine();
         let Some(r) = &self.inner.redial else {
-            return e.call(req);
+            return e.call_as(req, id);
         };
         let mut e = e;
         let epoch = r.epoch();
@@ -375,7 +435,6 @@ impl Client {
         // lost after it left, it is sent again with the same id on the
         // rejoined session, and answered without running again.
         let replay = req.once_only() && e.has_cap(ferry_proto::caps::REPLAY) && e.has_cap(ferry_proto::caps::SESSIONS);
-        let mut id = None;
         loop {
             // Before something that must not run twice, make sure the
             // connection is not already known gone: then it surely never
@@ -385,7 +444,7 @@ impl Client {
             let was_unsent = unsent.is_some();
             let err = match unsent {
                 Some(err) => err,
-                None => match e.call_as(req, &mut id) {
+                None => match e.call_as(req, id) {
                     Err(err) if is_lost(&err) => err,
                     Err(err) if err.errno() == libc::EBADF && matches!(req, Request::Close { .. }) => {
                         return Ok(done(req))

@@ -535,6 +535,10 @@ impl Engine {
             let (sock, head) = &mut *tx;
             head.clear();
             req.encode(id, head);
+            let slot = crate::caller::slot();
+            if slot != 0 && self.has_cap(ferry_proto::caps::IDENTITY) {
+                ferry_proto::set_caller_slot(head, slot);
+            }
             send_request(sock, head, req.bulk())
         };
         if let Err(e) = sent {

@@ -799,6 +799,7 @@ impl File {
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.drop_prefetch();
         self.live()?;
+        let _stamp = self.client.stamp()?;
         if let Some(l) = self.local().filter(|l| l.writable && !self.client.writes_behind()) {
             return l.write_at(buf, offset, self.append).map(drop);
         }
@@ -994,6 +995,7 @@ impl File {
         // have lost sent again) before anything newer is written.
         self.live()?;
         self.drop_prefetch();
+        let _stamp = self.client.stamp()?;
         if self.local().is_some_and(|l| l.writable) {
             self.flush_writes()?;
             if !self.client.writes_behind() {

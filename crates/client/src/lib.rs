@@ -13,6 +13,7 @@
 
 mod ahead;
 pub mod cache;
+mod caller;
 mod channels;
 mod client;
 mod engine;
@@ -27,6 +28,7 @@ mod unstable;
 pub mod url;
 
 pub use ahead::WINDOW_MAX as READ_AHEAD_MAX;
+pub use caller::{acting_as, as_caller, Acting, Caller};
 pub use client::{join, Client, SessionTicket};
 pub use engine::{Engine, Frame, Options, PlaceFd, DATA_CHANNELS, DATA_THRESHOLD};
 pub use error::{Error, Result};

@@ -29,6 +29,7 @@ use fuser::{
     ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 
+mod callers;
 mod locks;
 
 pub use fuser::BackgroundSession;
@@ -101,11 +102,12 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Ba
     for o in &cfg.options {
         opts.push(parse_option(o));
     }
-    // The server acts for every request with its own rights (it knows no
-    // per-user identity yet): a mount open to other users must have the
-    // kernel check their permissions, or any local user could read and
-    // change what only the mount's owner may.
-    if cfg.allow_other && !opts.contains(&MountOption::DefaultPermissions) {
+    // A server that does not act as each caller (not root, or without
+    // IDENTITY) acts for every request with its own rights: a mount open to
+    // other users must then have the kernel check their permissions, or
+    // any local user could read and change what only the mount's owner
+    // may. One that does checks them itself, with the caller's ids.
+    if cfg.allow_other && !fs.callers.on() && !opts.contains(&MountOption::DefaultPermissions) {
         opts.push(MountOption::DefaultPermissions);
     }
     let mut config = Config::default();
@@ -558,6 +560,8 @@ pub struct FerryFs {
     /// Whether the kernel took FUSE passthrough (cached files only).
     passthrough: bool,
     modes: passthrough::IoModes,
+    /// Who made each request, for a server that acts as each caller.
+    callers: callers::Callers,
 }
 
 thread_local! {
@@ -571,9 +575,11 @@ impl FerryFs {
     pub fn new(client: Client, root: &str, opts: FsOptions) -> FerryFs {
         let root = root.trim_end_matches('/');
         let root = if root.is_empty() { "/" } else { root };
+        let callers = callers::Callers::new(client.engine().has_cap(ferry_client::caps::IDENTITY));
         FerryFs {
             client,
             opts,
+            callers,
             nodes: Mutex::new(Nodes::new(OsStr::new(root))),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -869,6 +875,10 @@ impl FerryFs {
     /// unless the parent directory is set-group-ID (then the server already
     /// gave it the parent's group).
     fn own(&self, req: &Request, path: &OsStr, attr: Attr) -> R<Attr> {
+        if self.callers.on() {
+            // The server created it as the caller already.
+            return Ok(attr);
+        }
         let mut gid = req.gid();
         if attr.gid != gid {
             let b = path.as_bytes();
@@ -964,7 +974,8 @@ impl Filesystem for FerryFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _acting = self.callers.acting(req);
         let path = tri!(reply, self.child(parent, name));
         let gen = self.recent.generation();
         if let Some(a) = self.recent.take(&path) {
@@ -993,7 +1004,8 @@ impl Filesystem for FerryFs {
         lock(&self.nodes).forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _acting = self.callers.acting(req);
         let r = match fh.map(|fh| self.server_handle(fh)) {
             Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
             _ => match self.obj(ino) {
@@ -1016,7 +1028,7 @@ impl Filesystem for FerryFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1032,6 +1044,7 @@ impl Filesystem for FerryFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let a = tri!(reply, self.do_setattr(ino, &SetAttrs { mode, uid, gid, size, atime, mtime }, fh));
         if size.is_some() {
@@ -1051,7 +1064,8 @@ impl Filesystem for FerryFs {
         reply.attr(&self.opts.attr_timeout, &file_attr(ino.0, &a));
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
         let target = tri!(reply, self.client.read_link(&path).map_err(errno));
         reply.data(target.as_os_str().as_bytes());
@@ -1067,6 +1081,7 @@ impl Filesystem for FerryFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         let a = tri!(reply, self.client.mknod(&path, mode, u64::from(rdev)).map_err(errno));
@@ -1075,6 +1090,7 @@ impl Filesystem for FerryFs {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         let a = tri!(reply, self.client.create_dir(&path, mode & 0o7777).map_err(errno));
@@ -1082,7 +1098,8 @@ impl Filesystem for FerryFs {
         self.entry(&path, &a, reply);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         tri!(reply, self.client.remove_file(&path).map_err(errno));
@@ -1090,7 +1107,8 @@ impl Filesystem for FerryFs {
         reply.ok();
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         tri!(reply, self.client.remove_dir(&path).map_err(errno));
@@ -1099,6 +1117,7 @@ impl Filesystem for FerryFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, link_name));
         let a = tri!(reply, self.client.symlink(target, &path).map_err(errno));
@@ -1108,7 +1127,7 @@ impl Filesystem for FerryFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1116,6 +1135,7 @@ impl Filesystem for FerryFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let from = tri!(reply, self.child(parent, name));
         let to = tri!(reply, self.child(newparent, newname));
@@ -1132,7 +1152,8 @@ impl Filesystem for FerryFs {
         reply.ok();
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let from = tri!(reply, self.path(ino));
         let to = tri!(reply, self.child(newparent, newname));
@@ -1140,7 +1161,8 @@ impl Filesystem for FerryFs {
         self.entry(&to, &a, reply);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _acting = self.callers.acting(req);
         // An open for writing may truncate, and its writes change the size.
         let writes = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC) != libc::O_RDONLY;
         let _changes = writes.then(|| self.recent.changing());
@@ -1227,6 +1249,7 @@ impl Filesystem for FerryFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             // The writer lacks CAP_FSETID (direct I/O asks us; the page
@@ -1321,7 +1344,8 @@ impl Filesystem for FerryFs {
         self.locks.setlk(f, fh.0, ino.0, lock_owner.0, (start, end), typ, pid, sleep, reply);
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
         let gen = self.recent.generation();
         let entries = tri!(reply, self.client.read_dir(&path).map_err(errno));
@@ -1342,7 +1366,8 @@ impl Filesystem for FerryFs {
         reply.opened(self.add_handle(Handle::Dir(Arc::new(items))), FopenFlags::empty());
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let _acting = self.callers.acting(req);
         let items = tri!(reply, self.dir(fh));
         // Offsets: 1 after ".", 2 after "..", then 3 + i after item i.
         if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
@@ -1361,7 +1386,8 @@ impl Filesystem for FerryFs {
         reply.ok();
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let _acting = self.callers.acting(req);
         let items = tri!(reply, self.dir(fh));
         let dir_path = tri!(reply, self.path(ino));
         let ttl = self.opts.attr_timeout.min(self.opts.entry_timeout);
@@ -1421,7 +1447,8 @@ impl Filesystem for FerryFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let _acting = self.callers.acting(req);
         let path = self.path(ino).unwrap_or_else(|_| "/".into());
         let s = tri!(reply, self.client.statfs(&path).map_err(errno));
         reply.statfs(
@@ -1438,7 +1465,7 @@ impl Filesystem for FerryFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1446,6 +1473,7 @@ impl Filesystem for FerryFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.path(ino));
         tri!(
@@ -1455,13 +1483,15 @@ impl Filesystem for FerryFs {
         reply.ok();
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
         let v = tri!(reply, self.client.get_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         Self::xattr_reply(&v, size, reply);
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
         let names = tri!(reply, self.client.list_xattr(Target::PathNoFollow(path.as_bytes())).map_err(errno));
         let mut v = Vec::new();
@@ -1472,14 +1502,16 @@ impl Filesystem for FerryFs {
         Self::xattr_reply(&v, size, reply);
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.path(ino));
         tri!(reply, self.client.remove_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         reply.ok();
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
         tri!(reply, self.client.access(&path, mask.bits() as u32).map_err(errno));
         reply.ok();
@@ -1495,6 +1527,7 @@ impl Filesystem for FerryFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let (ino, fh, attr) = tri!(reply, self.do_create(parent, name, mode, flags));
         let attr = match self.child(parent, name).and_then(|p| {

@@ -8,6 +8,13 @@ pub const HEADER_LEN: usize = 16;
 /// Set in a reply's flags when the body is an error (errno + message).
 pub const FLAG_ERROR: u16 = 1;
 
+/// Writes `slot` into the `flags` of the request frame starting at
+/// `frame[0]`: the caller the request is made for (capability `IDENTITY`;
+/// request flags carry nothing else).
+pub fn set_caller_slot(frame: &mut [u8], slot: u16) {
+    frame[6..8].copy_from_slice(&slot.to_le_bytes());
+}
+
 /// `len` (u32, bytes after the header), `op` (u16), `flags` (u16), `id` (u64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {

@@ -16,7 +16,7 @@ mod types;
 mod wire;
 
 pub use auth::{attach_proof, client_proof, proofs_equal, server_proof, session_secret, Nonce};
-pub use frame::{Header, FLAG_ERROR, HEADER_LEN};
+pub use frame::{set_caller_slot, Header, FLAG_ERROR, HEADER_LEN};
 pub use limits::{Limit, NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 pub use msg::*;
 pub use types::{Attr, DirEntry, StatFs, Target, Time, UTIME_NOW, UTIME_OMIT};
@@ -95,6 +95,12 @@ pub mod caps {
     /// `LocalAddr` and `FileFd`: a client on the server's host moves file
     /// data without the network (PROTOCOL.md 8.7). Needs `SESSIONS`.
     pub const SAME_HOST: u64 = 1 << 11;
+    /// Requests name their caller: `Caller` binds a slot to a user, group
+    /// and groups, and a request's header `flags` carry the slot (0: none
+    /// named, taken as root). A server running as root acts for each
+    /// request as its caller (PROTOCOL.md 8.8). Offered only by servers
+    /// that do.
+    pub const IDENTITY: u64 = 1 << 12;
     /// Everything this implementation offers.
     pub const ALL: u64 = READDIRPLUS
         | XATTR
@@ -107,7 +113,8 @@ pub mod caps {
         | LIST_DIR
         | CACHING
         | DATA_CHANNELS
-        | SAME_HOST;
+        | SAME_HOST
+        | IDENTITY;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

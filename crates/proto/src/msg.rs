@@ -58,6 +58,9 @@ pub mod op {
     pub const LOCAL_ADDR: u16 = 50;
     /// An open file's descriptor, passed over a Unix socket.
     pub const FILE_FD: u16 = 51;
+    /// Names a caller (user, group, groups) for the requests that carry
+    /// its slot in their header (capability `IDENTITY`).
+    pub const CALLER: u16 = 52;
 
     /// The operation's name (lower case, as in `PROTOCOL.md`), or
     /// `"unknown"`: for logs and metrics.
@@ -108,6 +111,7 @@ pub mod op {
             CACHE_GET => "cache_get",
             LOCAL_ADDR => "local_addr",
             FILE_FD => "file_fd",
+            CALLER => "caller",
             _ => "unknown",
         }
     }
@@ -380,6 +384,17 @@ pub enum Request<'a> {
     /// process (`ferry run`), which opens its files again after any
     /// reconnect anyway.
     SessionNewVolatile,
+    /// Names the caller of the session's requests whose header `flags` are
+    /// `slot` (1 or more; capability `IDENTITY`): the server acts for them
+    /// as this user, mapped and squashed by its policy. `groups` are the
+    /// supplementary group ids, each a little-endian u32 (see
+    /// [`caller_groups`]). Naming a slot again replaces it.
+    Caller {
+        slot: u16,
+        uid: u32,
+        gid: u32,
+        groups: &'a [u8],
+    },
     /// Joins this connection to an existing session: its handles, offsets
     /// and locks become this connection's too. `proof` is
     /// [`attach_proof`](crate::attach_proof) of the session's secret.
@@ -387,6 +402,19 @@ pub enum Request<'a> {
         id: u64,
         proof: [u8; 32],
     },
+}
+
+/// Most supplementary groups a `Caller` names (Linux's `NGROUPS_MAX`).
+pub const MAX_GROUPS: usize = 65536;
+
+/// The group ids of a `Caller` request's `groups` field.
+pub fn caller_groups(raw: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+/// Group ids as a `Caller` request carries them.
+pub fn encode_groups(groups: &[u32]) -> Vec<u8> {
+    groups.iter().flat_map(|g| g.to_le_bytes()).collect()
 }
 
 /// Linux's `O_EXCL` (the protocol carries Linux open flags).
@@ -463,6 +491,7 @@ impl<'a> Request<'a> {
             Request::SessionNew => op::SESSION_NEW,
             Request::SessionNewVolatile => op::SESSION_NEW_VOLATILE,
             Request::SessionAttach { .. } => op::SESSION_ATTACH,
+            Request::Caller { .. } => op::CALLER,
         }
     }
 
@@ -499,6 +528,12 @@ impl<'a> Request<'a> {
             Request::Auth { proof } => w.raw(proof),
             Request::Ping | Request::SessionNew | Request::SessionNewVolatile | Request::LocalAddr => {}
             Request::FileFd { handle } => w.u64(*handle),
+            Request::Caller { slot, uid, gid, groups } => {
+                w.u16(*slot);
+                w.u32(*uid);
+                w.u32(*gid);
+                w.bytes(groups);
+            }
             Request::SessionAttach { id, proof } => {
                 w.u64(*id);
                 w.raw(proof);
@@ -686,6 +721,16 @@ impl<'a> Request<'a> {
             op::CACHE_GET => Request::CacheGet { path: r.name("cache_get.path")? },
             op::LOCAL_ADDR => Request::LocalAddr,
             op::FILE_FD => Request::FileFd { handle: r.u64("file_fd.handle")? },
+            op::CALLER => {
+                let slot = r.u16("caller.slot")?;
+                let uid = r.u32("caller.uid")?;
+                let gid = r.u32("caller.gid")?;
+                let groups = r.bytes("caller.groups")?;
+                if slot == 0 || groups.len() % 4 != 0 || groups.len() > 4 * MAX_GROUPS {
+                    return Err(DecodeError::Invalid("caller"));
+                }
+                Request::Caller { slot, uid, gid, groups }
+            }
             op::OPEN_READ => Request::OpenRead {
                 flags: r.u32("open_read.flags")?,
                 mode: r.u32("open_read.mode")?,
@@ -1113,7 +1158,8 @@ impl<'a> Reply<'a> {
             | op::SETXATTR
             | op::REMOVEXATTR
             | op::CACHE_SET
-            | op::LOCK => Reply::Empty,
+            | op::LOCK
+            | op::CALLER => Reply::Empty,
             op::SESSION_NEW | op::SESSION_NEW_VOLATILE | op::SESSION_ATTACH => {
                 Reply::Session { id: r.u64("session.id")?, lease_ms: r.u32("session.lease_ms")? }
             }

@@ -191,6 +191,7 @@ fn goldens() -> Vec<Golden> {
                 path: b"a.txt",
             }),
         ),
+        g("caller", 22, Req(Request::Caller { slot: 1, uid: 1000, gid: 1000, groups: &[0xe8, 3, 0, 0, 27, 0, 0, 0] })),
         g("enosys", 17, Err(99, ErrorReply { errno: 38, message: "unknown operation 99" })),
     ]
 }

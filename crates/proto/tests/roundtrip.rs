@@ -12,7 +12,8 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 45] = [
+const ALL_OPS: [u16; 46] = [
+    op::CALLER,
     op::LOCAL_ADDR,
     op::FILE_FD,
     op::OPEN_CACHED,
@@ -63,7 +64,7 @@ const ALL_OPS: [u16; 45] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 45;
+const REQUEST_VARIANTS: usize = 46;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -114,6 +115,7 @@ fn request_index(r: &Request) -> usize {
         Request::CacheGet { .. } => 42,
         Request::LocalAddr => 43,
         Request::FileFd { .. } => 44,
+        Request::Caller { .. } => 45,
     }
 }
 
@@ -222,6 +224,12 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         42 => Request::CacheGet { path: &r.s1 },
         43 => Request::LocalAddr,
         44 => Request::FileFd { handle: r.a },
+        45 => Request::Caller {
+            slot: (r.c as u16).max(1),
+            uid: r.c,
+            gid: r.d,
+            groups: &r.data[..(r.data.len() / 4 * 4).min(4 * ferry_proto::MAX_GROUPS)],
+        },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -355,6 +363,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
             op::REMOVEXATTR,
             op::CACHE_SET,
             op::LOCK,
+            op::CALLER,
         ],
         3 => &[op::OPEN],
         4 => &[op::READ, op::PREAD],

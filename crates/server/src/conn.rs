@@ -60,6 +60,8 @@ pub struct Conn<B: Backend> {
     commits: Committer<B>,
     /// Descriptors passed on this connection (`FileFd`'s `seq`).
     fds_sent: u64,
+    /// The ids this connection's thread wears (`IDENTITY`).
+    creds: crate::identity::ThreadCreds,
 }
 
 /// What every connection of a server shares.
@@ -111,6 +113,7 @@ impl<B: Backend> Conn<B> {
             out: Vec::with_capacity(OUT_FLUSH),
             commits: Committer::new(Arc::clone(&common.backend), common.cfg.window_requests as usize),
             fds_sent: 0,
+            creds: crate::identity::ThreadCreds::new(),
         })
     }
 
@@ -221,8 +224,12 @@ impl<B: Backend> Conn<B> {
     fn handshake_steps(&mut self) -> Result<Policy, End> {
         let mut nonce: Nonce = [0; 32];
         getrandom::getrandom(&mut nonce).map_err(|e| End::Io(io::Error::other(e.to_string())))?;
+        let mut caps = self.common.cfg.caps;
+        if self.common.cfg.identity.is_none() {
+            caps &= !caps::IDENTITY;
+        }
         let offer = ServerOffer {
-            caps: self.common.cfg.caps,
+            caps,
             max_frame: self.common.cfg.max_frame,
             window_requests: self.common.cfg.window_requests,
             window_bytes: self.common.cfg.window_bytes,
@@ -328,6 +335,8 @@ impl<B: Backend> Conn<B> {
             _ => None,
         };
         if let Some(r) = control {
+            // The session's journal is the server's own.
+            self.creds.wear_own().map_err(End::Io)?;
             match r {
                 Ok(id) => {
                     self.session_id = Some(id);
@@ -352,7 +361,14 @@ impl<B: Backend> Conn<B> {
         let shared = Arc::clone(session);
         let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(got) = guard.bulk_file(&req) {
+            let named = match &self.common.cfg.identity {
+                Some(_) if h.flags != 0 && matches!(req, Request::Pwrite { .. }) => guard.caller(h.flags).ok().cloned(),
+                _ => None,
+            };
             drop(guard);
+            if let Some(c) = named {
+                self.creds.wear(&c).map_err(End::Io)?;
+            }
             let file;
             let answer = match (got, req) {
                 (Err(e), _) => Err(e),
@@ -390,6 +406,20 @@ impl<B: Backend> Conn<B> {
                 guard = shared.lock().unwrap_or_else(|e| e.into_inner());
             }
         }
+        if let Request::Caller { slot, uid, gid, groups } = req {
+            let named = match &self.common.cfg.identity {
+                Some(p) if caps & caps::IDENTITY != 0 => {
+                    guard.name_caller(slot, p.resolve(uid, gid, ferry_proto::caller_groups(groups)))
+                }
+                _ => Err(Errno::NOSYS),
+            };
+            drop(guard);
+            match named {
+                Ok(()) => Reply::Empty.encode(h.op, h.id, &mut self.out),
+                Err(e) => encode_errno(e, h.op, h.id, &mut self.out),
+            }
+            return self.maybe_flush();
+        }
         let once = caps & ferry_proto::caps::REPLAY != 0 && req.once_only();
         let digest = if once { crate::replay::digest(body) } else { 0 };
         let mut run = None;
@@ -409,13 +439,53 @@ impl<B: Backend> Conn<B> {
                 None => {}
             }
         }
+        // Who the request is for, before anything runs (a reply kept for a
+        // request sent again is given whoever asks: it ran already): an unknown slot is
+        // named again by the client, and the request sent again.
+        let creds = match &self.common.cfg.identity {
+            Some(p) if caps & caps::IDENTITY != 0 => match crate::identity::acts_as(&req) {
+                crate::identity::ActsAs::Caller => match h.flags {
+                    0 => Some(Some(p.nobody_named())),
+                    slot => match guard.caller(slot) {
+                        Ok(c) => Some(Some(c.clone())),
+                        Err(e) => {
+                            drop(guard);
+                            return self.queue_error(h, e, &format!("caller slot {slot} is not named in this session"));
+                        }
+                    },
+                },
+                crate::identity::ActsAs::Server => Some(None),
+                // Named or not, it may go on: a write named gets the
+                // kernel's treatment of its caller (set-id bits cleared).
+                crate::identity::ActsAs::Anyone => guard.caller(h.flags).ok().map(|c| Some(c.clone())),
+            },
+            _ => None,
+        };
         let settled = once && run.is_none() && guard.replies.take_unknown(h.id, h.op, digest);
         if once && !settled && run.is_none() {
             if let Some(log) = guard.log.as_mut() {
+                self.creds.wear_own().map_err(End::Io)?;
                 log.intent(h.id, h.op, digest);
             }
         }
-        let mut answer = guard.execute(run.as_ref().unwrap_or(&req));
+        match &creds {
+            Some(Some(c)) => self.creds.wear(c),
+            Some(None) => self.creds.wear_own(),
+            None => Ok(()),
+        }
+        .map_err(End::Io)?;
+        let clears_setid = match (&creds, &req) {
+            (Some(Some(_)), Request::Chmod { target, mode }) => guard.clears_setid_only(target, *mode),
+            _ => false,
+        };
+        let first = guard.execute(run.as_ref().unwrap_or(&req));
+        let mut answer = if clears_setid && matches!(first, Err(Errno(libc::EPERM))) {
+            drop(first);
+            self.creds.wear_own().map_err(End::Io)?;
+            guard.execute(&req)
+        } else {
+            first
+        };
         if settled {
             // Started by a server process that died before answering: if
             // it finished, this second run says so, and the state found
@@ -446,6 +516,9 @@ impl<B: Backend> Conn<B> {
         if once {
             let frame = out[start..].to_vec();
             let g = &mut *guard;
+            if g.log.is_some() {
+                self.creds.wear_own().map_err(End::Io)?;
+            }
             if let Some(log) = g.log.as_mut() {
                 log.reply(h.id, h.op, digest, &frame, g.replies.iter(), crate::replay::KEPT);
             }

@@ -15,6 +15,7 @@ mod dirpolicy;
 mod fileid;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod identity;
 mod journal;
 mod locks;
 pub mod memory;
@@ -70,6 +71,10 @@ pub struct Config {
     /// Where sessions (their ids, secrets and reply caches) outlive the
     /// process, so exactly-once holds across a restart; `None`: in memory.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Act for each request as its caller (capability `IDENTITY`), by this
+    /// policy; `None`: as the server's own user for everyone. Only a
+    /// server running as root can.
+    pub identity: Option<identity::Policy>,
 }
 
 impl Default for Config {
@@ -94,6 +99,7 @@ impl Default for Config {
             boot_id: u64::from_le_bytes(id),
             state_dir: None,
             local_addr: None,
+            identity: None,
         }
     }
 }

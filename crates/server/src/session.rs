@@ -161,7 +161,12 @@ pub struct Session<B: Backend> {
     pub replies: crate::replay::Replies,
     /// Where they outlive the process (`--state-dir`), once registered.
     pub log: Option<crate::journal::SessionLog>,
+    /// Who its requests' caller slots name, resolved (`IDENTITY`).
+    callers: HashMap<u16, crate::identity::Creds>,
 }
+
+/// Most caller slots a session names (PROTOCOL.md 8.8).
+const MAX_CALLERS: usize = 1024;
 
 /// A random first handle id below 2^47: a client that reconnects to a new
 /// session (the server restarted, or its lease ran out) and still sends an
@@ -209,7 +214,22 @@ impl<B: Backend> Session<B> {
             locked: false,
             replies: Default::default(),
             log: None,
+            callers: HashMap::new(),
         }
+    }
+
+    /// `Caller`: slot `slot` now names `creds`.
+    pub fn name_caller(&mut self, slot: u16, creds: crate::identity::Creds) -> Result<()> {
+        if self.callers.len() >= MAX_CALLERS && !self.callers.contains_key(&slot) {
+            return Err(Errno(libc::EUSERS));
+        }
+        self.callers.insert(slot, creds);
+        Ok(())
+    }
+
+    /// Whom slot `slot` names; `ENOKEY` if no one (yet, or any more).
+    pub fn caller(&self, slot: u16) -> Result<&crate::identity::Creds> {
+        self.callers.get(&slot).ok_or(Errno(libc::ENOKEY))
     }
 
     /// The open file of handle `h`, to commit outside the session's lock.
@@ -239,6 +259,24 @@ impl<B: Backend> Session<B> {
             Target::Path(p) => Node::Path(p),
             Target::PathNoFollow(p) => Node::PathNoFollow(p),
         })
+    }
+
+    /// Whether `Chmod` of `target` to `mode`, refused to its caller, only
+    /// clears set-user-ID or set-group-ID bits of a file the caller may
+    /// write: what the kernel lets any writer do (a FUSE mount asks for it
+    /// before a write by a user without `CAP_FSETID`), so the server does
+    /// it as itself. Run with the caller's ids.
+    pub fn clears_setid_only(&self, target: &Target<'_>, mode: u32) -> bool {
+        const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
+        let Ok(node) = self.node(target) else { return false };
+        let Ok(a) = self.backend.getattr(node) else { return false };
+        let (old, new) = (a.mode & 0o7777, mode & 0o7777);
+        let only_clears = new != old && new & !SETID == old & !SETID && new & !old == 0;
+        let may_write = match *target {
+            Target::Handle(h) => self.handle(h).is_ok_and(|x| x.acc != libc::O_RDONLY as u32),
+            Target::Path(p) | Target::PathNoFollow(p) => self.backend.access(p, libc::W_OK as u32).is_ok(),
+        };
+        only_clears && may_write && a.mode & libc::S_IFMT == libc::S_IFREG
     }
 
     /// What a positional read or write needs to run outside the session's
@@ -289,6 +327,7 @@ impl<B: Backend> Session<B> {
             | Request::SessionNewVolatile
             | Request::SessionAttach { .. }
             | Request::LocalAddr
+            | Request::Caller { .. }
             | Request::FileFd { .. } => Err(Errno::INVAL),
             Request::Ping => Ok(Answer::Empty),
             Request::Open { path, flags, mode } => {

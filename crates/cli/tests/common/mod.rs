@@ -66,7 +66,12 @@ impl Server {
         if !extra.contains(&"--memory") {
             cmd.arg(export.path());
         }
-        cmd.args(["--listen", "127.0.0.1:0", "--token-file"]).arg(&token_file).args(extra).envs(env.iter().copied());
+        // Tests run as root on files root owns: their root stays root,
+        // unless a test asks for `--root-squash`.
+        cmd.args(["--listen", "127.0.0.1:0", "--no-root-squash", "--token-file"])
+            .arg(&token_file)
+            .args(extra)
+            .envs(env.iter().copied());
         // A file, not a pipe: a server logging many bad frames must never
         // block on a full pipe nobody reads.
         let log = std::fs::File::create(state.path().join("server.log")).expect("log file");

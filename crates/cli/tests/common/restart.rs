@@ -31,7 +31,7 @@ impl Serve {
         let mut child = Command::new(FERRY)
             .arg("serve")
             .arg(export)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--no-root-squash", "--token-file"])
             .arg(token_file)
             .args(extra)
             // The sessions' default state directory, beside the token.
