@@ -93,7 +93,7 @@ fn spawn_serve(export: &Path, token_file: &Path) -> (Reap, String) {
     let mut child = Command::new(FERRY)
         .arg("serve")
         .arg(export)
-        .args(["--listen", "127.0.0.1:0", "--token-file"])
+        .args(["--listen", "127.0.0.1:0", "--no-root-squash", "--token-file"])
         .arg(token_file)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
