@@ -46,7 +46,7 @@ pub fn as_caller<R>(caller: Caller, f: impl FnOnce() -> R) -> R {
 /// Until the guard is dropped, this thread's requests are made for
 /// `caller` (as [`as_caller`], for code that cannot wrap a closure).
 pub fn acting_as(caller: Caller) -> Acting {
-    Acting(NAMED.with(|n| n.borrow_mut().replace(caller)))
+    Acting(NAMED.try_with(|n| n.borrow_mut().replace(caller)).ok().flatten())
 }
 
 /// See [`acting_as`]; restores whom the thread acted for before.
@@ -55,18 +55,20 @@ pub struct Acting(Option<Caller>);
 impl Drop for Acting {
     fn drop(&mut self) {
         let prev = self.0.take();
-        NAMED.with(|n| *n.borrow_mut() = prev);
+        let _ = NAMED.try_with(|n| *n.borrow_mut() = prev);
     }
 }
 
-/// Whom this thread's requests are for now.
+/// Whom this thread's requests are for now. (At a process's exit the
+/// thread-local may be gone already while stdio still flushes into files
+/// of `ferry run`: then the thread's own ids.)
 pub(crate) fn current() -> Caller {
-    NAMED.with(|n| n.borrow().clone()).unwrap_or_else(Caller::of_thread)
+    NAMED.try_with(|n| n.borrow().clone()).ok().flatten().unwrap_or_else(Caller::of_thread)
 }
 
 /// The slot to stamp on the request this thread is sending (0: none).
 pub(crate) fn slot() -> u16 {
-    SLOT.with(Cell::get)
+    SLOT.try_with(Cell::get).unwrap_or(0)
 }
 
 /// Stamps `slot` on this thread's requests until dropped.
@@ -74,13 +76,13 @@ pub(crate) struct Stamp(u16);
 
 impl Stamp {
     pub(crate) fn new(slot: u16) -> Stamp {
-        Stamp(SLOT.with(|s| s.replace(slot)))
+        Stamp(SLOT.try_with(|s| s.replace(slot)).unwrap_or(0))
     }
 }
 
 impl Drop for Stamp {
     fn drop(&mut self) {
-        SLOT.with(|s| s.set(self.0));
+        let _ = SLOT.try_with(|s| s.set(self.0));
     }
 }
 
