@@ -178,6 +178,12 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let mut sns = Series::new("  same, client in a session", "µs");
     let opts = Options { reconnect: Some(Duration::from_secs(60)), ..tcp_options() };
     let session = Client::connect(&format!("127.0.0.1:{port}"), &opts).map_err(|e| e.to_string())?;
+    // The same figures through a second server of the directory that
+    // requires TLS: what encryption costs, in this run.
+    let (tls_server, tls) = start_tls(dir, cross)?;
+    let mut tread = Series::new("  same, TLS", "MB/s");
+    let mut twrite = Series::new("  same, TLS", "MB/s");
+    let mut tstat = Series::new("  same, TLS", "µs");
     let calls = if a.quick { 100 } else { 2000 };
     for _ in 0..a.runs {
         tcp.values.push(raw_stream(bytes)?);
@@ -187,6 +193,8 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         sfwrite.values.push(ferry_write_sync(&session, bytes, block, true)?);
         read.values.push(ferry_read(&client, "/bench.dat", bytes, block)?);
         sread.values.push(ferry_read(&session, "/bench.dat", bytes, block)?);
+        tread.values.push(ferry_read(&tls, "/bench.dat", bytes, block)?);
+        twrite.values.push(ferry_write(&tls, bytes, block)?);
         ns.values.push(mkdir_rmdir(&client, calls)?);
         sns.values.push(mkdir_rmdir(&session, calls)?);
         sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
@@ -197,6 +205,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         null.values.push(lat.null);
         stat.values.push(lat.stat);
         stat99.values.push(lat.stat99);
+        tstat.values.push(latencies_on(&tls, a.rtts, 0)?.stat);
         if cross {
             let lat = latencies(&addr, server.0.id(), a.rtts, 1, cross)?;
             xping.values.push(lat.raw);
@@ -205,6 +214,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         }
     }
     drop(server);
+    drop(tls_server);
     println!(
         "ferry bench: {} MiB file, {} KiB requests, {} runs, {} round trips each; medians (min..max);\n\
          pinned: client CPU 0, server/peer CPU 1; same-core latencies: all on CPU 0",
@@ -227,6 +237,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
             ),
         ),
         (&sread, format!("{:.2} x without", sread.median() / read.median())),
+        (&tread, format!("{:.2} x plaintext", tread.median() / read.median())),
         (
             &write,
             format!(
@@ -236,6 +247,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
             ),
         ),
         (&swrite, format!("{:.2} x without", swrite.median() / write.median())),
+        (&twrite, format!("{:.2} x plaintext", twrite.median() / write.median())),
         (&fwrite, String::new()),
         (&sfwrite, format!("{:.2} x without", sfwrite.median() / fwrite.median())),
         (&ns, String::new()),
@@ -244,6 +256,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         (&null, format!("{:.2} x raw ping-pong", null.median() / raw_rtt)),
         (&stat, format!("{:.2} x raw ping-pong", stat.median() / raw_rtt)),
         (&stat99, String::new()),
+        (&tstat, format!("{:.2} x plaintext", tstat.median() / stat.median())),
         (&xping, String::new()),
         (&xnull, format!("{:.2} x raw ping-pong", xnull.median() / xping.median())),
         (&xstat, format!("{:.2} x raw ping-pong", xstat.median() / xping.median())),
@@ -258,6 +271,24 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
 
 pub(crate) fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
     start_server_with(dir, &[])
+}
+
+/// A server of `dir` that requires TLS (a certificate made in `dir`, pinned
+/// by this client through `FERRY_TLS_FINGERPRINT`: nothing is added to the
+/// user's known servers), pinned as `start_pinned`'s, and a client of it.
+fn start_tls(dir: &Path, cross: bool) -> Result<(Reap, Client), String> {
+    let (cert, key) = (dir.join("bench-tls-cert.pem"), dir.join("bench-tls-key.pem"));
+    let (c, k) = (cert.to_string_lossy().into_owned(), key.to_string_lossy().into_owned());
+    let (server, port) = start_server_with(dir, &["--tls", "--tls-cert", &c, "--tls-key", &k, "--no-state"])?;
+    if cross {
+        pin(Some(server.0.id()), 1)?;
+    }
+    let id = ferry_server::tls::load_or_make(&cert, &key)?;
+    std::env::set_var("FERRY_TLS_FINGERPRINT", &id.fingerprint);
+    let opts = Options { tls: Some(true), ..tcp_options() };
+    // (Left set: the data channels it connects later check the same.)
+    let client = Client::connect(&format!("127.0.0.1:{port}"), &opts).map_err(|e| format!("TLS client: {e}"))?;
+    Ok((server, client))
 }
 
 /// `start_server` with more `ferry serve` arguments.

@@ -69,6 +69,23 @@ pub struct ServeArgs {
     /// CephFS, JuiceFS, Lustre, GlusterFS and the like.
     #[arg(long, conflicts_with = "memory")]
     shared_volume: bool,
+    /// Require TLS from TCP clients on any address (the default off
+    /// loopback). Without a certificate one is made (self-signed) and its
+    /// fingerprint said on stderr; clients trust it on first use.
+    #[arg(long, conflicts_with = "no_tls")]
+    tls: bool,
+    /// Serve TCP clients without TLS even off loopback (on a network you
+    /// trust: anyone on the path can read and change what passes).
+    #[arg(long)]
+    no_tls: bool,
+    /// The TLS certificate chain (PEM). Default:
+    /// $XDG_CONFIG_HOME/ferry/tls/cert.pem (~/.config/ferry/tls/cert.pem),
+    /// made with its key if neither exists.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The TLS private key (PEM), beside --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Clients' root stays root here (NFS's no_root_squash). By default a
     /// server running as root acts for each request as the user who made
     /// it, and for root as the anonymous user.
@@ -186,6 +203,15 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     let listener = TcpListener::bind(&addr)
         .map_err(|e| format!("cannot listen on {}: {e} (expected HOST:PORT or PORT, e.g. 127.0.0.1:7070)", a.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let tls_said = match a.tls || (!a.no_tls && !local.ip().is_loopback()) {
+        true => {
+            let id = tls_identity(&a.tls_cert, &a.tls_key)?;
+            cfg.tls = Some(id.config);
+            cfg.tls_required = true;
+            Some(id.fingerprint)
+        }
+        false => None,
+    };
     let unix = unix_listener(a.unix.as_deref(), cfg.caps & ferry_proto::caps::SAME_HOST != 0)?;
     let metrics = match &a.metrics {
         Some(m) => {
@@ -206,11 +232,38 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     let mut out = std::io::stdout();
     out.write_all(said.as_bytes()).and_then(|_| out.flush()).map_err(|e| e.to_string())?;
     let listeners = ferry_server::Listeners { tcp: Some(listener), unix, metrics };
+    if let Some(fp) = &tls_said {
+        tracing::info!("TLS required of TCP clients; certificate {fp} (clients trust it on first use)");
+    } else if !local.ip().is_loopback() {
+        tracing::warn!("serving {local} without TLS (--no-tls): anyone on the path can read and change what passes");
+    }
     let res = match export {
         Export::Memory(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
         Export::Dir(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
     };
     res.map_err(|e| e.to_string())
+}
+
+/// The certificate and key TLS is served with: given, or the default
+/// pair, made on first use.
+fn tls_identity(cert: &Option<PathBuf>, key: &Option<PathBuf>) -> Result<ferry_server::tls::Identity, String> {
+    let (cert, key) = match (cert, key) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        _ => {
+            let base = std::env::var_os("XDG_CONFIG_HOME")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+                .ok_or("no place for a TLS certificate: set --tls-cert and --tls-key, HOME or XDG_CONFIG_HOME")?;
+            let dir = base.join("ferry/tls");
+            (dir.join("cert.pem"), dir.join("key.pem"))
+        }
+    };
+    let id = ferry_server::tls::load_or_make(&cert, &key)?;
+    if id.made {
+        tracing::info!("made a TLS certificate {} (key {})", cert.display(), key.display());
+    }
+    Ok(id)
 }
 
 /// The Unix listener: at `path` if given (replacing a socket file no server

@@ -86,6 +86,10 @@ pub struct Options {
     /// Where to count this client's requests (by operation: how many,
     /// failed, bytes, latency), for `ferry mount --metrics`.
     pub metrics: Option<Arc<ferry_metrics::Ops>>,
+    /// TLS: `Some(true)` always, `Some(false)` never, `None` as
+    /// `FERRY_TLS` says, else off loopback only (and on loopback when the
+    /// server requires it). See `tls.rs`.
+    pub tls: Option<bool>,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
@@ -132,6 +136,7 @@ impl Default for Options {
             data_threshold: DATA_THRESHOLD,
             same_host: true,
             metrics: None,
+            tls: None,
         }
     }
 }
@@ -263,6 +268,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Engine {
     /// Connects, negotiates and authenticates.
     pub fn connect(addr: &str, opts: &Options) -> Result<Engine> {
+        let (tls, asked) = crate::tls::wanted(addr, opts.tls);
+        match Engine::connect_with(addr, opts, tls) {
+            // A server that requires TLS, met without it: again with it,
+            // unless TLS was turned off on purpose (never a downgrade: the
+            // other way round is refused).
+            Err(e) if !tls && e.errno() == libc::ENOPROTOOPT => match asked {
+                false => Engine::connect_with(addr, opts, true),
+                true => Err(Error::Protocol(format!("{addr} requires TLS, and FERRY_TLS=0 turns it off"))),
+            },
+            r => r,
+        }
+    }
+
+    fn connect_with(addr: &str, opts: &Options, tls: bool) -> Result<Engine> {
         let mut stream = Socket::connect(&Addr::parse(addr), opts.connect_timeout).map_err(Error::from_io)?;
         if let Some(place) = opts.place_fd {
             let unix = stream.is_unix();
@@ -275,6 +294,16 @@ impl Engine {
         stream.set_read_timeout(limit).map_err(Error::from_io)?;
         stream.set_write_timeout(limit).map_err(Error::from_io)?;
         let secs = opts.handshake_timeout.as_secs_f64();
+        let binding = match tls {
+            true => {
+                let config = crate::tls::config(addr)?;
+                let est = ferry_sock::tls::client(&stream, config, crate::tls::host_of(addr))
+                    .map_err(|e| tls_error(addr, e, secs))?;
+                stream.start_tls(est.records);
+                Some(est.binding)
+            }
+            false => None,
+        };
         let fd = stream.as_fd().as_raw_fd();
         let unix = stream.is_unix();
         let tx = Arc::new(stream);
@@ -288,6 +317,7 @@ impl Engine {
             caps: opts.caps,
             max_frame: CLIENT_MAX_FRAME,
             token: opts.token.clone(),
+            binding,
         };
         let mut out = Vec::new();
         let mut hs = ClientHandshake::start(offer, nonce, &mut out);
@@ -363,7 +393,7 @@ impl Engine {
     pub fn move_fd(&self, place: impl FnOnce(BorrowedFd<'_>) -> io::Result<OwnedFd>) -> io::Result<RawFd> {
         let mut tx = lock(&self.tx);
         let mut rx = lock(&self.rx);
-        let new = Arc::new(Socket::from_fd(place(tx.0.as_fd())?, self.unix));
+        let new = Arc::new(tx.0.with_fd(place(tx.0.as_fd())?));
         let fd = new.as_fd().as_raw_fd();
         self.fd.store(fd, Relaxed);
         rx.get_mut().0 = new.clone();
@@ -790,6 +820,25 @@ fn handshake_io(e: io::Error, timeout_secs: f64) -> Error {
     }
 }
 
+/// Why a TLS handshake failed, in words.
+fn tls_error(addr: &str, e: io::Error, secs: f64) -> Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Io {
+            kind: io::ErrorKind::TimedOut,
+            errno: Some(libc::ETIMEDOUT),
+            message: format!("the server did not finish the TLS handshake within {secs} s"),
+        },
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => Error::Protocol(format!(
+            "{addr} closed the connection during the TLS handshake (a server without TLS? FERRY_TLS=0 connects              without it)"
+        )),
+        _ => match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            // Our verifier's own words (a changed certificate, say).
+            Some(rustls::Error::General(m)) => Error::Auth(m.clone()),
+            _ => Error::Protocol(format!("TLS: {e}")),
+        },
+    }
+}
+
 fn handshake_error(e: ClientError) -> Error {
     match e {
         ClientError::NotFerry { said } if said.is_empty() => {
@@ -897,6 +946,14 @@ fn hung_up(w: &Socket) -> bool {
 }
 
 fn send(w: &Socket, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
+    match w.tls() {
+        // Sealed into records first; what goes on the wire goes as below.
+        Some(t) => t.send(&[head, bulk], |sealed| send_raw(w, sealed, &[], patient)),
+        None => send_raw(w, head, bulk, patient),
+    }
+}
+
+fn send_raw(w: &Socket, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
     let mut bufs = [IoSlice::new(head), IoSlice::new(bulk)];
     let mut slices: &mut [IoSlice<'_>] = if bulk.is_empty() { &mut bufs[..1] } else { &mut bufs[..] };
     let mut blocked: Option<(std::time::Instant, bool)> = None;

@@ -23,6 +23,7 @@ mod gateways;
 mod local;
 mod lock;
 mod redial;
+pub mod tls;
 pub mod token;
 mod unstable;
 pub mod url;

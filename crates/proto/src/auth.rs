@@ -14,6 +14,16 @@ fn mac(token: &[u8], label: &[u8], a: &Nonce, b: &Nonce) -> [u8; 32] {
     m.finalize().into_bytes().into()
 }
 
+/// The token as the proofs of a connection under TLS use it: bound to
+/// that TLS session's exporter value (`binding`), so a proof relayed from
+/// one TLS session into another does not hold.
+pub fn bound_token(token: &[u8], binding: &[u8; 32]) -> [u8; 32] {
+    let mut m = Hmac::<Sha256>::new_from_slice(token).expect("HMAC accepts any key length");
+    m.update(b"ferry v1 tls binding");
+    m.update(binding);
+    m.finalize().into_bytes().into()
+}
+
 /// What the client sends to prove it holds the token.
 pub fn client_proof(token: &[u8], server_nonce: &Nonce, client_nonce: &Nonce) -> [u8; 32] {
     mac(token, b"ferry v1 client", server_nonce, client_nonce)

@@ -3,7 +3,7 @@
 //! Both sides of the negotiation (versions, capabilities, frame limits, the
 //! token proofs) live here once, so they cannot drift apart.
 
-use crate::auth::{client_proof, proofs_equal, server_proof, Nonce};
+use crate::auth::{bound_token, client_proof, proofs_equal, server_proof, Nonce};
 use crate::frame::{Header, FLAG_ERROR, HEADER_LEN};
 use crate::msg::{op, ErrorReply, Reply, Request, Welcome};
 use crate::{MIN_MAX_FRAME, VERSION_MAX, VERSION_MIN};
@@ -32,6 +32,18 @@ pub struct ClientOffer {
     /// Largest reply body the client accepts.
     pub max_frame: u32,
     pub token: Option<Vec<u8>>,
+    /// The TLS session's channel binding, if the connection is under TLS:
+    /// the proofs are then made with the token bound to it.
+    pub binding: Option<[u8; 32]>,
+}
+
+/// The key the proofs of a connection use: the token, bound to the TLS
+/// session if there is one.
+fn proof_key(token: &[u8], binding: &Option<[u8; 32]>) -> Vec<u8> {
+    match binding {
+        Some(b) => bound_token(token, b).to_vec(),
+        None => token.to_vec(),
+    }
 }
 
 /// Why the client's handshake failed.
@@ -126,17 +138,15 @@ impl ClientHandshake {
                 let Some(token) = &self.offer.token else {
                     return Err(ClientError::NoToken);
                 };
-                let proof = client_proof(token, &w.nonce, &self.nonce);
+                let proof = client_proof(&proof_key(token, &self.offer.binding), &w.nonce, &self.nonce);
                 Request::Auth { proof }.encode(AUTH_ID, out);
                 self.state = ClientState::AwaitAuthOk(w);
                 Ok(None)
             }
             ClientState::AwaitAuthOk(w) => {
-                let token = self.offer.token.as_deref().unwrap_or_default();
+                let key = proof_key(self.offer.token.as_deref().unwrap_or_default(), &self.offer.binding);
                 match Reply::decode(h.op, body) {
-                    Ok(Reply::AuthOk { proof })
-                        if proofs_equal(&proof, &server_proof(token, &w.nonce, &self.nonce)) =>
-                    {
+                    Ok(Reply::AuthOk { proof }) if proofs_equal(&proof, &server_proof(&key, &w.nonce, &self.nonce)) => {
                         Ok(Some(w))
                     }
                     _ => Err(ClientError::BadServerProof),
@@ -176,6 +186,8 @@ pub struct ServerOffer {
     pub boot_id: u64,
     /// `None`: no authentication.
     pub token: Option<Vec<u8>>,
+    /// The TLS session's channel binding, if the connection is under TLS.
+    pub binding: Option<[u8; 32]>,
 }
 
 /// What both sides agreed on.
@@ -225,10 +237,10 @@ impl ServerHandshake {
         match std::mem::replace(&mut self.state, ServerState::Done) {
             ServerState::AwaitHello => self.hello(h, body, out),
             ServerState::AwaitAuth { client_nonce, accepted } => {
-                let token = self.offer.token.as_deref().unwrap_or_default();
+                let key = proof_key(self.offer.token.as_deref().unwrap_or_default(), &self.offer.binding);
                 let ok = match Request::decode(h.op, body) {
                     Ok(Request::Auth { proof }) => {
-                        proofs_equal(&proof, &client_proof(token, &self.nonce, &client_nonce))
+                        proofs_equal(&proof, &client_proof(&key, &self.nonce, &client_nonce))
                     }
                     _ => false,
                 };
@@ -236,7 +248,7 @@ impl ServerHandshake {
                     ErrorReply { errno: EACCES, message: "authentication failed" }.encode(h.op, h.id, out);
                     return Err(Refusal::AuthFailed);
                 }
-                Reply::AuthOk { proof: server_proof(token, &self.nonce, &client_nonce) }.encode(op::AUTH, h.id, out);
+                Reply::AuthOk { proof: server_proof(&key, &self.nonce, &client_nonce) }.encode(op::AUTH, h.id, out);
                 Ok(Some(accepted))
             }
             ServerState::Done => Err(refuse(h, out, EPROTO, "handshake already done".into())),
@@ -306,6 +318,7 @@ mod tests {
                 caps: caps::ALL,
                 max_frame: MIN_MAX_FRAME,
                 token: client_token.map(<[u8]>::to_vec),
+                binding: None,
             },
             ServerOffer {
                 caps: caps::READDIRPLUS,
@@ -314,6 +327,7 @@ mod tests {
                 window_bytes: 1 << 20,
                 boot_id: 42,
                 token: token.map(<[u8]>::to_vec),
+                binding: None,
             },
         )
     }
@@ -366,6 +380,24 @@ mod tests {
         let (w, a) = run(c, s);
         assert!(w.unwrap().auth_required);
         assert_eq!(a.unwrap().version, VERSION_MAX);
+    }
+
+    #[test]
+    fn a_proof_bound_to_another_tls_session_is_refused() {
+        // Both ends of one TLS session agree...
+        let (mut c, mut s) = offers(Some(b"secret"), Some(b"secret"));
+        (c.binding, s.binding) = (Some([3; 32]), Some([3; 32]));
+        let (w, a) = run(c, s);
+        assert!(w.is_ok() && a.is_ok());
+        // ...a relay between two sessions (its own TLS to each end, or
+        // none to the server) cannot make the proofs hold.
+        for server_binding in [Some([4; 32]), None] {
+            let (mut c, mut s) = offers(Some(b"secret"), Some(b"secret"));
+            (c.binding, s.binding) = (Some([3; 32]), server_binding);
+            let (w, a) = run(c, s);
+            assert_eq!(a.unwrap_err(), Refusal::AuthFailed);
+            assert!(matches!(w, Err(ClientError::Refused { errno: EACCES, .. })));
+        }
     }
 
     #[test]

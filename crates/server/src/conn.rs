@@ -62,6 +62,8 @@ pub struct Conn<B: Backend> {
     fds_sent: u64,
     /// The ids this connection's thread wears (`IDENTITY`).
     creds: crate::identity::ThreadCreds,
+    /// The TLS session's channel binding, if the connection is under TLS.
+    binding: Option<[u8; 32]>,
 }
 
 /// What every connection of a server shares.
@@ -114,6 +116,7 @@ impl<B: Backend> Conn<B> {
             commits: Committer::new(Arc::clone(&common.backend), common.cfg.window_requests as usize),
             fds_sent: 0,
             creds: crate::identity::ThreadCreds::new(),
+            binding: None,
         })
     }
 
@@ -213,11 +216,36 @@ impl<B: Backend> Conn<B> {
     fn handshake(&mut self) -> Result<Policy, End> {
         self.rx.get_mut().deadline =
             Some(Instant::now() + self.common.cfg.handshake_timeout.min(self.common.cfg.idle_timeout));
-        let policy = self.handshake_steps();
+        let policy = self.start_tls().and_then(|()| self.handshake_steps());
         let t = self.rx.get_mut();
         t.deadline = None;
         t.stream.set_read_timeout(Some(self.common.cfg.idle_timeout)).map_err(End::Io)?;
         policy
+    }
+
+    /// A TCP connection whose first byte starts a TLS handshake, to a
+    /// server with TLS: the handshake, within the handshake's time; from
+    /// then on the connection's records are sealed (`ferry_sock::tls`).
+    fn start_tls(&mut self) -> Result<(), End> {
+        let Some(config) = self.common.cfg.tls.clone() else { return Ok(()) };
+        if self.tx.is_unix() {
+            return Ok(());
+        }
+        let t = self.common.cfg.handshake_timeout.min(self.common.cfg.idle_timeout);
+        self.tx.set_read_timeout(Some(t)).map_err(End::Io)?;
+        self.tx.set_write_timeout(Some(t)).map_err(End::Io)?;
+        let first = self.tx.peek_first().map_err(End::Io)?;
+        if first.is_some_and(ferry_sock::tls::is_client_hello) {
+            let est = ferry_sock::tls::server(&self.tx, config)
+                .map_err(|e| End::Protocol(format!("TLS handshake failed: {e}")))?;
+            self.tx.start_tls(est.records);
+            self.binding = Some(est.binding);
+        }
+        self.tx.set_write_timeout(None).map_err(End::Io)?;
+        match first {
+            None => Err(End::Closed),
+            Some(_) => Ok(()),
+        }
     }
 
     /// Feeds frames to the protocol's handshake machine until it is done.
@@ -235,10 +263,20 @@ impl<B: Backend> Conn<B> {
             window_bytes: self.common.cfg.window_bytes,
             boot_id: self.common.cfg.boot_id,
             token: self.common.cfg.token.clone(),
+            binding: self.binding,
         };
         let mut hs = ServerHandshake::new(offer, nonce);
+        let plain_refused = self.common.cfg.tls_required && self.binding.is_none() && !self.tx.is_unix();
         let accepted = loop {
             let h = self.read_frame(HANDSHAKE_MAX_FRAME)?;
+            if plain_refused {
+                // Said in the protocol, so a client that did not ask for
+                // TLS learns to (PROTOCOL.md 3.1).
+                let msg = "this server requires TLS";
+                ErrorReply { errno: libc::ENOPROTOOPT as u32, message: msg }.encode(h.op, h.id, &mut self.out);
+                let _ = self.flush();
+                return Err(End::Protocol(msg.into()));
+            }
             let mut out = std::mem::take(&mut self.out);
             let step = hs.receive(&h, &self.body[..h.len as usize], &mut out);
             self.out = out;
@@ -622,6 +660,11 @@ impl<B: Backend> Conn<B> {
             // Nothing to send after the header: MSG_MORE would hold it back
             // until the kernel's cork timer (200 ms) fires.
             ReadData::Fd { len: 0, .. } => self.flush(),
+            ReadData::Fd { fd, offset, len } if self.tx.tls().is_some() => {
+                // Under TLS the data is sealed on its way: read, then sent.
+                let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
+                seal_file(&self.tx, &mut self.out, fd, offset, len).map_err(End::Io)
+            }
             ReadData::Fd { fd, offset, len } => {
                 let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
                 send_more(&self.tx, &self.out).map_err(End::Io)?;
@@ -769,6 +812,42 @@ fn send_more(sock: &Socket, mut buf: &[u8]) -> io::Result<()> {
         let n = rustix::net::send(sock, buf, rustix::net::SendFlags::MORE)?;
         buf = &buf[n..];
     }
+    Ok(())
+}
+
+/// Sends the replies in `out`, then `len` bytes of `fd` from `offset`,
+/// through the TLS records of `sock`: no `sendfile`, the data must pass
+/// through the sealing. Zeros for what a shrunk file no longer has.
+fn seal_file(
+    sock: &Socket,
+    out: &mut Vec<u8>,
+    fd: std::os::fd::BorrowedFd<'_>,
+    mut offset: u64,
+    len: usize,
+) -> io::Result<()> {
+    const CHUNK: usize = 256 * 1024;
+    let mut left = len;
+    let mut buf = vec![0u8; CHUNK.min(len)];
+    // The queued replies and the header go with the first chunk.
+    let mut head = std::mem::take(out);
+    while left > 0 {
+        let want = left.min(CHUNK);
+        let mut got = 0;
+        while got < want {
+            match rustix::io::pread(fd, &mut buf[got..want], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        buf[got..want].fill(0);
+        sock.write_parts(&[&head, &buf[..want]])?;
+        head.clear();
+        offset += want as u64;
+        left -= want;
+    }
+    *out = head;
     Ok(())
 }
 

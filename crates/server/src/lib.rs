@@ -25,6 +25,7 @@ pub mod posix;
 mod replay;
 mod session;
 mod sessions;
+pub mod tls;
 pub mod volume;
 
 use std::net::TcpListener;
@@ -75,6 +76,10 @@ pub struct Config {
     /// policy; `None`: as the server's own user for everyone. Only a
     /// server running as root can.
     pub identity: Option<identity::Policy>,
+    /// TLS for TCP clients that start with a TLS handshake (`None`: none).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Refuse TCP clients that do not use TLS (`ENOPROTOOPT`).
+    pub tls_required: bool,
 }
 
 impl Default for Config {
@@ -100,6 +105,8 @@ impl Default for Config {
             state_dir: None,
             local_addr: None,
             identity: None,
+            tls: None,
+            tls_required: false,
         }
     }
 }

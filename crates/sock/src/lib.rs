@@ -1,7 +1,8 @@
 //! A connected stream socket of either family ferry speaks over — TCP, or a
 //! Unix socket for a client on the server's own host — with what both ends
 //! need of it: timeouts, the peer's name and credentials, and passing a
-//! file descriptor beside a message (`SCM_RIGHTS`, Unix sockets only).
+//! file descriptor beside a message (`SCM_RIGHTS`, Unix sockets only), and
+//! TLS (`tls`).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
@@ -9,6 +10,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rustix::net::{
@@ -47,11 +49,15 @@ impl std::fmt::Display for Addr {
     }
 }
 
-/// A connected socket.
+pub mod tls;
+
+/// A connected socket: plain, or TLS once [`Socket::start_tls`] set it up
+/// (on every handle of the connection at once).
 #[derive(Debug)]
 pub struct Socket {
     fd: OwnedFd,
     unix: bool,
+    tls: Arc<OnceLock<Arc<tls::Records>>>,
 }
 
 /// Descriptors one receive accepts at most; more in one message are
@@ -84,13 +90,53 @@ impl Socket {
         self.unix
     }
 
-    /// A socket for the same connection under another descriptor.
+    /// A socket for the same connection under another descriptor, before
+    /// any TLS (see [`with_fd`](Self::with_fd) after).
     pub fn from_fd(fd: OwnedFd, unix: bool) -> Socket {
-        Socket { fd, unix }
+        Socket { fd, unix, tls: Arc::default() }
+    }
+
+    /// This connection under another descriptor (its TLS state goes along).
+    pub fn with_fd(&self, fd: OwnedFd) -> Socket {
+        Socket { fd, unix: self.unix, tls: Arc::clone(&self.tls) }
     }
 
     pub fn try_clone(&self) -> io::Result<Socket> {
-        Ok(Socket { fd: self.fd.try_clone()?, unix: self.unix })
+        Ok(self.with_fd(self.fd.try_clone()?))
+    }
+
+    /// The sealed record layer, once TLS is up.
+    pub fn tls(&self) -> Option<&Arc<tls::Records>> {
+        self.tls.get()
+    }
+
+    /// From now on every handle of this connection reads and writes
+    /// through `records`.
+    pub fn start_tls(&self, records: Arc<tls::Records>) {
+        let _ = self.tls.set(records);
+    }
+
+    /// Sends all of `parts`, in order (sealed into shared records under
+    /// TLS: no copy to join them first).
+    pub fn write_parts(&self, parts: &[&[u8]]) -> io::Result<()> {
+        match self.tls() {
+            Some(t) => t.send(parts, |sealed| write_all_raw(&self.fd, sealed)),
+            None => parts.iter().try_for_each(|p| write_all_raw(&self.fd, p)),
+        }
+    }
+
+    /// The first byte the peer sent, left unread (waits for it within the
+    /// read timeout); `None` if the peer closed first.
+    pub fn peek_first(&self) -> io::Result<Option<u8>> {
+        let mut b = [0u8; 1];
+        loop {
+            match rustix::net::recv(&self.fd, &mut b, RecvFlags::PEEK) {
+                Ok((0, _)) => return Ok(None),
+                Ok(_) => return Ok(Some(b[0])),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// `TCP_NODELAY` (nothing to do on a Unix socket).
@@ -170,6 +216,9 @@ impl Socket {
     }
 
     fn read_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(t) = self.tls() {
+            return t.recv(self.fd.as_fd(), buf);
+        }
         loop {
             match rustix::io::read(&self.fd, &mut *buf) {
                 Err(rustix::io::Errno::INTR) => continue,
@@ -193,6 +242,10 @@ impl Read for Socket {
 
 impl Write for &Socket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(t) = self.tls() {
+            t.send(&[buf], |sealed| write_all_raw(&self.fd, sealed))?;
+            return Ok(buf.len());
+        }
         loop {
             match rustix::net::send(&self.fd, buf, SendFlags::NOSIGNAL) {
                 Err(rustix::io::Errno::INTR) => continue,
@@ -222,15 +275,28 @@ impl AsFd for Socket {
     }
 }
 
+/// Sends all of `buf` as it is.
+fn write_all_raw(fd: &OwnedFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::net::send(fd, buf, SendFlags::NOSIGNAL) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 impl From<TcpStream> for Socket {
     fn from(s: TcpStream) -> Socket {
-        Socket { fd: s.into(), unix: false }
+        Socket::from_fd(s.into(), false)
     }
 }
 
 impl From<UnixStream> for Socket {
     fn from(s: UnixStream) -> Socket {
-        Socket { fd: s.into(), unix: true }
+        Socket::from_fd(s.into(), true)
     }
 }
 
