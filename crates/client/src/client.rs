@@ -377,13 +377,15 @@ impl Client {
         // Sent again with the same id: refused, it did not run, and a
         // server that kept its reply from before a restart still knows it.
         let mut id = None;
-        match self.call_once_as(req, &mut id) {
-            Err(e) if e.errno() == libc::ENOKEY => {
-                self.name_caller(slot, &caller)?;
-                self.call_once_as(req, &mut id)
+        // Each time: named, then refused again only if the server restarted
+        // in between (a session resumed from its journal keeps no slots).
+        for _ in 0..8 {
+            match self.call_once_as(req, &mut id) {
+                Err(e) if e.errno() == libc::ENOKEY => self.name_caller(slot, &caller)?,
+                other => return other,
             }
-            other => other,
         }
+        self.call_once_as(req, &mut id)
     }
 
     /// The slot of this thread's caller, named in the session first if
@@ -393,7 +395,9 @@ impl Client {
             return Ok(None);
         }
         let caller = crate::caller::current();
-        let generation = self.inner.redial.as_ref().map_or(0, Redial::sessions_lost);
+        // Every server instance (a restart resumes the session, not its
+        // slots) and every session lost has the slots named again.
+        let generation = self.inner.redial.as_ref().map_or(0, |r| r.epoch() << 32 | r.sessions_lost());
         let (slot, fresh) = self.inner.slots.of(&caller, generation).ok_or_else(|| Error::remote(libc::EUSERS))?;
         if fresh {
             self.name_caller(slot, &caller)?;
