@@ -17,6 +17,10 @@ use ferry_server::{memory::MemoryBackend, posix::PosixBackend, Config};
 pub struct ServeArgs {
     /// Directory to export (default: the current directory).
     dir: Option<PathBuf>,
+    /// Several exports, with their clients' tokens and rights, from a
+    /// TOML file (README "Deploying on a network"); `SIGHUP` reads it again.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dir", "memory", "no_auth"])]
+    config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
@@ -168,7 +172,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             other => return Err(format!("unknown capability '{other}'")),
         };
     }
-    if !a.no_auth {
+    if !a.no_auth && a.config.is_none() {
         let path = match token_file {
             Some(p) => p.to_path_buf(),
             None => ferry_client::token::default_token_file()
@@ -182,7 +186,15 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     // The export is opened before anything is printed: the first line is
     // for scripts, and must only appear once the server can serve.
     let identity = identity_policy(&a)?;
-    let export = if a.memory {
+    let export = if let Some(file) = &a.config {
+        let exports = Arc::new(ferry_server::exports::Exports::load(file, PosixBackend::new)?);
+        tracing::info!("exports from {}: {}", file.display(), exports.names().join(", "));
+        cfg.access = Some(Arc::clone(&exports) as Arc<dyn ferry_server::exports::Access>);
+        cfg.identity = identity;
+        cfg.state_dir = state_dir(&a.state_dir, a.no_state, file)?;
+        reload_on_hangup(Arc::clone(&exports), file.clone())?;
+        Export::Several(exports)
+    } else if a.memory {
         Export::Memory(MemoryBackend::new())
     } else {
         let dir = a.dir.unwrap_or_else(|| PathBuf::from("."));
@@ -240,6 +252,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     let res = match export {
         Export::Memory(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
         Export::Dir(b) => ferry_server::serve(listeners, Arc::new(b), cfg),
+        Export::Several(x) => ferry_server::serve(listeners, x, cfg),
     };
     res.map_err(|e| e.to_string())
 }
@@ -355,6 +368,26 @@ fn sweep(serve: &Path) {
 enum Export {
     Memory(MemoryBackend),
     Dir(PosixBackend),
+    Several(Arc<ferry_server::exports::Exports<PosixBackend>>),
+}
+
+/// Reads the exports' file again at each `SIGHUP`; a file with an error
+/// leaves the exports as they were (said in the log).
+fn reload_on_hangup(exports: Arc<ferry_server::exports::Exports<PosixBackend>>, file: PathBuf) -> Result<(), String> {
+    let mut signals =
+        signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP]).map_err(|e| format!("SIGHUP: {e}"))?;
+    std::thread::Builder::new()
+        .name("ferry-reload".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                match exports.reload(&file, PosixBackend::new) {
+                    Ok(()) => tracing::info!("reloaded {}: {}", file.display(), exports.names().join(", ")),
+                    Err(e) => tracing::warn!("not reloaded, the exports stay as they were: {e}"),
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// `--listen`: `HOST:PORT`, or a bare port meaning that port on 127.0.0.1

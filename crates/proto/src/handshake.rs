@@ -184,8 +184,9 @@ pub struct ServerOffer {
     pub window_requests: u32,
     pub window_bytes: u64,
     pub boot_id: u64,
-    /// `None`: no authentication.
-    pub token: Option<Vec<u8>>,
+    /// The tokens a client may prove (one per client of a server with
+    /// several); empty: no authentication.
+    pub tokens: Vec<Vec<u8>>,
     /// The TLS session's channel binding, if the connection is under TLS.
     pub binding: Option<[u8; 32]>,
 }
@@ -198,6 +199,8 @@ pub struct Accepted {
     pub caps: u64,
     /// Largest reply body the client accepts.
     pub client_max_frame: u32,
+    /// The token the client proved (`None` without authentication).
+    pub token: Option<Vec<u8>>,
     /// Both nonces of this connection (sessions derive their secrets and
     /// proofs from them).
     pub server_nonce: Nonce,
@@ -236,18 +239,20 @@ impl ServerHandshake {
     pub fn receive(&mut self, h: &Header, body: &[u8], out: &mut Vec<u8>) -> Result<Option<Accepted>, Refusal> {
         match std::mem::replace(&mut self.state, ServerState::Done) {
             ServerState::AwaitHello => self.hello(h, body, out),
-            ServerState::AwaitAuth { client_nonce, accepted } => {
-                let key = proof_key(self.offer.token.as_deref().unwrap_or_default(), &self.offer.binding);
-                let ok = match Request::decode(h.op, body) {
-                    Ok(Request::Auth { proof }) => {
-                        proofs_equal(&proof, &client_proof(&key, &self.nonce, &client_nonce))
-                    }
-                    _ => false,
+            ServerState::AwaitAuth { client_nonce, mut accepted } => {
+                // Whichever client's token the proof was made with.
+                let matched = match Request::decode(h.op, body) {
+                    Ok(Request::Auth { proof }) => self.offer.tokens.iter().find_map(|t| {
+                        let key = proof_key(t, &self.offer.binding);
+                        proofs_equal(&proof, &client_proof(&key, &self.nonce, &client_nonce)).then_some((t, key))
+                    }),
+                    _ => None,
                 };
-                if !ok {
+                let Some((token, key)) = matched else {
                     ErrorReply { errno: EACCES, message: "authentication failed" }.encode(h.op, h.id, out);
                     return Err(Refusal::AuthFailed);
-                }
+                };
+                accepted.token = Some(token.clone());
                 Reply::AuthOk { proof: server_proof(&key, &self.nonce, &client_nonce) }.encode(op::AUTH, h.id, out);
                 Ok(Some(accepted))
             }
@@ -278,6 +283,7 @@ impl ServerHandshake {
             version,
             caps: caps & self.offer.caps,
             client_max_frame: max_frame,
+            token: None,
             server_nonce: self.nonce,
             client_nonce,
         };
@@ -289,10 +295,10 @@ impl ServerHandshake {
             window_bytes: self.offer.window_bytes,
             boot_id: self.offer.boot_id,
             nonce: self.nonce,
-            auth_required: self.offer.token.is_some(),
+            auth_required: !self.offer.tokens.is_empty(),
         };
         Reply::Welcome(welcome).encode(op::HELLO, h.id, out);
-        if self.offer.token.is_none() {
+        if self.offer.tokens.is_empty() {
             return Ok(Some(accepted));
         }
         self.state = ServerState::AwaitAuth { client_nonce, accepted };
@@ -326,7 +332,7 @@ mod tests {
                 window_requests: 8,
                 window_bytes: 1 << 20,
                 boot_id: 42,
-                token: token.map(<[u8]>::to_vec),
+                tokens: token.map(<[u8]>::to_vec).into_iter().collect(),
                 binding: None,
             },
         )
@@ -398,6 +404,15 @@ mod tests {
             assert_eq!(a.unwrap_err(), Refusal::AuthFailed);
             assert!(matches!(w, Err(ClientError::Refused { errno: EACCES, .. })));
         }
+    }
+
+    #[test]
+    fn any_of_several_tokens_is_accepted_and_named() {
+        let (c, mut s) = offers(Some(b"alice-token"), Some(b"bob-token"));
+        s.tokens.push(b"bob-token".to_vec());
+        let (w, a) = run(c, s);
+        assert!(w.is_ok());
+        assert_eq!(a.unwrap().token.as_deref(), Some(&b"bob-token"[..]));
     }
 
     #[test]

@@ -64,6 +64,11 @@ pub struct Conn<B: Backend> {
     creds: crate::identity::ThreadCreds,
     /// The TLS session's channel binding, if the connection is under TLS.
     binding: Option<[u8; 32]>,
+    /// The token the client proved (empty without authentication).
+    token: Vec<u8>,
+    /// What its requests may use, as of a generation of the exports
+    /// (`--config`).
+    grants: Option<u64>,
 }
 
 /// What every connection of a server shares.
@@ -117,6 +122,8 @@ impl<B: Backend> Conn<B> {
             fds_sent: 0,
             creds: crate::identity::ThreadCreds::new(),
             binding: None,
+            token: Vec::new(),
+            grants: None,
         })
     }
 
@@ -262,7 +269,10 @@ impl<B: Backend> Conn<B> {
             window_requests: self.common.cfg.window_requests,
             window_bytes: self.common.cfg.window_bytes,
             boot_id: self.common.cfg.boot_id,
-            token: self.common.cfg.token.clone(),
+            tokens: match &self.common.cfg.access {
+                Some(a) => a.tokens(),
+                None => self.common.cfg.token.clone().into_iter().collect(),
+            },
             binding: self.binding,
         };
         let mut hs = ServerHandshake::new(offer, nonce);
@@ -285,6 +295,7 @@ impl<B: Backend> Conn<B> {
                 Ok(Some(a)) => {
                     self.flush()?;
                     self.nonces = (a.server_nonce, a.client_nonce);
+                    self.token = a.token.clone().unwrap_or_default();
                     break a;
                 }
                 Err(refusal) => {
@@ -320,7 +331,7 @@ impl<B: Backend> Conn<B> {
             return Ok(id);
         }
         let (sn, cn) = &self.nonces;
-        let secret = session_secret(self.common.cfg.token.as_deref().unwrap_or_default(), sn, cn);
+        let secret = session_secret(&self.token, sn, cn);
         Ok(self.common.sessions.create(Arc::clone(session), secret, caps, keeps_handles))
     }
 
@@ -349,8 +360,21 @@ impl<B: Backend> Conn<B> {
         Ok(id)
     }
 
+    /// Tells this thread what the client may use of the exports
+    /// (`--config`), again whenever they were reloaded.
+    fn grant(&mut self) {
+        let Some(a) = &self.common.cfg.access else { return };
+        let generation = a.generation();
+        if self.grants != Some(generation) {
+            let peer = self.peer.parse::<std::net::SocketAddr>().ok().map(|s| s.ip());
+            crate::exports::set_grants(a.grants(&self.token, peer));
+            self.grants = Some(generation);
+        }
+    }
+
     fn serve_one(&mut self, session: &mut Shared<B>, caps: u64) -> Result<(), End> {
         let h = self.read_frame(self.common.cfg.max_frame)?;
+        self.grant();
         let _counted = Counted::start(&self.common.metrics, h.op, HEADER_LEN as u64 + u64::from(h.len));
         let body = match &self.big {
             Some(b) => b.as_slice(),

@@ -64,7 +64,7 @@ pub fn handshake(data: &[u8]) {
         window_requests: 16,
         window_bytes: 1 << 24,
         boot_id: 1,
-        token: Some(b"the token".to_vec()),
+        tokens: vec![b"the token".to_vec()],
         binding: None,
     };
     let mut hs = ServerHandshake::new(offer, [7; 32]);

@@ -12,6 +12,7 @@ mod changes;
 mod commit;
 mod conn;
 mod dirpolicy;
+pub mod exports;
 mod fileid;
 #[doc(hidden)]
 pub mod fuzz;
@@ -80,6 +81,9 @@ pub struct Config {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Refuse TCP clients that do not use TLS (`ENOPROTOOPT`).
     pub tls_required: bool,
+    /// Several exports (`--config`): their clients' tokens (then `token`
+    /// is not used) and what each may use.
+    pub access: Option<Arc<dyn exports::Access>>,
 }
 
 impl Default for Config {
@@ -107,6 +111,7 @@ impl Default for Config {
             identity: None,
             tls: None,
             tls_required: false,
+            access: None,
         }
     }
 }
