@@ -22,7 +22,7 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 # end-to-end tests run on the mount, and Redis (JuiceFS's metadata, for the
 # gateway tests).
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount redis-server:redis-server; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount redis-server:redis-server openssl:openssl; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

@@ -121,7 +121,7 @@ impl PyClient {
             Some(t) => Some(token_bytes(t)?),
             None => token::find_client_token(token_file.as_deref()).map_err(PyPermissionError::new_err)?,
         };
-        let mut opts = Options { token, ..Options::default() };
+        let mut opts = Options { token, ..Options::default() }.tls_from_env().map_err(PyValueError::new_err)?;
         if let Some(w) = window {
             opts.window = w.max(1);
         }

@@ -274,8 +274,7 @@ pub(crate) fn start_server(dir: &Path) -> Result<(Reap, u16), String> {
 }
 
 /// A server of `dir` that requires TLS (a certificate made in `dir`, pinned
-/// by this client through `FERRY_TLS_FINGERPRINT`: nothing is added to the
-/// user's known servers), pinned as `start_pinned`'s, and a client of it.
+/// by this client: nothing is added to the user's known servers), pinned as `start_pinned`'s, and a client of it.
 fn start_tls(dir: &Path, cross: bool) -> Result<(Reap, Client), String> {
     let (cert, key) = (dir.join("bench-tls-cert.pem"), dir.join("bench-tls-key.pem"));
     let (c, k) = (cert.to_string_lossy().into_owned(), key.to_string_lossy().into_owned());
@@ -284,9 +283,8 @@ fn start_tls(dir: &Path, cross: bool) -> Result<(Reap, Client), String> {
         pin(Some(server.0.id()), 1)?;
     }
     let id = ferry_server::tls::load_or_make(&cert, &key)?;
-    std::env::set_var("FERRY_TLS_FINGERPRINT", &id.fingerprint);
-    let opts = Options { tls: Some(true), ..tcp_options() };
-    // (Left set: the data channels it connects later check the same.)
+    let trust = ferry_client::tls::Trust { fingerprint: Some(id.fingerprint), ..Default::default() };
+    let opts = Options { tls: Some(true), trust, ..tcp_options() };
     let client = Client::connect(&format!("127.0.0.1:{port}"), &opts).map_err(|e| format!("TLS client: {e}"))?;
     Ok((server, client))
 }

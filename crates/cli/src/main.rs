@@ -21,6 +21,12 @@ struct Cli {
     /// then $XDG_CONFIG_HOME/ferry/token or ~/.config/ferry/token).
     #[arg(long, global = true)]
     token_file: Option<PathBuf>,
+    /// Verify servers' TLS certificates against the CA certificates in
+    /// FILE (PEM) and their host names, instead of trusting each server's
+    /// first certificate (the same as FERRY_TLS_CA=FILE; `ferry mount` and
+    /// `ferry run` pass it on).
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -106,6 +112,11 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The client library reads these from the environment, and the
+    // processes `ferry run` starts inherit them (one thread here yet).
+    if let Some(ca) = &cli.tls_ca {
+        std::env::set_var("FERRY_TLS_CA", ca);
+    }
     let tf = cli.token_file.as_deref();
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(a, tf),

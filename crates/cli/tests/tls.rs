@@ -207,3 +207,65 @@ fn the_mount_and_ferry_run_work_over_tls() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "same\n", "{}", text(&o));
 }
+
+/// Runs `openssl ARGS` in `dir` (test.sh installs it).
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl (test.sh installs it)");
+    assert!(o.status.success(), "openssl {args:?}: {}", text(&o));
+}
+
+/// A CA, and a server certificate for 127.0.0.1 it signed, in `dir`.
+fn ca_and_server(dir: &Path, tag: &str) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ca = format!("/CN=ferry test CA {tag}");
+    openssl(
+        dir,
+        &[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", &ca]].concat(),
+    );
+    openssl(dir, &[&["req"][..], &ec, &["-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=127.0.0.1"]].concat());
+    fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "srv.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ],
+    );
+}
+
+#[test]
+fn with_a_ca_the_server_is_verified_by_it_and_nothing_is_pinned() {
+    let cfg = TempDir::new("tls-ca-cfg");
+    let (ours, theirs) = (TempDir::new("tls-ca-ours"), TempDir::new("tls-ca-theirs"));
+    ca_and_server(ours.path(), "ours");
+    ca_and_server(theirs.path(), "theirs");
+    let cert = format!("--tls-cert={}", ours.path().join("srv.pem").display());
+    let key = format!("--tls-key={}", ours.path().join("srv.key").display());
+    let server = Server::start(&["--tls", &cert, &key]);
+    fs::write(server.export.path().join("f"), b"verified").unwrap();
+    let ca = |d: &TempDir| format!("--tls-ca={}", d.path().join("ca.pem").display());
+    let o = ferry(cfg.path(), &server.token_file, &[], &[&ca(&ours), "cat", &server.url("/f")]);
+    assert!(o.status.success() && o.stdout == b"verified", "{}", text(&o));
+    assert!(!cfg.path().join("ferry/known_servers").exists(), "a CA-verified server is not pinned");
+    // Another CA did not sign it: refused, whatever was seen before.
+    let o = ferry(cfg.path(), &server.token_file, &[], &[&ca(&theirs), "cat", &server.url("/f")]);
+    assert!(!o.status.success() && o.stdout.is_empty(), "{}", text(&o));
+    assert!(text(&o).to_lowercase().contains("issuer") || text(&o).contains("certificate"), "{}", text(&o));
+}

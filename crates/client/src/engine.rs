@@ -86,10 +86,11 @@ pub struct Options {
     /// Where to count this client's requests (by operation: how many,
     /// failed, bytes, latency), for `ferry mount --metrics`.
     pub metrics: Option<Arc<ferry_metrics::Ops>>,
-    /// TLS: `Some(true)` always, `Some(false)` never, `None` as
-    /// `FERRY_TLS` says, else off loopback only (and on loopback when the
-    /// server requires it). See `tls.rs`.
+    /// TLS: `Some(true)` always, `Some(false)` never, `None` off loopback
+    /// only (and on loopback when the server requires it). See `tls.rs`.
     pub tls: Option<bool>,
+    /// Whom TLS trusts (`tls.rs`); [`Options::tls_from_env`] fills it.
+    pub trust: crate::tls::Trust,
 }
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
@@ -114,6 +115,28 @@ impl Options {
             Ok("1") | Err(_) => {}
             Ok(v) => return Err(format!("FERRY_SAME_HOST={v}: expected 0 or 1")),
         }
+        self.tls_from_env()
+    }
+
+    /// These options with TLS's settings from the environment: `FERRY_TLS`
+    /// (`1`: for every address, `0`: never), `FERRY_TLS_CA`,
+    /// `FERRY_TLS_FINGERPRINT`, and where first-seen certificates are kept
+    /// (`$XDG_CONFIG_HOME/ferry/known_servers`). Read here, once, and never
+    /// while connecting: a process's environment lock may be held by a
+    /// thread a `fork` left behind (the preload library connects in forked
+    /// children).
+    pub fn tls_from_env(mut self) -> std::result::Result<Options, String> {
+        match std::env::var("FERRY_TLS").as_deref() {
+            Ok("1" | "on" | "yes" | "true") => self.tls = Some(true),
+            Ok("0" | "off" | "no" | "false") => self.tls = Some(false),
+            Ok("") | Err(_) => {}
+            Ok(v) => return Err(format!("FERRY_TLS={v}: expected 1 or 0")),
+        }
+        self.trust = crate::tls::Trust {
+            ca: std::env::var_os("FERRY_TLS_CA").filter(|v| !v.is_empty()).map(Into::into),
+            fingerprint: std::env::var("FERRY_TLS_FINGERPRINT").ok().filter(|v| !v.is_empty()),
+            known_servers: crate::tls::known_servers_file(),
+        };
         Ok(self)
     }
 }
@@ -137,6 +160,7 @@ impl Default for Options {
             same_host: true,
             metrics: None,
             tls: None,
+            trust: crate::tls::Trust::default(),
         }
     }
 }
@@ -296,7 +320,7 @@ impl Engine {
         let secs = opts.handshake_timeout.as_secs_f64();
         let binding = match tls {
             true => {
-                let config = crate::tls::config(addr)?;
+                let config = crate::tls::config(addr, &opts.trust)?;
                 let est = ferry_sock::tls::client(&stream, config, crate::tls::host_of(addr))
                     .map_err(|e| tls_error(addr, e, secs))?;
                 stream.start_tls(est.records);

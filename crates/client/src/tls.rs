@@ -1,7 +1,7 @@
 //! Whether a connection uses TLS, and whom it trusts.
 //!
-//! Off loopback TLS is the default (`FERRY_TLS=0` turns it off, `=1` on for
-//! any address); on loopback a server that requires it says so
+//! Off loopback TLS is the default (`Options::tls`; `FERRY_TLS=0` turns it
+//! off, `=1` on for any address, through `Options::tls_from_env`); on loopback a server that requires it says so
 //! (`ENOPROTOOPT`) and the client connects again with it — never the other
 //! way: a client that asked for TLS does not fall back to plaintext.
 //!
@@ -25,20 +25,27 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use crate::error::{Error, Result};
 
 /// Whether to use TLS with the server at `addr` (`HOST:PORT`), and
-/// whether that was asked for (`FERRY_TLS`) rather than chosen.
+/// whether that was asked for (`Options::tls`) rather than chosen.
 pub(crate) fn wanted(addr: &str, option: Option<bool>) -> (bool, bool) {
     if addr.starts_with("unix:") {
         return (false, false);
     }
-    let asked = option.or_else(|| match std::env::var("FERRY_TLS").ok()?.as_str() {
-        "1" | "on" | "yes" | "true" => Some(true),
-        "0" | "off" | "no" | "false" => Some(false),
-        _ => None,
-    });
-    match asked {
+    match option {
         Some(t) => (t, true),
         None => (!is_loopback(addr), false),
     }
+}
+
+/// Whom a client's TLS trusts (see the module's comment).
+#[derive(Clone, Debug, Default)]
+pub struct Trust {
+    /// CA certificates (PEM) to verify servers against, with their names.
+    pub ca: Option<PathBuf>,
+    /// The one certificate (`sha256:…`) to accept.
+    pub fingerprint: Option<String>,
+    /// Where first-seen certificates are kept; `None`: trusted for the
+    /// process only (said on stderr).
+    pub known_servers: Option<PathBuf>,
 }
 
 /// Whether every address `addr` names is on this host's loopback.
@@ -69,19 +76,19 @@ pub fn known_servers_file() -> Option<PathBuf> {
 }
 
 /// The client configuration for `addr`.
-pub(crate) fn config(addr: &str) -> Result<Arc<rustls::ClientConfig>> {
+pub(crate) fn config(addr: &str, trust: &Trust) -> Result<Arc<rustls::ClientConfig>> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| Error::Protocol(format!("TLS: {e}")))?;
-    let mut config = match std::env::var_os("FERRY_TLS_CA") {
+    let mut config = match &trust.ca {
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             use rustls::pki_types::pem::PemObject;
-            let certs = CertificateDer::pem_file_iter(&ca)
+            let certs = CertificateDer::pem_file_iter(ca)
                 .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
-                .map_err(|e| Error::Protocol(format!("FERRY_TLS_CA {}: {e}", PathBuf::from(&ca).display())))?;
+                .map_err(|e| Error::Protocol(format!("TLS CA {}: {e}", ca.display())))?;
             for c in certs {
-                roots.add(c).map_err(|e| Error::Protocol(format!("FERRY_TLS_CA: {e}")))?;
+                roots.add(c).map_err(|e| Error::Protocol(format!("TLS CA {}: {e}", ca.display())))?;
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }
@@ -89,8 +96,8 @@ pub(crate) fn config(addr: &str) -> Result<Arc<rustls::ClientConfig>> {
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Pinned {
                 addr: addr.to_string(),
-                expect: std::env::var("FERRY_TLS_FINGERPRINT").ok().filter(|v| !v.is_empty()),
-                file: known_servers_file(),
+                expect: trust.fingerprint.clone(),
+                file: trust.known_servers.clone(),
                 provider: provider(),
             }))
             .with_no_client_auth(),

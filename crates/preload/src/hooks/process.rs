@@ -497,6 +497,15 @@ pub fn init() {
             }),
             ..Default::default()
         };
+        // TLS's settings now, before any fork (never read while connecting).
+        let options = match options.clone().tls_from_env() {
+            Ok(o) => o,
+            Err(e) => {
+                // Unreadable: the safe reading.
+                eprintln!("ferry: {e}; TLS for every server");
+                ferry_client::Options { tls: Some(true), ..options }
+            }
+        };
         state::set_config(state::Config { options, keep_env });
         // SAFETY: umask has no preconditions; read it by setting it back.
         let m = pass!(umask(0o022));
