@@ -136,6 +136,11 @@ fn each_client_gets_the_exports_the_file_gives_it_and_a_reload_changes_that() {
     assert_eq!(errno(alice.create_dir("/newtop", 0o755)), libc::ENOENT, "the top holds exports only");
     assert_eq!(errno(alice.remove_dir("/data")), libc::EBUSY, "an export's top is not removed");
     assert_eq!(errno(client(server.port, "a-wrong-token-0123456789")), libc::EACCES);
+    let log = fs::read_to_string(d.join("server.log")).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("refused") && l.contains("archive") && l.contains("peer=127.0.0.1")),
+        "a refused request is logged with its export and peer:\n{log}"
+    );
 
     // A file Alice keeps open across the reload goes on.
     let mut f = alice.open("/data/open", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();

@@ -384,7 +384,11 @@ impl<B: Backend> Exports<B> {
         let Some((name, rest)) = split(path) else { return Ok(None) };
         let t = self.table();
         let e = t.exports.iter().find(|e| e.dir.name == name).ok_or(Errno::NOENT)?;
-        let read_only = granted(e.dir.id).ok_or(Errno::ACCES)? || e.read_only;
+        let Some(ro) = granted(e.dir.id) else {
+            tracing::info!(export = %String::from_utf8_lossy(name), "refused: not an export for this client");
+            return Err(Errno::ACCES);
+        };
+        let read_only = ro || e.read_only;
         if write && read_only {
             return Err(Errno::ROFS);
         }
@@ -662,10 +666,10 @@ impl<B: Backend> Backend for Exports<B> {
     }
 
     fn fd_of<'f>(&self, file: &'f XFile<B>) -> Option<std::os::fd::BorrowedFd<'f>> {
-        match file {
-            XFile::Top => None,
-            XFile::In(d, f) => d.backend.fd_of(f),
-        }
+        // A descriptor outlives every check: only for a client that may
+        // still use the export (and write it, as the descriptor would).
+        let (d, f) = self.dir_of(file, true).ok()?;
+        d.backend.fd_of(f)
     }
 }
 

@@ -246,7 +246,11 @@ fn accept_loop<B: Backend>(
         let metrics = Arc::clone(&common.metrics);
         let spawned = std::thread::Builder::new().name("ferry-conn".into()).stack_size(256 * 1024).spawn(move || {
             let peer = conn.peer();
-            let end = conn.run();
+            // What is said while serving (a refused export) names the peer.
+            let end = {
+                let _span = tracing::info_span!("conn", peer = %peer).entered();
+                conn.run()
+            };
             match &end {
                 End::AuthFailed => metrics.auth_failures.fetch_add(1, Ordering::Relaxed),
                 End::Protocol(_) => metrics.protocol_errors.fetch_add(1, Ordering::Relaxed),
