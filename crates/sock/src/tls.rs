@@ -333,3 +333,91 @@ pub fn fingerprint(der: &[u8]) -> String {
     let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::crypto::cipher::{AeadKey, Iv};
+    use std::os::unix::net::UnixStream;
+
+    fn secrets(key: u8, iv: u8) -> ConnectionTrafficSecrets {
+        ConnectionTrafficSecrets::Chacha20Poly1305 { key: AeadKey::from([key; 32]), iv: Iv::from([iv; 12]) }
+    }
+
+    /// Two ends whose directions match: what `a` seals `b` opens.
+    fn pair() -> (Records, Records) {
+        let a = Records::new(ExtractedSecrets { tx: (1, secrets(1, 2)), rx: (1, secrets(3, 4)) }).unwrap();
+        let b = Records::new(ExtractedSecrets { tx: (1, secrets(3, 4)), rx: (1, secrets(1, 2)) }).unwrap();
+        (a, b)
+    }
+
+    fn read_all(r: &Records, fd: BorrowedFd<'_>, n: usize) -> io::Result<Vec<u8>> {
+        let mut out = vec![0u8; n];
+        let mut got = 0;
+        while got < n {
+            match r.recv(fd, &mut out[got..])? {
+                0 => break,
+                k => got += k,
+            }
+        }
+        out.truncate(got);
+        Ok(out)
+    }
+
+    #[test]
+    fn what_one_end_seals_the_other_opens_across_records_and_parts() {
+        let (a, b) = pair();
+        let (x, y) = UnixStream::pair().unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut wire = Vec::new();
+        a.send(&[b"head", &data, b""], |sealed| {
+            wire.extend_from_slice(sealed);
+            Ok(())
+        })
+        .unwrap();
+        assert!(wire.windows(16).all(|w| w != &data[1000..1016]), "plaintext on the wire");
+        let writer = std::thread::spawn(move || (&x).write_all(&wire).unwrap());
+        let got = read_all(&b, y.as_fd(), 4 + data.len()).unwrap();
+        writer.join().unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&got[4..], &data[..]);
+    }
+
+    #[test]
+    fn a_changed_byte_a_replayed_record_and_a_stray_record_are_refused() {
+        let send = |a: &Records, data: &[u8]| {
+            let mut wire = Vec::new();
+            a.send(&[data], |s| {
+                wire.extend_from_slice(s);
+                Ok(())
+            })
+            .unwrap();
+            wire
+        };
+        // One byte flipped in the sealed body.
+        let (a, b) = pair();
+        let (x, y) = UnixStream::pair().unwrap();
+        let mut wire = send(&a, b"payload");
+        wire[8] ^= 1;
+        (&x).write_all(&wire).unwrap();
+        assert_eq!(read_all(&b, y.as_fd(), 7).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // The same record twice: the second has the wrong sequence number.
+        let (a, b) = pair();
+        let (x, y) = UnixStream::pair().unwrap();
+        let wire = send(&a, b"once");
+        (&x).write_all(&wire).unwrap();
+        (&x).write_all(&wire).unwrap();
+        assert_eq!(read_all(&b, y.as_fd(), 4).unwrap(), b"once");
+        assert!(read_all(&b, y.as_fd(), 4).is_err(), "a replayed record must not open");
+        // Not a sealed record at all (a plaintext frame, say).
+        let (_, b) = pair();
+        let (x, y) = UnixStream::pair().unwrap();
+        (&x).write_all(&[0x34, 0, 0, 0, 1, 0, 0, 0, 9, 9]).unwrap();
+        assert!(read_all(&b, y.as_fd(), 4).is_err());
+        // A clean end before a record: end of file, not an error.
+        let (_, b) = pair();
+        let (x, y) = UnixStream::pair().unwrap();
+        drop(x);
+        assert_eq!(read_all(&b, y.as_fd(), 4).unwrap(), b"");
+    }
+}
