@@ -27,6 +27,11 @@ const HEADER: usize = 5;
 const APPLICATION_DATA: u8 = 0x17;
 const ALERT: u8 = 0x15;
 const HANDSHAKE: u8 = 0x16;
+/// Records one key seals at most: under RFC 8446 5.5's limit for AES-GCM
+/// (2^24.5 full records). Ferry sends no key update; a connection that has
+/// sealed this many (256 GiB) ends instead, and the client's reconnect
+/// (sessions) carries on over a fresh handshake.
+const KEY_LIMIT: u64 = 1 << 24;
 /// The exporter label of ferry's channel binding (RFC 5705 / 8446 7.5).
 const BINDING_LABEL: &[u8] = b"EXPERIMENTAL-ferry-channel-binding";
 
@@ -122,6 +127,12 @@ impl Records {
     pub fn send(&self, parts: &[&[u8]], send: impl FnOnce(&[u8]) -> io::Result<()>) -> io::Result<()> {
         let mut s = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         let s = &mut *s;
+        if s.seq >= KEY_LIMIT {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "TLS: this connection's key is used up; reconnect",
+            ));
+        }
         s.buf.clear();
         // Parts are gathered into full records (a request's header and its
         // data share one), then each record is sealed where it lies.
@@ -188,6 +199,9 @@ impl Records {
             }
             o.fill(fd, HEADER + len)?;
             o.have = 0;
+            if o.seq >= KEY_LIMIT + KEY_LIMIT / 4 {
+                return Err(bad("the peer goes on past its key's limit"));
+            }
             let header: [u8; HEADER] = o.buf[..HEADER].try_into().expect("5 bytes");
             let n = nonce(&o.iv, o.seq);
             let plain = o
@@ -362,6 +376,14 @@ mod tests {
         }
         out.truncate(got);
         Ok(out)
+    }
+
+    #[test]
+    fn a_key_that_sealed_its_share_seals_no_more() {
+        let a = Records::new(ExtractedSecrets { tx: (KEY_LIMIT - 1, secrets(1, 2)), rx: (1, secrets(3, 4)) }).unwrap();
+        assert!(a.send(&[b"last"], |_| Ok(())).is_ok());
+        let e = a.send(&[b"one more"], |_| Ok(())).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted, "{e}");
     }
 
     #[test]
