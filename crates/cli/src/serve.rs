@@ -263,12 +263,9 @@ fn tls_identity(cert: &Option<PathBuf>, key: &Option<PathBuf>) -> Result<ferry_s
     let (cert, key) = match (cert, key) {
         (Some(c), Some(k)) => (c.clone(), k.clone()),
         _ => {
-            let base = std::env::var_os("XDG_CONFIG_HOME")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-                .ok_or("no place for a TLS certificate: set --tls-cert and --tls-key, HOME or XDG_CONFIG_HOME")?;
-            let dir = base.join("ferry/tls");
+            let dir = ferry_client::token::config_dir()
+                .ok_or("no place for a TLS certificate: set --tls-cert and --tls-key, HOME or XDG_CONFIG_HOME")?
+                .join("tls");
             (dir.join("cert.pem"), dir.join("key.pem"))
         }
     };

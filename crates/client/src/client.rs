@@ -366,9 +366,6 @@ impl Client {
     /// does no harm (see `repeatable`); a `Close` whose handle the server no
     /// longer has is done.
     pub fn call(&self, req: &Request<'_>) -> Result<Frame> {
-        if !self.engine().has_cap(ferry_proto::caps::IDENTITY) {
-            return self.call_once(req);
-        }
         // The request carries its caller's slot, named in the session
         // first; a session that does not know it (a new one, after a
         // restart or a move) refuses with ENOKEY before running anything.

@@ -68,11 +68,7 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// Where first-seen certificates are kept.
 pub fn known_servers_file() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    Some(base.join("ferry").join("known_servers"))
+    crate::token::config_dir().map(|d| d.join("known_servers"))
 }
 
 /// The client configuration for `addr`.

@@ -4,12 +4,19 @@
 
 use std::path::{Path, PathBuf};
 
+/// ferry's configuration directory: `$XDG_CONFIG_HOME/ferry`, else
+/// `~/.config/ferry` (the token, known servers, the server's certificate).
+pub fn config_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("ferry"))
+}
+
 /// The default token file path.
 pub fn default_token_file() -> Option<PathBuf> {
-    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        return Some(PathBuf::from(x).join("ferry/token"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/ferry/token"))
+    config_dir().map(|d| d.join("token"))
 }
 
 /// Reads a token file; surrounding whitespace is not part of the token.

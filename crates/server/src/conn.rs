@@ -536,17 +536,21 @@ impl<B: Backend> Conn<B> {
             None => Ok(()),
         }
         .map_err(End::Io)?;
-        let clears_setid = match (&creds, &req) {
-            (Some(Some(_)), Request::Chmod { target, mode }) => guard.clears_setid_only(target, *mode),
-            _ => false,
-        };
         let first = guard.execute(run.as_ref().unwrap_or(&req));
-        let mut answer = if clears_setid && matches!(first, Err(Errno(libc::EPERM))) {
-            drop(first);
-            self.creds.wear_own().map_err(End::Io)?;
-            guard.execute(&req)
-        } else {
-            first
+        let refused = matches!(first, Err(Errno(libc::EPERM)));
+        let mut answer = match (&creds, &req) {
+            // Refused to a caller who may clear set-id bits all the same
+            // (asked only then, still wearing the caller's ids).
+            (Some(Some(_)), Request::Chmod { target, mode }) if refused => {
+                drop(first);
+                if guard.clears_setid_only(target, *mode) {
+                    self.creds.wear_own().map_err(End::Io)?;
+                    guard.execute(&req)
+                } else {
+                    Err(Errno::PERM)
+                }
+            }
+            _ => first,
         };
         if settled {
             // Started by a server process that died before answering: if

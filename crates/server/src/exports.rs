@@ -92,12 +92,11 @@ impl Net {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
             v4 => v4,
         };
-        let (a, b, len) = match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(i)) => (u128::from(u32::from(n)) << 96, u128::from(u32::from(i)) << 96, 32),
-            (IpAddr::V6(n), IpAddr::V6(i)) => (u128::from(n), u128::from(i), 128),
+        let (a, b) = match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(i)) => (u128::from(u32::from(n)) << 96, u128::from(u32::from(i)) << 96),
+            (IpAddr::V6(n), IpAddr::V6(i)) => (u128::from(n), u128::from(i)),
             _ => return false,
         };
-        let _ = len;
         let mask = if self.bits == 0 { 0 } else { u128::MAX << (128 - u32::from(self.bits)) };
         a & mask == b & mask
     }
@@ -161,8 +160,9 @@ pub fn set_grants(g: Grants) {
     let _ = GRANTS.try_with(|c| *c.borrow_mut() = Some(g));
 }
 
-/// `Some(read_only)` if this thread may use export `id` (always, on a
-/// thread no connection told anything: the server's own work).
+/// `Some(read_only)` if this thread may use export `id` (always, and
+/// writable, on a thread no connection told anything: the server's own
+/// work, which writes only what a client's request already had checked).
 fn granted(id: u64) -> Option<bool> {
     GRANTS.try_with(|c| c.borrow().as_ref().map_or(Some(false), |g| g.of(id))).unwrap_or(Some(false))
 }
@@ -400,8 +400,9 @@ impl<B: Backend> Exports<B> {
         match f {
             XFile::Top => Err(if write { Errno::ROFS } else { Errno::ISDIR }),
             XFile::In(d, file) => {
-                let read_only = granted(d.id).ok_or(Errno::ACCES)?
-                    || self.table().exports.iter().any(|e| e.dir.id == d.id && e.read_only);
+                // The grants carry each export's read-only flag: no look at
+                // the table on a read's or a write's path.
+                let read_only = granted(d.id).ok_or(Errno::ACCES)?;
                 if write && read_only {
                     return Err(Errno::ROFS);
                 }
