@@ -32,13 +32,13 @@ pub struct Committer<B: Backend> {
     queued: Arc<AtomicUsize>,
     window: usize,
     /// Held by whoever writes to the socket, so frames never interleave.
-    pub wlock: Arc<Mutex<()>>,
+    wlock: Arc<Mutex<()>>,
     jobs: Option<Sender<Job<B::File>>>,
 }
 
 impl<B: Backend> Committer<B> {
-    pub fn new(backend: Arc<B>, window: usize) -> Self {
-        Committer { backend, queued: Arc::default(), window: window.max(1), wlock: Arc::default(), jobs: None }
+    pub fn new(backend: Arc<B>, window: usize, wlock: Arc<Mutex<()>>) -> Self {
+        Committer { backend, queued: Arc::default(), window: window.max(1), wlock, jobs: None }
     }
 
     /// Queues the commit of `file`; its reply goes to `sock`. Fails only if

@@ -1,11 +1,14 @@
 //! One client connection: handshake, then read a frame, execute it, write
 //! the reply — all on the connection's own thread, so a read request never
-//! changes threads between the socket and `sendfile`.
+//! changes threads between the socket and `sendfile`. A request that runs
+//! long gets the rest of the connection served beside it by another thread
+//! (`turns`).
 
 use ferry_sock::Socket;
 use std::io::{self, BufReader, Read, Write};
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::bufpool::{BufPool, Lent};
@@ -22,6 +25,7 @@ use ferry_proto::{
 
 use crate::backend::{Backend, Errno, ReadData};
 use crate::session::{Answer, Policy, Session};
+use crate::turns::{Kind, Turns};
 use crate::Config;
 
 /// Frames up to this size (a 1 MiB write and its fields) are read into the
@@ -39,15 +43,27 @@ pub enum End {
     AuthFailed,
 }
 
+/// A connection, as one of the threads serving it holds it: the socket and
+/// what the connection's threads share, and this thread's own buffers.
 pub struct Conn<B: Backend> {
-    rx: BufReader<Timed>,
+    /// Read by one thread at a time, from a request's header to the moment
+    /// the request may start (so requests start in the order sent).
+    rx: Arc<Mutex<BufReader<Timed>>>,
+    /// Whether more input was buffered after the last frame read.
+    more: bool,
     tx: Socket,
+    /// Held by whoever writes to the socket, so frames never interleave.
+    wlock: Arc<Mutex<()>>,
     peer: String,
     common: Common<B>,
     /// This connection's (server, client) nonces, for session proofs.
     nonces: (Nonce, Nonce),
-    /// The registered session this connection belongs to, if any.
-    session_id: Option<u64>,
+    /// The session this connection belongs to.
+    joined: Arc<Mutex<Joined<B>>>,
+    /// Counts changes of `joined`'s session, so each thread keeps its own
+    /// hold of it (`mine`) and looks again only after one.
+    joined_gen: Arc<AtomicU64>,
+    mine: Option<(u64, Shared<B>)>,
     /// What the handshake settled, for a session a previous server process
     /// left, made when this connection attaches to it.
     policy: Option<Policy>,
@@ -57,9 +73,16 @@ pub struct Conn<B: Backend> {
     big: Option<Lent>,
     out: Vec<u8>,
     /// `Fsync`s wait for the disk here, beside later requests.
-    commits: Committer<B>,
+    commits: Arc<Mutex<Committer<B>>>,
     /// Descriptors passed on this connection (`FileFd`'s `seq`).
-    fds_sent: u64,
+    fds_sent: Arc<AtomicU64>,
+    /// Its requests running, and the threads serving it.
+    turns: Arc<Turns>,
+    /// This thread was added to serve beside a slow request; it leaves
+    /// once another thread reads the socket again.
+    helper: bool,
+    /// Why the connection ended, told by the thread that found out.
+    ended: Arc<Mutex<Option<End>>>,
     /// The ids this connection's thread wears (`IDENTITY`).
     creds: crate::identity::ThreadCreds,
     /// The TLS session's channel binding, if the connection is under TLS.
@@ -101,25 +124,45 @@ impl<B: Backend> Clone for Common<B> {
     }
 }
 
+/// The session a connection belongs to, shared by its threads.
+struct Joined<B: Backend> {
+    session: Option<Shared<B>>,
+    /// Its id, once registered (`SessionNew`, `SessionAttach`).
+    id: Option<u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl<B: Backend> Conn<B> {
     pub fn new(stream: Socket, common: &Common<B>) -> io::Result<Self> {
         let peer = stream.peer_name();
         stream.set_nodelay()?;
         stream.set_read_timeout(Some(common.cfg.idle_timeout))?;
         let tx = stream.try_clone()?;
+        let wlock = Arc::new(Mutex::new(()));
+        let window = common.cfg.window_requests as usize;
         Ok(Conn {
-            rx: BufReader::with_capacity(64 * 1024, Timed { stream, deadline: None }),
+            rx: Arc::new(Mutex::new(BufReader::with_capacity(64 * 1024, Timed { stream, deadline: None }))),
+            more: false,
             tx,
+            commits: Arc::new(Mutex::new(Committer::new(Arc::clone(&common.backend), window, Arc::clone(&wlock)))),
+            wlock,
             peer,
             common: common.clone(),
             nonces: ([0; 32], [0; 32]),
-            session_id: None,
+            joined: Arc::new(Mutex::new(Joined { session: None, id: None })),
+            joined_gen: Arc::default(),
+            mine: None,
             policy: None,
             body: Vec::new(),
             big: None,
             out: Vec::with_capacity(OUT_FLUSH),
-            commits: Committer::new(Arc::clone(&common.backend), common.cfg.window_requests as usize),
-            fds_sent: 0,
+            fds_sent: Arc::default(),
+            turns: Turns::new(),
+            helper: false,
+            ended: Arc::default(),
             creds: crate::identity::ThreadCreds::new(),
             binding: None,
             token: Vec::new(),
@@ -131,6 +174,37 @@ impl<B: Backend> Conn<B> {
         self.peer.clone()
     }
 
+    /// Another thread's hold of this connection: what they share, and
+    /// buffers and ids of its own. Made on the thread that will use it.
+    fn sibling(&self) -> io::Result<Self> {
+        Ok(Conn {
+            rx: Arc::clone(&self.rx),
+            more: false,
+            tx: self.tx.try_clone()?,
+            wlock: Arc::clone(&self.wlock),
+            peer: self.peer.clone(),
+            common: self.common.clone(),
+            nonces: self.nonces,
+            joined: Arc::clone(&self.joined),
+            joined_gen: Arc::clone(&self.joined_gen),
+            mine: None,
+            policy: self.policy.clone(),
+            body: Vec::new(),
+            big: None,
+            out: Vec::with_capacity(OUT_FLUSH),
+            commits: Arc::clone(&self.commits),
+            fds_sent: Arc::clone(&self.fds_sent),
+            turns: Arc::clone(&self.turns),
+            helper: true,
+            ended: Arc::clone(&self.ended),
+            creds: crate::identity::ThreadCreds::new(),
+            binding: self.binding,
+            token: self.token.clone(),
+            // Told on its first request.
+            grants: None,
+        })
+    }
+
     /// Runs the connection to its end.
     pub fn run(mut self) -> End {
         let policy = match self.handshake() {
@@ -139,26 +213,78 @@ impl<B: Backend> Conn<B> {
         };
         let caps = policy.caps;
         self.policy = Some(policy.clone());
-        let mut session: Shared<B> = Arc::new(Mutex::new(Session::new(Arc::clone(&self.common.backend), policy)));
-        let end = loop {
-            let r = self.serve_one(&mut session, caps);
-            self.big = None;
-            if let Err(e) = r {
-                break e;
+        lock(&self.joined).session = Some(Arc::new(Session::new(Arc::clone(&self.common.backend), policy)));
+        // From now on a request that runs long gets another thread beside
+        // it, which starts from a copy of this hold of the connection.
+        match self.sibling() {
+            Ok(template) => {
+                let template = Mutex::new(template);
+                self.turns.watch(Box::new(move || {
+                    let Ok(mut c) = lock(&template).sibling() else { return false };
+                    let spawned = std::thread::Builder::new().name("ferry-conn+".into()).stack_size(256 * 1024).spawn(
+                        move || {
+                            // Its own ids, those of the process.
+                            c.creds = crate::identity::ThreadCreds::new();
+                            let _span = tracing::info_span!("conn", peer = %c.peer).entered();
+                            let turns = Arc::clone(&c.turns);
+                            c.serve(caps);
+                            drop(c);
+                            turns.leave();
+                        },
+                    );
+                    spawned.is_ok()
+                }));
             }
-        };
+            Err(e) => tracing::warn!(peer = %self.peer, "requests of this connection run one at a time: {e}"),
+        }
+        self.serve(caps);
+        // The peer learns at once, and a thread still running a request
+        // finds no one to answer.
+        let _ = self.tx.shutdown_both();
+        self.turns.close();
+        let end = lock(&self.ended).take().unwrap_or(End::Closed);
         // A registered session lives on for its lease; an unregistered one
         // ends here with the connection (its handles close, locks go).
-        if let Some(id) = self.session_id {
+        if let Some(id) = lock(&self.joined).id {
             self.common.sessions.detach(id);
         }
         end
     }
 
-    /// Reads one frame header and body into `self.body`.
+    /// Serves requests until the connection ends, or until this helper
+    /// thread is not needed any more.
+    fn serve(&mut self, caps: u64) {
+        loop {
+            let r = self.serve_one(caps);
+            self.big = None;
+            if let Err(e) = r {
+                // The first reason found is the connection's.
+                lock(&self.ended).get_or_insert(e);
+                self.turns.over();
+                self.turns.reading(false);
+                return;
+            }
+            if self.helper && self.turns.spare() {
+                if let Err(e) = self.flush() {
+                    lock(&self.ended).get_or_insert(e);
+                    self.turns.over();
+                }
+                return;
+            }
+        }
+    }
+
+    /// Reads one frame header and body into `self.body` (the handshake's).
     fn read_frame(&mut self, max: u32) -> Result<Header, End> {
+        let rx = Arc::clone(&self.rx);
+        let mut rx = lock(&rx);
+        self.read_frame_from(&mut rx, max)
+    }
+
+    /// Reads one frame header and body from `rx` into `self.body`.
+    fn read_frame_from(&mut self, rx: &mut BufReader<Timed>, max: u32) -> Result<Header, End> {
         let mut hb = [0u8; HEADER_LEN];
-        match self.rx.read_exact(&mut hb) {
+        match rx.read_exact(&mut hb) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(End::Closed),
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
@@ -185,10 +311,11 @@ impl<B: Backend> Conn<B> {
             }
             &mut self.body[..len]
         };
-        self.rx.read_exact(dest).map_err(|e| match e.kind() {
+        rx.read_exact(dest).map_err(|e| match e.kind() {
             io::ErrorKind::UnexpectedEof => End::Protocol("truncated frame".into()),
             _ => End::Io(e),
         })?;
+        self.more = !rx.buffer().is_empty();
         Ok(h)
     }
 
@@ -221,10 +348,11 @@ impl<B: Backend> Conn<B> {
     /// authenticates (or sends a byte now and then) cannot hold a
     /// connection slot for the whole idle timeout.
     fn handshake(&mut self) -> Result<Policy, End> {
-        self.rx.get_mut().deadline =
+        lock(&self.rx).get_mut().deadline =
             Some(Instant::now() + self.common.cfg.handshake_timeout.min(self.common.cfg.idle_timeout));
         let policy = self.start_tls().and_then(|()| self.handshake_steps());
-        let t = self.rx.get_mut();
+        let mut rx = lock(&self.rx);
+        let t = rx.get_mut();
         t.deadline = None;
         t.stream.set_read_timeout(Some(self.common.cfg.idle_timeout)).map_err(End::Io)?;
         policy
@@ -323,25 +451,30 @@ impl<B: Backend> Conn<B> {
 
     /// `SessionNew`: registers this connection's session (or names the one
     /// it already belongs to).
-    fn session_new(&self, session: &Shared<B>, caps: u64, keeps_handles: bool) -> Result<u64, Errno> {
+    fn session_new(&self, caps: u64, keeps_handles: bool) -> Result<u64, Errno> {
         if caps & caps::SESSIONS == 0 || (!keeps_handles && caps & caps::REPLAY == 0) {
             return Err(Errno::NOSYS);
         }
-        if let Some(id) = self.session_id {
+        let mut j = lock(&self.joined);
+        if let Some(id) = j.id {
             return Ok(id);
         }
         let (sn, cn) = &self.nonces;
         let secret = session_secret(&self.token, sn, cn);
-        Ok(self.common.sessions.create(Arc::clone(session), secret, caps, keeps_handles))
+        let session = Arc::clone(j.session.as_ref().ok_or(Errno::INVAL)?);
+        let id = self.common.sessions.create(session, secret, caps, keeps_handles);
+        j.id = Some(id);
+        Ok(id)
     }
 
     /// `SessionAttach`: this connection joins session `id`; whatever it had
     /// of its own is dropped.
-    fn session_attach(&self, session: &mut Shared<B>, caps: u64, id: u64, proof: &[u8; 32]) -> Result<u64, Errno> {
+    fn session_attach(&self, caps: u64, id: u64, proof: &[u8; 32]) -> Result<u64, Errno> {
         if caps & caps::SESSIONS == 0 {
             return Err(Errno::NOSYS);
         }
-        if self.session_id == Some(id) {
+        let mut j = lock(&self.joined);
+        if j.id == Some(id) {
             return Ok(id);
         }
         let (sn, cn) = &self.nonces;
@@ -352,11 +485,13 @@ impl<B: Backend> Conn<B> {
             |secret| proofs_equal(proof, &attach_proof(secret, id, sn, cn)),
             make,
         )?;
-        if let Some(old) = self.session_id {
+        if let Some(old) = j.id {
             self.common.sessions.detach(old);
         }
-        *session = joined;
-        self.common.metrics.session_attaches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        j.session = Some(joined);
+        j.id = Some(id);
+        self.joined_gen.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.common.metrics.session_attaches.fetch_add(1, Relaxed);
         Ok(id)
     }
 
@@ -372,8 +507,28 @@ impl<B: Backend> Conn<B> {
         }
     }
 
-    fn serve_one(&mut self, session: &mut Shared<B>, caps: u64) -> Result<(), End> {
-        let h = self.read_frame(self.common.cfg.max_frame)?;
+    fn serve_one(&mut self, caps: u64) -> Result<(), End> {
+        let rx = Arc::clone(&self.rx);
+        // Replies gathered while more requests were buffered go out before
+        // this thread waits: for input, or for the socket another thread
+        // of the connection holds.
+        let mut reader = match rx.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.flush()?;
+                lock(&rx)
+            }
+        };
+        if reader.buffer().is_empty() {
+            self.flush()?;
+        }
+        if self.turns.is_over() {
+            // Another thread of the connection found its end.
+            return Err(End::Closed);
+        }
+        self.turns.reading(true);
+        let h = self.read_frame_from(&mut reader, self.common.cfg.max_frame)?;
         self.grant();
         let _counted = Counted::start(&self.common.metrics, h.op, HEADER_LEN as u64 + u64::from(h.len));
         let body = match &self.big {
@@ -383,17 +538,40 @@ impl<B: Backend> Conn<B> {
         let req = match Request::decode(h.op, body) {
             Ok(r) => r,
             Err(DecodeError::UnknownOp(op)) => {
+                self.turns.reading(false);
+                drop(reader);
                 return self.queue_error(h, Errno::NOSYS, &format!("unknown operation {op}"));
             }
-            Err(e) => return self.queue_error(h, Errno::BADMSG, &e.to_string()),
+            Err(e) => {
+                self.turns.reading(false);
+                drop(reader);
+                return self.queue_error(h, Errno::BADMSG, &e.to_string());
+            }
         };
+        // Started in the order sent, once nothing it must follow runs; the
+        // socket is free for the next request from then on.
+        let kind = Kind::of(&req);
+        if !self.out.is_empty() && !self.turns.free_for(kind) {
+            // It will wait: what this thread owes the client goes first.
+            let mut out = std::mem::take(&mut self.out);
+            let flushed = {
+                let _g = lock(&self.wlock);
+                self.tx.write_all(&out)
+            };
+            out.clear();
+            self.out = out;
+            flushed.map_err(End::Io)?;
+        }
+        let _turn = Turn::start(&self.turns, kind);
+        self.turns.reading(false);
+        drop(reader);
         if matches!(req, Request::Hello { .. } | Request::Auth { .. }) {
             return self.queue_error(h, Errno::INVAL, "handshake already done");
         }
         let control = match req {
-            Request::SessionNew => Some(self.session_new(session, caps, true)),
-            Request::SessionNewVolatile => Some(self.session_new(session, caps, false)),
-            Request::SessionAttach { id, proof } => Some(self.session_attach(session, caps, id, &proof)),
+            Request::SessionNew => Some(self.session_new(caps, true)),
+            Request::SessionNewVolatile => Some(self.session_new(caps, false)),
+            Request::SessionAttach { id, proof } => Some(self.session_attach(caps, id, &proof)),
             _ => None,
         };
         if let Some(r) = control {
@@ -401,7 +579,6 @@ impl<B: Backend> Conn<B> {
             self.creds.wear_own().map_err(End::Io)?;
             match r {
                 Ok(id) => {
-                    self.session_id = Some(id);
                     let lease_ms = u32::try_from(self.common.sessions.lease().as_millis()).unwrap_or(u32::MAX);
                     Reply::Session { id, lease_ms }.encode(h.op, h.id, &mut self.out);
                 }
@@ -409,25 +586,30 @@ impl<B: Backend> Conn<B> {
             }
             return self.maybe_flush();
         }
+        // The request borrows `self.body`. Requests of a session run side
+        // by side (its connections, and the threads of one); positional
+        // data moves without looking at anything but the handle.
+        let now = self.joined_gen.load(std::sync::atomic::Ordering::Acquire);
+        let session = match &self.mine {
+            Some((at, s)) if *at == now => Arc::clone(s),
+            _ => {
+                let Some(s) = lock(&self.joined).session.clone() else {
+                    return self.queue_error(h, Errno::INVAL, "no session yet");
+                };
+                self.mine = Some((now, Arc::clone(&s)));
+                s
+            }
+        };
         match req {
             Request::LocalAddr => return self.local_addr(h, caps),
-            Request::FileFd { handle } => return self.lend_fd(h, caps, session, handle),
+            Request::FileFd { handle } => return self.lend_fd(h, caps, &session, handle),
             _ => {}
         }
-        // The request borrows `self.body`; the answer may borrow the session.
-        // Encode everything that needs `req` before touching `self` mutably.
-        // One request of a session runs at a time, whichever connection
-        // brought it, except the data of positional reads and writes, which
-        // moves outside the session's lock: a bulk transfer on a data
-        // channel never holds up a `stat` on the session's main connection.
-        let shared = Arc::clone(session);
-        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(got) = guard.bulk_file(&req) {
+        if let Some(got) = session.bulk_file(&req) {
             let named = match &self.common.cfg.identity {
-                Some(_) if h.flags != 0 && matches!(req, Request::Pwrite { .. }) => guard.caller(h.flags).ok().cloned(),
+                Some(_) if h.flags != 0 && matches!(req, Request::Pwrite { .. }) => session.caller(h.flags).ok(),
                 _ => None,
             };
-            drop(guard);
             if let Some(c) = named {
                 self.creds.wear(&c).map_err(End::Io)?;
             }
@@ -440,7 +622,7 @@ impl<B: Backend> Conn<B> {
                 }
                 (Ok((f, n)), Request::Pwrite { offset, data, .. }) => {
                     self.common.backend.write(&f, offset, data).map(|_| None).inspect(|_| {
-                        encode_answer(Answer::Written(n as u32), h.op, h.id, &mut self.out);
+                        Reply::Written { count: n as u32 }.encode(h.op, h.id, &mut self.out);
                     })
                 }
                 _ => Err(Errno::INVAL),
@@ -460,22 +642,19 @@ impl<B: Backend> Conn<B> {
         if let Request::Fsync { handle, datasync } = req {
             // Every write the session sent before has run: the commit
             // covers them, and waits for the disk beside what follows.
-            if let Ok(file) = guard.file_of(handle) {
-                drop(guard);
-                if self.commits.start(&self.tx, h.op, h.id, file, datasync).is_ok() {
+            if let Ok(file) = session.file_of(handle) {
+                if lock(&self.commits).start(&self.tx, h.op, h.id, file, datasync).is_ok() {
                     return self.maybe_flush();
                 }
-                guard = shared.lock().unwrap_or_else(|e| e.into_inner());
             }
         }
         if let Request::Caller { slot, uid, gid, groups } = req {
             let named = match &self.common.cfg.identity {
                 Some(p) if caps & caps::IDENTITY != 0 => {
-                    guard.name_caller(slot, p.resolve(uid, gid, ferry_proto::caller_groups(groups)))
+                    session.name_caller(slot, p.resolve(uid, gid, ferry_proto::caller_groups(groups)))
                 }
                 _ => Err(Errno::NOSYS),
             };
-            drop(guard);
             match named {
                 Ok(()) => Reply::Empty.encode(h.op, h.id, &mut self.out),
                 Err(e) => encode_errno(e, h.op, h.id, &mut self.out),
@@ -484,9 +663,11 @@ impl<B: Backend> Conn<B> {
         }
         let once = caps & ferry_proto::caps::REPLAY != 0 && req.once_only();
         let digest = if once { crate::replay::digest(body) } else { 0 };
+        // Held from the look into the reply cache to the reply kept.
+        let mut guard = once.then(|| session.once());
         let mut run = None;
-        if once {
-            match guard.replies.get(h.id, h.op, digest) {
+        if let Some(g) = &guard {
+            match g.replies.get(h.id, h.op, digest) {
                 // Kept by a previous server process: the file it created
                 // is opened again (its handle died with that process).
                 Some((_, true)) if crate::replay::without_create(&req).is_some() => {
@@ -502,14 +683,15 @@ impl<B: Backend> Conn<B> {
             }
         }
         // Who the request is for, before anything runs (a reply kept for a
-        // request sent again is given whoever asks: it ran already): an unknown slot is
-        // named again by the client, and the request sent again.
+        // request sent again is given whoever asks: it ran already): an
+        // unknown slot is named again by the client, and the request sent
+        // again.
         let creds = match &self.common.cfg.identity {
             Some(p) if caps & caps::IDENTITY != 0 => match crate::identity::acts_as(&req) {
                 crate::identity::ActsAs::Caller => match h.flags {
                     0 => Some(Some(p.nobody_named())),
-                    slot => match guard.caller(slot) {
-                        Ok(c) => Some(Some(c.clone())),
+                    slot => match session.caller(slot) {
+                        Ok(c) => Some(Some(c)),
                         Err(e) => {
                             drop(guard);
                             return self.queue_error(h, e, &format!("caller slot {slot} is not named in this session"));
@@ -519,13 +701,16 @@ impl<B: Backend> Conn<B> {
                 crate::identity::ActsAs::Server => Some(None),
                 // Named or not, it may go on: a write named gets the
                 // kernel's treatment of its caller (set-id bits cleared).
-                crate::identity::ActsAs::Anyone => guard.caller(h.flags).ok().map(|c| Some(c.clone())),
+                crate::identity::ActsAs::Anyone => session.caller(h.flags).ok().map(Some),
             },
             _ => None,
         };
-        let settled = once && run.is_none() && guard.replies.take_unknown(h.id, h.op, digest);
-        if once && !settled && run.is_none() {
-            if let Some(log) = guard.log.as_mut() {
+        let settled = match guard.as_mut() {
+            Some(g) if run.is_none() => g.replies.take_unknown(h.id, h.op, digest),
+            _ => false,
+        };
+        if !settled && run.is_none() {
+            if let Some(log) = guard.as_mut().and_then(|g| g.log.as_mut()) {
                 self.creds.wear_own().map_err(End::Io)?;
                 log.intent(h.id, h.op, digest);
             }
@@ -536,16 +721,16 @@ impl<B: Backend> Conn<B> {
             None => Ok(()),
         }
         .map_err(End::Io)?;
-        let first = guard.execute(run.as_ref().unwrap_or(&req));
+        let first = session.execute(run.as_ref().unwrap_or(&req));
         let refused = matches!(first, Err(Errno(libc::EPERM)));
         let mut answer = match (&creds, &req) {
             // Refused to a caller who may clear set-id bits all the same
             // (asked only then, still wearing the caller's ids).
             (Some(Some(_)), Request::Chmod { target, mode }) if refused => {
                 drop(first);
-                if guard.clears_setid_only(target, *mode) {
+                if session.clears_setid_only(target, *mode) {
                     self.creds.wear_own().map_err(End::Io)?;
-                    guard.execute(&req)
+                    session.execute(&req)
                 } else {
                     Err(Errno::PERM)
                 }
@@ -558,33 +743,31 @@ impl<B: Backend> Conn<B> {
             // answers for the first.
             if let (Err(e), Some((done, instead))) = (&answer, crate::replay::settled(&req)) {
                 if e.0 == done {
-                    answer = guard.execute(&instead);
+                    answer = session.execute(&instead);
                 }
             }
         }
         let mut out = std::mem::take(&mut self.out);
         let start = out.len();
-        let res = match answer {
-            Ok(Answer::Data(data)) => {
-                encode_data_header(h.op, h.id, data.len(), &mut out);
-                self.out = out;
-                return self.send_data(data);
-            }
-            Ok(a) => {
-                encode_answer(a, h.op, h.id, &mut out);
-                Ok(())
-            }
-            Err(e) => {
-                encode_errno(e, h.op, h.id, &mut out);
-                Ok(())
-            }
-        };
-        if once {
+        match answer {
+            Ok(Answer::Read(cursor, n)) => match self.common.backend.read(cursor.file(), cursor.offset(), n) {
+                Ok(data) => {
+                    cursor.advance(data.len());
+                    encode_data_header(h.op, h.id, data.len(), &mut out);
+                    self.out = out;
+                    return self.send_data(data);
+                }
+                Err(e) => encode_errno(e, h.op, h.id, &mut out),
+            },
+            Ok(a) => encode_answer(a, h.op, h.id, &mut out),
+            Err(e) => encode_errno(e, h.op, h.id, &mut out),
+        }
+        if let Some(g) = guard.as_mut() {
             let frame = out[start..].to_vec();
-            let g = &mut *guard;
             if g.log.is_some() {
                 self.creds.wear_own().map_err(End::Io)?;
             }
+            let g = &mut **g;
             if let Some(log) = g.log.as_mut() {
                 log.reply(h.id, h.op, digest, &frame, g.replies.iter(), crate::replay::KEPT);
             }
@@ -592,7 +775,6 @@ impl<B: Backend> Conn<B> {
         }
         drop(guard);
         self.out = out;
-        res?;
         self.maybe_flush()
     }
 
@@ -626,7 +808,7 @@ impl<B: Backend> Conn<B> {
             }
             None => return self.queue_refusal(h, Errno::OPNOTSUPP, "descriptors are passed on a Unix socket only"),
         }
-        let lent = session.lock().unwrap_or_else(|e| e.into_inner()).lend(handle);
+        let lent = session.lend(handle);
         let (file, writable) = match lent {
             Ok(x) => x,
             Err(e) => {
@@ -639,10 +821,10 @@ impl<B: Backend> Conn<B> {
         };
         self.flush()?;
         let mut frame = Vec::new();
-        Reply::FileFd { seq: self.fds_sent, writable }.encode(h.op, h.id, &mut frame);
-        let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = lock(&self.wlock);
+        Reply::FileFd { seq: self.fds_sent.load(Relaxed), writable }.encode(h.op, h.id, &mut frame);
         let sent = self.tx.send_with_fd(&frame, fd).map_err(End::Io)?;
-        self.fds_sent += 1;
+        self.fds_sent.fetch_add(1, Relaxed);
         (&self.tx).write_all(&frame[sent..]).map_err(End::Io)
     }
 
@@ -662,7 +844,7 @@ impl<B: Backend> Conn<B> {
     /// Replies wait while more requests are already buffered, so a burst of
     /// small requests gets one `write` back.
     fn maybe_flush(&mut self) -> Result<(), End> {
-        if self.rx.buffer().is_empty() || self.out.len() >= OUT_FLUSH {
+        if !self.more || self.out.len() >= OUT_FLUSH {
             self.flush()?;
         }
         Ok(())
@@ -670,7 +852,7 @@ impl<B: Backend> Conn<B> {
 
     fn flush(&mut self) -> Result<(), End> {
         if !self.out.is_empty() {
-            let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = lock(&self.wlock);
             self.tx.write_all(&self.out).map_err(End::Io)?;
             self.out.clear();
         }
@@ -690,11 +872,11 @@ impl<B: Backend> Conn<B> {
             ReadData::Fd { len: 0, .. } => self.flush(),
             ReadData::Fd { fd, offset, len } if self.tx.tls().is_some() => {
                 // Under TLS the data is sealed on its way: read, then sent.
-                let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
+                let _g = lock(&self.wlock);
                 seal_file(&self.tx, &mut self.out, fd, offset, len).map_err(End::Io)
             }
             ReadData::Fd { fd, offset, len } => {
-                let _g = self.commits.wlock.lock().unwrap_or_else(|e| e.into_inner());
+                let _g = lock(&self.wlock);
                 send_more(&self.tx, &self.out).map_err(End::Io)?;
                 self.out.clear();
                 sendfile_all(&self.tx, fd, offset, len).map_err(End::Io)
@@ -734,6 +916,24 @@ pub fn refuse(mut stream: Socket, errno: i32, msg: &str) {
     // discard the reply before the client reads it: half-close, drain.
     let _ = stream.shutdown_write();
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+/// A request counted running while this lives.
+struct Turn {
+    turns: Arc<Turns>,
+    ticket: u64,
+}
+
+impl Turn {
+    fn start(turns: &Arc<Turns>, kind: Kind) -> Turn {
+        Turn { turns: Arc::clone(turns), ticket: turns.start(kind) }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.turns.end(self.ticket);
+    }
 }
 
 /// The socket, with an optional deadline that bounds every read (used for
@@ -808,7 +1008,7 @@ fn encode_errno(e: Errno, op: u16, id: u64, out: &mut Vec<u8>) {
     ErrorReply { errno: e.0 as u32, message: &msg }.encode(op, id, out);
 }
 
-fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {
+fn encode_answer<F>(a: Answer<F>, op: u16, id: u64, out: &mut Vec<u8>) {
     match a {
         Answer::Empty => Reply::Empty.encode(op, id, out),
         Answer::Opened { handle, attr } => Reply::Opened { handle, attr }.encode(op, id, out),
@@ -821,7 +1021,7 @@ fn encode_answer(a: Answer<'_>, op: u16, id: u64, out: &mut Vec<u8>) {
                 .encode(op, id, out)
         }
         Answer::CachePolicy { policy, from } => Reply::CachePolicy { policy, from: &from }.encode(op, id, out),
-        Answer::Data(_) => unreachable!("data answers are sent by send_data"),
+        Answer::Read(..) => unreachable!("reads are sent by send_data"),
         Answer::Written(count) => Reply::Written { count }.encode(op, id, out),
         Answer::Offset(offset) => Reply::Offset { offset }.encode(op, id, out),
         Answer::Attr(a) => Reply::Attr(a).encode(op, id, out),

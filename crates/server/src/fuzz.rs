@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ferry_proto::handshake::{ServerHandshake, ServerOffer};
 use ferry_proto::{caps, ErrorReply, Header, Reply, Request, HEADER_LEN, MIN_MAX_FRAME};
 
+use crate::backend::Backend;
 use crate::memory::MemoryBackend;
 use crate::session::{HandleBudget, Policy, Session};
 
@@ -99,14 +100,20 @@ pub fn session(data: &[u8]) {
         changes: Arc::default(),
         dirs: Arc::default(),
     };
-    let mut s = Session::new(Arc::new(MemoryBackend::new()), policy);
+    let backend = Arc::new(MemoryBackend::new());
+    let s = Session::new(Arc::clone(&backend), policy);
     let mut rest = data;
     for _ in 0..256 {
         let Some((op, tail)) = op_and_body(rest) else { return };
         let Some((len, tail)) = tail.split_first_chunk::<2>() else { return };
         let n = usize::from(u16::from_le_bytes(*len)).min(tail.len());
         if let Ok(req) = Request::decode(op, &tail[..n]) {
-            let _ = s.execute(&req);
+            // A read's data is moved by the connection: done here the same way.
+            if let Ok(crate::session::Answer::Read(c, n)) = s.execute(&req) {
+                if let Ok(d) = backend.read(c.file(), c.offset(), n) {
+                    c.advance(d.len());
+                }
+            }
         }
         rest = &tail[n..];
     }

@@ -27,6 +27,7 @@ mod replay;
 mod session;
 mod sessions;
 pub mod tls;
+mod turns;
 pub mod volume;
 
 use std::net::TcpListener;

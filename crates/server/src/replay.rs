@@ -4,9 +4,10 @@
 //! arrived sends such a request again, with the same id, on the session it
 //! rejoined; it gets the kept reply and the request does not run again.
 //!
-//! Requests of a session run one at a time under the session's lock, so a
-//! request still running on the broken connection has finished, and kept
-//! its reply, before the one sent again is looked up.
+//! Requests that must not run twice run one at a time under the session's
+//! `once` lock (other requests run beside them), so a request still running
+//! on the broken connection has finished, and kept its reply, before the
+//! one sent again is looked up.
 
 use std::collections::VecDeque;
 

@@ -1,10 +1,9 @@
 //! One client's state and the request dispatch: turns a typed [`Request`]
 //! into backend calls. Knows messages, not bytes.
 
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferry_proto::{cache, caps, lock, Attr, DirEntry, Request, StatFs, Target};
 
@@ -66,9 +65,9 @@ impl HandleBudget {
     }
 }
 
-/// What a request produced. `Data` borrows the session's open file so the
-/// connection can `sendfile` from it.
-pub enum Answer<'s> {
+/// What a request produced. `Read` hands the connection the handle, which
+/// reads from it (`sendfile`) and moves its offset.
+pub enum Answer<F> {
     Empty,
     Opened {
         handle: u64,
@@ -98,7 +97,7 @@ pub enum Answer<'s> {
         policy: u8,
         from: Vec<u8>,
     },
-    Data(ReadData<'s>),
+    Read(Cursor<F>, usize),
     Written(u32),
     Offset(u64),
     Attr(Attr),
@@ -124,20 +123,42 @@ pub enum Answer<'s> {
 struct Handle<F> {
     /// Shared with a commit running beside later requests (see `commit`).
     file: Arc<F>,
-    /// The shared file offset that `Read`, `Write` and `Seek` use.
-    offset: Cell<u64>,
+    /// The shared file offset that `Read`, `Write` and `Seek` use. One
+    /// request at a time uses a handle's offset: a connection never runs
+    /// two requests on one handle at once (`conn`), and clients send these
+    /// three on one connection only.
+    offset: AtomicU64,
     is_dir: bool,
     /// `(dev, ino)`, where record locks live.
     key: FileKey,
     /// `O_ACCMODE` bits of the open: a write lock needs write access.
     acc: u32,
     /// Whether an OFD or `flock` lock may be held through this handle.
-    locked: Cell<bool>,
+    locked: AtomicBool,
     /// The file's generation, for a handle that may change its data.
     gen: Option<Arc<AtomicU64>>,
     /// Its descriptor went to a client on this host (`FileFd`), whose
     /// writes through it this server does not see: its close counts one.
-    lent: Cell<bool>,
+    lent: AtomicBool,
+}
+
+/// A handle's file and offset, for a `Read` the connection makes outside
+/// the session.
+pub struct Cursor<F>(Arc<Handle<F>>);
+
+impl<F> Cursor<F> {
+    pub fn file(&self) -> &F {
+        &self.0.file
+    }
+
+    pub fn offset(&self) -> u64 {
+        self.0.offset.load(Ordering::Relaxed)
+    }
+
+    /// Moves the offset past `n` bytes read.
+    pub fn advance(&self, n: usize) {
+        self.0.offset.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 impl<F> Handle<F> {
@@ -148,21 +169,68 @@ impl<F> Handle<F> {
     }
 }
 
+/// A session's state. Requests of a session run side by side (several
+/// connections, and several threads of one connection: `conn`), so what
+/// changes is behind locks held for a lookup or an insert, never across a
+/// backend call: a request waiting for a slow disk or a stalled network
+/// file system holds up no other.
 pub struct Session<B: Backend> {
     backend: Arc<B>,
     policy: Policy,
-    handles: HashMap<u64, Handle<B::File>>,
-    next_handle: u64,
+    table: Mutex<Table<B::File>>,
     /// This session's part of every lock owner it creates.
     conn: u64,
     /// Whether this session ever took a lock (so its end must release).
-    locked: bool,
+    locked: AtomicBool,
+    /// Requests that must not run twice run one at a time, holding this
+    /// from the look into the reply cache to the reply kept: a request
+    /// sent again (after a lost connection) finds its first run finished.
+    pub once: Mutex<Once>,
+}
+
+struct Table<F> {
+    handles: HashMap<u64, Arc<Handle<F>>>,
+    next_handle: u64,
+    /// Who its requests' caller slots name, resolved (`IDENTITY`).
+    callers: HashMap<u16, crate::identity::Creds>,
+}
+
+/// A session's exactly-once state.
+#[derive(Default)]
+pub struct Once {
     /// Replies to its latest requests that must not run twice.
     pub replies: crate::replay::Replies,
     /// Where they outlive the process (`--state-dir`), once registered.
     pub log: Option<crate::journal::SessionLog>,
-    /// Who its requests' caller slots name, resolved (`IDENTITY`).
-    callers: HashMap<u16, crate::identity::Creds>,
+}
+
+/// A handle held by a request, whatever happens to the table meanwhile.
+type OneHandle<F> = Arc<Handle<F>>;
+
+/// An open that brought the file's first bytes.
+struct ReadOpen<F> {
+    handle: u64,
+    attr: Attr,
+    id: Vec<u8>,
+    data: Vec<u8>,
+    held: OneHandle<F>,
+}
+
+/// A request's target, its handle (if any) held.
+enum Held<'t, F> {
+    Handle(Arc<Handle<F>>),
+    Path(&'t [u8]),
+    PathNoFollow(&'t [u8]),
+}
+
+impl<F> Held<'_, F> {
+    fn node(&self) -> Node<'_, F> {
+        match self {
+            Held::Handle(h) => Node::File(&h.file),
+            Held::Path(p) => Node::Path(p),
+            Held::PathNoFollow(p) => Node::PathNoFollow(p),
+        }
+    }
 }
 
 /// Most caller slots a session names (PROTOCOL.md 8.8).
@@ -208,28 +276,36 @@ impl<B: Backend> Session<B> {
         Session {
             backend,
             policy,
-            handles: HashMap::new(),
-            next_handle: first_handle(),
+            table: Mutex::new(Table { handles: HashMap::new(), next_handle: first_handle(), callers: HashMap::new() }),
             conn: locks::new_conn_id(),
-            locked: false,
-            replies: Default::default(),
-            log: None,
-            callers: HashMap::new(),
+            locked: AtomicBool::new(false),
+            once: Mutex::default(),
         }
     }
 
+    fn table(&self) -> MutexGuard<'_, Table<B::File>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The exactly-once state, held while a request that must not run
+    /// twice runs.
+    pub fn once(&self) -> MutexGuard<'_, Once> {
+        self.once.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// `Caller`: slot `slot` now names `creds`.
-    pub fn name_caller(&mut self, slot: u16, creds: crate::identity::Creds) -> Result<()> {
-        if self.callers.len() >= MAX_CALLERS && !self.callers.contains_key(&slot) {
+    pub fn name_caller(&self, slot: u16, creds: crate::identity::Creds) -> Result<()> {
+        let mut t = self.table();
+        if t.callers.len() >= MAX_CALLERS && !t.callers.contains_key(&slot) {
             return Err(Errno(libc::EUSERS));
         }
-        self.callers.insert(slot, creds);
+        t.callers.insert(slot, creds);
         Ok(())
     }
 
     /// Whom slot `slot` names; `ENOKEY` if no one (yet, or any more).
-    pub fn caller(&self, slot: u16) -> Result<&crate::identity::Creds> {
-        self.callers.get(&slot).ok_or(Errno(libc::ENOKEY))
+    pub fn caller(&self, slot: u16) -> Result<crate::identity::Creds> {
+        self.table().callers.get(&slot).cloned().ok_or(Errno(libc::ENOKEY))
     }
 
     /// The open file of handle `h`, to commit outside the session's lock.
@@ -237,8 +313,8 @@ impl<B: Backend> Session<B> {
         self.handle(h).map(|x| Arc::clone(&x.file))
     }
 
-    fn handle(&self, h: u64) -> Result<&Handle<B::File>> {
-        self.handles.get(&h).ok_or(Errno::BADF)
+    fn handle(&self, h: u64) -> Result<Arc<Handle<B::File>>> {
+        self.table().handles.get(&h).cloned().ok_or(Errno::BADF)
     }
 
     fn writable(&self) -> Result<()> {
@@ -253,11 +329,13 @@ impl<B: Backend> Session<B> {
         self.policy.caps & bit != 0
     }
 
-    fn node<'t>(&'t self, t: &Target<'t>) -> Result<Node<'t, B::File>> {
+    /// What a target names, a handle's file held for as long as the
+    /// request runs (a `Close` meanwhile does not end it under the call).
+    fn held<'t>(&self, t: &Target<'t>) -> Result<Held<'t, B::File>> {
         Ok(match *t {
-            Target::Handle(h) => Node::File(&self.handle(h)?.file),
-            Target::Path(p) => Node::Path(p),
-            Target::PathNoFollow(p) => Node::PathNoFollow(p),
+            Target::Handle(h) => Held::Handle(self.handle(h)?),
+            Target::Path(p) => Held::Path(p),
+            Target::PathNoFollow(p) => Held::PathNoFollow(p),
         })
     }
 
@@ -268,8 +346,8 @@ impl<B: Backend> Session<B> {
     /// it as itself. Run with the caller's ids.
     pub fn clears_setid_only(&self, target: &Target<'_>, mode: u32) -> bool {
         const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
-        let Ok(node) = self.node(target) else { return false };
-        let Ok(a) = self.backend.getattr(node) else { return false };
+        let Ok(held) = self.held(target) else { return false };
+        let Ok(a) = self.backend.getattr(held.node()) else { return false };
         let (old, new) = (a.mode & 0o7777, mode & 0o7777);
         let only_clears = new != old && new & !SETID == old & !SETID && new & !old == 0;
         let may_write = match *target {
@@ -306,7 +384,7 @@ impl<B: Backend> Session<B> {
         if writable {
             self.writable()?;
             h.changed();
-            h.lent.set(true);
+            h.lent.store(true, Ordering::Relaxed);
         }
         Ok((Arc::clone(&h.file), writable))
     }
@@ -317,7 +395,7 @@ impl<B: Backend> Session<B> {
 
     /// Executes one request. Handshake messages are the connection's job and
     /// are refused here.
-    pub fn execute<'s>(&'s mut self, req: &Request<'_>) -> Result<Answer<'s>> {
+    pub fn execute(&self, req: &Request<'_>) -> Result<Answer<B::File>> {
         let b = Arc::clone(&self.backend);
         match *req {
             // Connection-level requests: the connection answers them itself.
@@ -331,19 +409,19 @@ impl<B: Backend> Session<B> {
             | Request::FileFd { .. } => Err(Errno::INVAL),
             Request::Ping => Ok(Answer::Empty),
             Request::Open { path, flags, mode } => {
-                let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
+                let (handle, attr, _) = self.open(flags, |b| b.open(path, flags, mode))?;
                 Ok(Answer::Opened { handle, attr })
             }
             Request::OpenId { path, flags, mode } => {
                 self.file_ids()?;
-                let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
-                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&self.handle(handle)?.file) })
+                let (handle, attr, h) = self.open(flags, |b| b.open(path, flags, mode))?;
+                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&h.file) })
             }
             Request::OpenRead { path, flags, mode, max } => {
                 if !self.cap(caps::OPEN_READ) {
                     return Err(Errno::NOSYS);
                 }
-                let (handle, attr, id, data) = self.open_read(path, flags, mode, max)?;
+                let ReadOpen { handle, attr, id, data, .. } = self.open_read(path, flags, mode, max)?;
                 Ok(Answer::OpenedData { handle, attr, id, data })
             }
             Request::OpenCached { path, flags, mode, max } => {
@@ -351,9 +429,9 @@ impl<B: Backend> Session<B> {
                 // The attribute before the read: a change during it makes
                 // the next open see another value, never this data under
                 // an old one.
-                let (handle, attr, id, data) = self.open_read(path, flags, mode, max)?;
+                let ReadOpen { handle, attr, id, data, held: h } = self.open_read(path, flags, mode, max)?;
                 let change = self.policy.changes.attribute(&attr);
-                let (policy, from) = self.cache_policy(path, Some(&self.handle(handle)?.file));
+                let (policy, from) = self.cache_policy(path, Some(&h.file));
                 Ok(Answer::OpenedCached { handle, attr, id, change, policy, from, data })
             }
             Request::CacheSet { path, policy } => {
@@ -378,46 +456,40 @@ impl<B: Backend> Session<B> {
             Request::Reopen { flags, dev, ino, id, path } => {
                 self.file_ids()?;
                 let flags = flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
-                let (handle, attr) = self.open(flags, |b| b.reopen(id, path, flags, (dev, ino)))?;
-                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&self.handle(handle)?.file) })
+                let (handle, attr, h) = self.open(flags, |b| b.reopen(id, path, flags, (dev, ino)))?;
+                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&h.file) })
             }
             Request::Close { handle } => {
-                let h = self.handles.remove(&handle).ok_or(Errno::BADF)?;
-                if h.lent.get() {
+                let h = self.table().handles.remove(&handle).ok_or(Errno::BADF)?;
+                if h.lent.load(Ordering::Relaxed) {
                     h.changed();
                 }
-                if h.locked.get() {
+                if h.locked.load(Ordering::Relaxed) {
                     self.policy.locks.release(h.key, Owner { conn: self.conn, id: OwnerId::Handle(handle) });
                 }
                 self.policy.budget.give(1);
                 Ok(Answer::Empty)
             }
-            Request::Read { handle, count } => {
-                let n = self.clamp(count);
-                let h = self.handles.get(&handle).ok_or(Errno::BADF)?;
-                let data = self.backend.read(&h.file, h.offset.get(), n)?;
-                h.offset.set(h.offset.get() + data.len() as u64);
-                Ok(Answer::Data(data))
-            }
+            Request::Read { handle, count } => Ok(Answer::Read(Cursor(self.handle(handle)?), self.clamp(count))),
             Request::Write { handle, data } => {
                 self.writable()?;
                 let h = self.handle(handle)?;
                 h.changed();
-                h.offset.set(b.write(&h.file, h.offset.get(), data)?);
+                h.offset.store(b.write(&h.file, h.offset.load(Ordering::Relaxed), data)?, Ordering::Relaxed);
                 Ok(Answer::Written(data.len() as u32))
             }
             // The connection moves their data outside the session's lock
             // (`bulk_file`).
             Request::Pread { .. } | Request::Pwrite { .. } => Err(Errno::INVAL),
             Request::Seek { handle, offset, whence } => self.seek(handle, offset, whence),
-            Request::Stat { target } => Ok(Answer::Attr(b.getattr(self.node(&target)?)?)),
+            Request::Stat { target } => Ok(Answer::Attr(b.getattr(self.held(&target)?.node())?)),
             Request::Fsync { handle, datasync } => {
                 b.fsync(&self.handle(handle)?.file, datasync)?;
                 Ok(Answer::Empty)
             }
             Request::Truncate { target, size } => {
                 self.writable()?;
-                let attr = b.truncate(self.node(&target)?, size)?;
+                let attr = b.truncate(self.held(&target)?.node(), size)?;
                 self.policy.changes.bump((attr.dev, attr.ino));
                 Ok(Answer::Attr(attr))
             }
@@ -459,15 +531,15 @@ impl<B: Backend> Session<B> {
             Request::Readlink { path } => Ok(Answer::Name(b.readlink(path)?)),
             Request::Chmod { target, mode } => {
                 self.writable()?;
-                Ok(Answer::Attr(b.chmod(self.node(&target)?, mode)?))
+                Ok(Answer::Attr(b.chmod(self.held(&target)?.node(), mode)?))
             }
             Request::Chown { target, uid, gid } => {
                 self.writable()?;
-                Ok(Answer::Attr(b.chown(self.node(&target)?, uid, gid)?))
+                Ok(Answer::Attr(b.chown(self.held(&target)?.node(), uid, gid)?))
             }
             Request::Utimens { target, atime, mtime } => {
                 self.writable()?;
-                Ok(Answer::Attr(b.utimens(self.node(&target)?, atime, mtime)?))
+                Ok(Answer::Attr(b.utimens(self.held(&target)?.node(), atime, mtime)?))
             }
             Request::Statfs { path } => {
                 let mut s = b.statfs(path)?;
@@ -485,23 +557,23 @@ impl<B: Backend> Session<B> {
             }
             Request::GetXattr { target, name, size } => {
                 self.xattr_cap()?;
-                let v = b.getxattr(self.node(&target)?, name)?;
+                let v = b.getxattr(self.held(&target)?.node(), name)?;
                 xattr_answer(v, size)
             }
             Request::SetXattr { target, name, value, flags } => {
                 self.xattr_cap()?;
                 self.writable()?;
-                b.setxattr(self.node(&target)?, name, value, flags).map(|_| Answer::Empty)
+                b.setxattr(self.held(&target)?.node(), name, value, flags).map(|_| Answer::Empty)
             }
             Request::ListXattr { target, size } => {
                 self.xattr_cap()?;
-                let v = b.listxattr(self.node(&target)?)?;
+                let v = b.listxattr(self.held(&target)?.node())?;
                 xattr_answer(v, size)
             }
             Request::RemoveXattr { target, name } => {
                 self.xattr_cap()?;
                 self.writable()?;
-                b.removexattr(self.node(&target)?, name).map(|_| Answer::Empty)
+                b.removexattr(self.held(&target)?.node(), name).map(|_| Answer::Empty)
             }
             Request::ReadDir { handle, cookie, max_entries, plus } => {
                 let h = self.handle(handle)?;
@@ -555,14 +627,14 @@ impl<B: Backend> Session<B> {
     }
 
     fn lock(
-        &mut self,
+        &self,
         handle: u64,
         owner: u64,
         (start, len): (u64, u64),
         pid: u32,
         kind: u8,
         typ: u8,
-    ) -> Result<Answer<'_>> {
+    ) -> Result<Answer<B::File>> {
         let (who, key, start, end, acc) = self.lock_target(handle, owner, start, len, kind)?;
         // flock needs no particular access mode; fcntl locks do.
         let checked = kind != lock::FLOCK;
@@ -577,18 +649,26 @@ impl<B: Backend> Session<B> {
         let file = self.backend.fd_of(&h.file);
         self.policy.locks.set(key, who, mode, start, end, pid, file).map_err(|_| Errno(libc::EAGAIN))?;
         if mode.is_some() {
-            self.locked = true;
+            self.locked.store(true, Ordering::Relaxed);
             if let OwnerId::Handle(_) = who.id {
-                self.handle(handle)?.locked.set(true);
+                h.locked.store(true, Ordering::Relaxed);
             }
         }
         Ok(Answer::Empty)
     }
 
-    fn get_lock(&self, handle: u64, owner: u64, (start, len): (u64, u64), kind: u8, typ: u8) -> Result<Answer<'_>> {
+    fn get_lock(
+        &self,
+        handle: u64,
+        owner: u64,
+        (start, len): (u64, u64),
+        kind: u8,
+        typ: u8,
+    ) -> Result<Answer<B::File>> {
         let (who, key, start, end, _) = self.lock_target(handle, owner, start, len, kind)?;
         let mode = if typ == lock::WRLCK { Mode::Write } else { Mode::Read };
-        let file = self.backend.fd_of(&self.handle(handle)?.file);
+        let h = self.handle(handle)?;
+        let file = self.backend.fd_of(&h.file);
         Ok(match self.policy.locks.test(key, who, mode, start, end, file) {
             None => Answer::Lock { typ: lock::UNLCK, start: 0, len: 0, pid: 0 },
             Some(l) => {
@@ -608,13 +688,17 @@ impl<B: Backend> Session<B> {
     }
 
     /// A new handle for what `open` opens with `flags`.
-    fn open(&mut self, flags: u32, open: impl FnOnce(&B) -> Result<(B::File, Attr)>) -> Result<(u64, Attr)> {
+    fn open(
+        &self,
+        flags: u32,
+        open: impl FnOnce(&B) -> Result<(B::File, Attr)>,
+    ) -> Result<(u64, Attr, OneHandle<B::File>)> {
         let acc = flags & libc::O_ACCMODE as u32;
         let changes = acc != libc::O_RDONLY as u32 || flags & (libc::O_CREAT | libc::O_TRUNC) as u32 != 0;
         if changes && self.policy.read_only {
             return Err(Errno::ROFS);
         }
-        if self.handles.len() >= self.policy.max_handles {
+        if self.table().handles.len() >= self.policy.max_handles {
             return Err(Errno::MFILE);
         }
         self.policy.budget.take()?;
@@ -625,8 +709,6 @@ impl<B: Backend> Session<B> {
                 return Err(e);
             }
         };
-        let handle = self.next_handle;
-        self.next_handle += 1;
         let is_dir = attr.is_dir();
         let (key, acc) = ((attr.dev, attr.ino), flags & libc::O_ACCMODE as u32);
         let file = Arc::new(file);
@@ -634,20 +716,35 @@ impl<B: Backend> Session<B> {
         if flags & libc::O_TRUNC as u32 != 0 {
             self.policy.changes.bump(key);
         }
-        let locked = Cell::new(false);
-        self.handles.insert(
-            handle,
-            Handle { file, offset: Cell::new(0), is_dir, key, acc, locked, gen, lent: Cell::new(false) },
-        );
-        Ok((handle, attr))
+        let h = Arc::new(Handle {
+            file,
+            offset: AtomicU64::new(0),
+            is_dir,
+            key,
+            acc,
+            locked: AtomicBool::new(false),
+            gen,
+            lent: AtomicBool::new(false),
+        });
+        let mut t = self.table();
+        // Checked again: opens of the session run side by side.
+        if t.handles.len() >= self.policy.max_handles {
+            drop(t);
+            self.policy.budget.give(1);
+            return Err(Errno::MFILE);
+        }
+        let handle = t.next_handle;
+        t.next_handle += 1;
+        t.handles.insert(handle, Arc::clone(&h));
+        Ok((handle, attr, h))
     }
 
-    fn seek(&mut self, handle: u64, offset: i64, whence: u32) -> Result<Answer<'_>> {
-        let size = self.backend.getattr(Node::File(&self.handle(handle)?.file))?.size;
+    fn seek(&self, handle: u64, offset: i64, whence: u32) -> Result<Answer<B::File>> {
         let h = self.handle(handle)?;
+        let size = self.backend.getattr(Node::File(&h.file))?.size;
         let base: i128 = match whence as i32 {
             libc::SEEK_SET => 0,
-            libc::SEEK_CUR => h.offset.get() as i128,
+            libc::SEEK_CUR => h.offset.load(Ordering::Relaxed) as i128,
             libc::SEEK_END => size as i128,
             // No holes are tracked: data runs to the end, one hole sits there.
             libc::SEEK_DATA | libc::SEEK_HOLE => {
@@ -655,7 +752,7 @@ impl<B: Backend> Session<B> {
                     return Err(Errno::NXIO);
                 }
                 let to = if whence as i32 == libc::SEEK_DATA { offset as u64 } else { size };
-                h.offset.set(to);
+                h.offset.store(to, Ordering::Relaxed);
                 return Ok(Answer::Offset(to));
             }
             _ => return Err(Errno::INVAL),
@@ -664,14 +761,14 @@ impl<B: Backend> Session<B> {
         if to < 0 || to > i64::MAX as i128 {
             return Err(Errno::INVAL);
         }
-        h.offset.set(to as u64);
+        h.offset.store(to as u64, Ordering::Relaxed);
         Ok(Answer::Offset(to as u64))
     }
 
     /// An open that brings the first `max` bytes of a regular file.
-    fn open_read(&mut self, path: &[u8], flags: u32, mode: u32, max: u32) -> Result<(u64, Attr, Vec<u8>, Vec<u8>)> {
-        let (handle, attr) = self.open(flags, |b| b.open(path, flags, mode))?;
-        let file = &self.handle(handle)?.file;
+    fn open_read(&self, path: &[u8], flags: u32, mode: u32, max: u32) -> Result<ReadOpen<B::File>> {
+        let (handle, attr, h) = self.open(flags, |b| b.open(path, flags, mode))?;
+        let file = &h.file;
         let id = if self.cap(caps::FILE_IDS) { self.backend.file_id(file) } else { Vec::new() };
         let readable = flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32;
         let data = if readable && attr.mode & libc::S_IFMT == libc::S_IFREG {
@@ -682,7 +779,7 @@ impl<B: Backend> Session<B> {
         } else {
             Vec::new()
         };
-        Ok((handle, attr, id, data))
+        Ok(ReadOpen { handle, attr, id, data, held: h })
     }
 
     fn caching(&self) -> Result<()> {
@@ -730,8 +827,9 @@ impl<B: Backend> Session<B> {
 
 impl<B: Backend> Drop for Session<B> {
     fn drop(&mut self) {
-        self.policy.budget.give(self.handles.len());
-        if self.locked {
+        let t = self.table.get_mut().unwrap_or_else(|e| e.into_inner());
+        self.policy.budget.give(t.handles.len());
+        if *self.locked.get_mut() {
             self.policy.locks.release_conn(self.conn);
         }
     }
@@ -751,7 +849,7 @@ fn policy_name(p: u8) -> &'static [u8] {
 }
 
 /// `size` 0 asks for the length only; a too-small buffer is `ERANGE`.
-fn xattr_answer<'s>(v: Vec<u8>, size: u32) -> Result<Answer<'s>> {
+fn xattr_answer<F>(v: Vec<u8>, size: u32) -> Result<Answer<F>> {
     let len = u32::try_from(v.len()).map_err(|_| Errno::RANGE)?;
     if size == 0 {
         return Ok(Answer::Xattr { size: len, value: Vec::new() });

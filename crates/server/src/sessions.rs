@@ -14,8 +14,8 @@ use crate::journal::{Journal, Restored, SessionLog};
 use crate::replay::Replies;
 use crate::session::Session;
 
-/// A session as connections hold it: one request at a time runs on it.
-pub type Shared<B> = Arc<Mutex<Session<B>>>;
+/// A session as connections hold it.
+pub type Shared<B> = Arc<Session<B>>;
 
 pub struct Sessions<B: Backend> {
     lease: Duration,
@@ -97,7 +97,7 @@ impl<B: Backend> Sessions<B> {
         };
         if let Some(j) = &self.journal {
             match j.session(id, &secret, caps) {
-                Ok(log) => session.lock().unwrap_or_else(|e| e.into_inner()).log = Some(log),
+                Ok(log) => session.once().log = Some(log),
                 Err(e) => tracing::warn!("session state not kept (exactly-once only within this process): {e}"),
             }
         }
@@ -130,12 +130,13 @@ impl<B: Backend> Sessions<B> {
         let session = match &e.session {
             Some(s) => Arc::clone(s),
             None => {
-                let mut s = make();
+                let s = make();
                 if let Some((replies, log)) = e.pending.take() {
-                    s.replies = replies;
-                    s.log = log;
+                    let mut once = s.once();
+                    once.replies = replies;
+                    once.log = log;
                 }
-                let s = Arc::new(Mutex::new(s));
+                let s = Arc::new(s);
                 e.session = Some(Arc::clone(&s));
                 s
             }
@@ -156,7 +157,7 @@ impl<B: Backend> Sessions<B> {
                     // Its handles and locks go with the last reference
                     // (the leaving connection's); its replies stay.
                     if let Some(s) = e.session.take() {
-                        let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut g = s.once();
                         e.pending = Some((std::mem::take(&mut g.replies), g.log.take()));
                     }
                 }
@@ -197,7 +198,7 @@ mod tests {
     use crate::session::{HandleBudget, Policy};
 
     fn make() -> Session<MemoryBackend> {
-        Arc::try_unwrap(session()).ok().unwrap().into_inner().unwrap()
+        Arc::try_unwrap(session()).ok().unwrap()
     }
 
     fn session() -> Shared<MemoryBackend> {
@@ -212,7 +213,7 @@ mod tests {
             changes: Arc::default(),
             dirs: Arc::default(),
         };
-        Arc::new(Mutex::new(Session::new(Arc::new(MemoryBackend::new()), policy)))
+        Arc::new(Session::new(Arc::new(MemoryBackend::new()), policy))
     }
 
     #[test]
@@ -244,12 +245,12 @@ mod tests {
     fn a_volatile_session_keeps_only_its_replies_when_its_connection_leaves() {
         let t = Sessions::new(Duration::from_secs(60));
         let first = session();
-        first.lock().unwrap().replies.keep(5, 9, 1, vec![42]);
+        first.once().replies.keep(5, 9, 1, vec![42]);
         let id = t.create(Arc::clone(&first), [1; 32], 0, false);
         t.detach(id);
         assert_eq!(Arc::strong_count(&first), 1, "the table let go of its handles");
         let again = t.attach(id, 0, |_| true, make).unwrap();
         assert!(!Arc::ptr_eq(&first, &again), "a new session");
-        assert_eq!(again.lock().unwrap().replies.get(5, 9, 1), Some((&[42u8][..], false)));
+        assert_eq!(again.once().replies.get(5, 9, 1), Some((&[42u8][..], false)));
     }
 }

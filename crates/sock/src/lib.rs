@@ -159,6 +159,11 @@ impl Socket {
         Ok(rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Write)?)
     }
 
+    /// Ends the connection for every clone of this socket.
+    pub fn shutdown_both(&self) -> io::Result<()> {
+        Ok(rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both)?)
+    }
+
     /// The peer for messages: its address, or for a Unix peer its process.
     pub fn peer_name(&self) -> String {
         if self.unix {
