@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
 use common::{random_bytes, Server};
-use ferry_client::{Client, Frame, LockKind, LockSpec, LockType, OpenOptions};
+use ferry_client::wire::Frame;
+use ferry_client::{Client, LockKind, LockSpec, LockType, OpenOptions};
 use ferry_proto::{Reply, Request};
 
 fn pread(c: &Client, handle: u64, offset: u64, count: u32) -> ferry_client::Result<Vec<u8>> {

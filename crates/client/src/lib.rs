@@ -28,10 +28,18 @@ pub mod token;
 mod unstable;
 pub mod url;
 
+/// The protocol underneath, for tests and tools that speak it directly
+/// (`Client::engine`): requests and replies as frames, no file API. Not
+/// what a program that uses files needs, and not held to the file API's
+/// stability.
+pub mod wire {
+    pub use crate::engine::{Engine, Frame, PlaceFd};
+}
+
 pub use ahead::WINDOW_MAX as READ_AHEAD_MAX;
 pub use caller::{acting_as, as_caller, Acting, Caller};
 pub use client::{join, Client, SessionTicket};
-pub use engine::{Engine, Frame, Options, PlaceFd, DATA_CHANNELS, DATA_THRESHOLD};
+pub use engine::{Options, DATA_CHANNELS, DATA_THRESHOLD};
 pub use error::{Error, Result};
 pub use ferry_proto::{cache as cache_policy, caps, Attr, DirEntry, StatFs, Target, Time};
 pub use file::{File, OpenOptions};

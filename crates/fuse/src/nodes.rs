@@ -1,0 +1,364 @@
+//! The mount's node table: FUSE names files by node id, the protocol by
+//! path. One node id (never reused) per directory path and per server
+//! `(dev, ino)` for everything else, so the hard links of a file are one
+//! node with several names and one `st_ino`; lookups counted so `forget`
+//! can drop a node; renames and removals followed so a node keeps pointing
+//! at its file.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use ferry_client::Attr;
+use fuser::Errno;
+
+use crate::R;
+
+/// A non-directory's identity on the server; its hard links share it.
+pub(crate) type Key = (u64, u64);
+
+/// Directories cannot be hard-linked, so they are known by path alone; any
+/// other node by the server's `(dev, ino)`, so that every link of a file is
+/// one FUSE node and reports one `st_ino`.
+pub(crate) fn key_of(a: &Attr) -> Option<Key> {
+    if a.mode & libc::S_IFMT == libc::S_IFDIR {
+        None
+    } else {
+        Some((a.dev, a.ino))
+    }
+}
+
+pub(crate) struct Node {
+    /// The names it is known by: one for a directory, one per hard link the
+    /// kernel has looked up for a file. Empty once removed or replaced: the
+    /// kernel may still hold the node (an open file), but it has no name.
+    paths: Vec<OsString>,
+    key: Option<Key>,
+    /// `S_IFMT` bits: a name that now holds another kind of file is a new
+    /// node (the kernel refuses a node id whose type changes).
+    pub(crate) fmt: u32,
+    lookups: u64,
+    /// The name it had when it lost its last one (a file renamed over it,
+    /// or removed): see `FerryFs::open`.
+    pub(crate) former: Option<OsString>,
+}
+
+/// Node id ↔ paths, and `(dev, ino)` → node id for non-directories.
+///
+/// Invariant: `by_path[p] == id` exactly when `p` is in `by_ino[id].paths`.
+/// A node keeps its key until the kernel forgets it, so that looking up
+/// another link of a file whose known name was removed finds it again.
+pub(crate) struct Nodes {
+    pub(crate) by_ino: HashMap<u64, Node>,
+    pub(crate) by_path: HashMap<OsString, u64>,
+    by_key: HashMap<Key, u64>,
+    next: u64,
+}
+
+pub(crate) const ROOT: u64 = 1;
+
+/// Paths are bytes, as Linux names are (not always UTF-8).
+pub(crate) fn in_subtree(p: &OsStr, top: &OsStr) -> bool {
+    let (p, top) = (p.as_bytes(), top.as_bytes());
+    p == top || (p.len() > top.len() && p.starts_with(top) && p[top.len()] == b'/')
+}
+
+/// `a` followed by `b`, byte for byte.
+pub(crate) fn concat(a: &OsStr, b: &[u8]) -> OsString {
+    OsString::from_vec([a.as_bytes(), b].concat())
+}
+
+impl Nodes {
+    /// `root` is the exported path the mount shows, e.g. `/` or `/sub`.
+    pub(crate) fn new(root: &OsStr) -> Nodes {
+        let mut n = Nodes { by_ino: HashMap::new(), by_path: HashMap::new(), by_key: HashMap::new(), next: ROOT + 1 };
+        let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1, former: None };
+        n.by_ino.insert(ROOT, node);
+        n.by_path.insert(root.into(), ROOT);
+        n
+    }
+
+    /// A name of the node (any: all links name the same file).
+    ///
+    /// A node without a name was replaced or removed after the kernel
+    /// looked it up: `ESTALE` makes the kernel look the name up again and
+    /// retry the call (`open`, `stat`, ... do, once), so a program opening
+    /// a file that another renames a new version over finds the new one,
+    /// never `ENOENT`.
+    pub(crate) fn path(&self, ino: u64) -> R<OsString> {
+        let node = self.by_ino.get(&ino).ok_or(Errno::ESTALE)?;
+        node.paths.first().cloned().ok_or(Errno::ESTALE)
+    }
+
+    /// The node for `path`, whose attributes the server just returned:
+    /// the node already known by that name if it is still the same file,
+    /// else the node of the same `(dev, ino)` (another hard link), else a
+    /// new one. Counts one more kernel lookup.
+    pub(crate) fn remember(&mut self, path: &OsStr, attr: &Attr) -> u64 {
+        let key = key_of(attr);
+        let fmt = attr.mode & libc::S_IFMT;
+        if let Some(&ino) = self.by_path.get(path) {
+            if let Some(n) = self.by_ino.get_mut(&ino) {
+                if n.key == key && n.fmt == fmt {
+                    n.lookups += 1;
+                    return ino;
+                }
+            }
+            // Another file took this name behind our back (another client).
+            self.detach(path);
+        }
+        if let Some(k) = key {
+            if let Some(&ino) = self.by_key.get(&k) {
+                // Only a file with several links can be a node we know under
+                // another name. With one link, the node that had this
+                // (dev, ino) is another file that had the number before
+                // (removed, its inode number reused: git's index replaced
+                // by a rename, then a new file) or this file under a name
+                // that is gone: either way not a node to reuse, or the
+                // kernel would serve the old file's cached pages for it.
+                if attr.nlink > 1 {
+                    if let Some(n) = self.by_ino.get_mut(&ino) {
+                        if n.fmt == fmt {
+                            n.lookups += 1;
+                            n.paths.push(path.to_owned());
+                            self.by_path.insert(path.to_owned(), ino);
+                            return ino;
+                        }
+                    }
+                } else if let Some(n) = self.by_ino.get_mut(&ino) {
+                    for p in std::mem::take(&mut n.paths) {
+                        if self.by_path.get(&p) == Some(&ino) {
+                            self.by_path.remove(&p);
+                        }
+                    }
+                }
+            }
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_ino.insert(ino, Node { paths: vec![path.to_owned()], key, fmt, lookups: 1, former: None });
+        self.by_path.insert(path.to_owned(), ino);
+        if let Some(k) = key {
+            // A reused inode number of another type replaces the old entry;
+            // the old node lives on, nameless, until forgotten.
+            self.by_key.insert(k, ino);
+        }
+        ino
+    }
+
+    pub(crate) fn forget(&mut self, ino: u64, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let Some(node) = self.by_ino.get_mut(&ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            let Some(node) = self.by_ino.remove(&ino) else { return };
+            for p in node.paths {
+                if self.by_path.get(&p) == Some(&ino) {
+                    self.by_path.remove(&p);
+                }
+            }
+            if let Some(k) = node.key {
+                if self.by_key.get(&k) == Some(&ino) {
+                    self.by_key.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// `path` and everything under it no longer exist under those names
+    /// (the file itself may, under another link).
+    pub(crate) fn detach(&mut self, path: &OsStr) {
+        let gone: Vec<OsString> = self.by_path.keys().filter(|p| in_subtree(p, path)).cloned().collect();
+        for p in gone {
+            if let Some(ino) = self.by_path.remove(&p) {
+                if let Some(n) = self.by_ino.get_mut(&ino) {
+                    n.paths.retain(|q| *q != p);
+                    if n.paths.is_empty() {
+                        n.former = Some(p);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves the subtree at `from` to `to` (whatever was at `to` is gone).
+    pub(crate) fn rename(&mut self, from: &OsStr, to: &OsStr) {
+        self.detach(to);
+        let moved = self.move_subtree(from, to);
+        self.reinsert(moved);
+    }
+
+    /// Renames every known name under `from`; the caller puts them back
+    /// into `by_path`.
+    pub(crate) fn move_subtree(&mut self, from: &OsStr, to: &OsStr) -> Vec<(u64, OsString)> {
+        let moved: Vec<OsString> = self.by_path.keys().filter(|p| in_subtree(p, from)).cloned().collect();
+        let mut out = Vec::new();
+        for p in moved {
+            if let Some(ino) = self.by_path.remove(&p) {
+                let np = concat(to, &p.as_bytes()[from.len()..]);
+                self.rename_path(ino, &p, &np);
+                out.push((ino, np));
+            }
+        }
+        out
+    }
+
+    /// One of the node's names changes (its other links stay).
+    pub(crate) fn rename_path(&mut self, ino: u64, old: &OsStr, new: &OsStr) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            if let Some(q) = n.paths.iter_mut().find(|q| *q == old) {
+                *q = new.to_owned();
+            }
+        }
+    }
+
+    /// `RENAME_EXCHANGE`: the two subtrees trade places.
+    pub(crate) fn exchange(&mut self, a: &OsStr, b: &OsStr) {
+        let from_a = self.move_subtree(a, OsStr::new("\0a"));
+        let from_b = self.move_subtree(b, a);
+        self.reinsert(from_b);
+        for (ino, p) in from_a {
+            let np = concat(b, &p.as_bytes()[2..]);
+            self.rename_path(ino, &p, &np);
+            self.by_path.insert(np, ino);
+        }
+    }
+
+    pub(crate) fn reinsert(&mut self, moved: Vec<(u64, OsString)>) {
+        for (ino, p) in moved {
+            self.by_path.insert(p, ino);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> Attr {
+        Attr { mode: libc::S_IFDIR | 0o755, dev: 1, ino: 2, ..Attr::default() }
+    }
+
+    fn file(ino: u64) -> Attr {
+        Attr { mode: libc::S_IFREG | 0o644, dev: 1, ino, ..Attr::default() }
+    }
+
+    fn with_links(mut a: Attr, nlink: u64) -> Attr {
+        a.nlink = nlink;
+        a
+    }
+
+    #[test]
+    fn a_reused_inode_number_is_a_new_node() {
+        // git replaces .git/index by a rename; the old file's inode number
+        // then comes back for a new file. Reusing the old node would let the
+        // kernel serve the old file's cached pages for the new one.
+        let mut n = Nodes::new(OsStr::new("/"));
+        let old = n.remember(OsStr::new("/index"), &with_links(file(7), 1));
+        let lock = n.remember(OsStr::new("/index.lock"), &with_links(file(8), 1));
+        n.rename(OsStr::new("/index.lock"), OsStr::new("/index"));
+        assert_eq!(n.by_path.get(OsStr::new("/index")), Some(&lock));
+        let new = n.remember(OsStr::new("/util.h"), &with_links(file(7), 1));
+        assert_ne!(new, old, "inode 7 with one link is a new file");
+        // A stale name of the number is forgotten too.
+        let other = n.remember(OsStr::new("/a"), &with_links(file(9), 1));
+        let moved = n.remember(OsStr::new("/b"), &with_links(file(9), 1));
+        assert_ne!(other, moved);
+        assert_eq!(n.by_path.get(OsStr::new("/a")), None, "one link: /a is no longer its name");
+        // Hard links (more than one link) are one node.
+        let x = n.remember(OsStr::new("/x"), &with_links(file(10), 2));
+        let y = n.remember(OsStr::new("/y"), &with_links(file(10), 2));
+        assert_eq!(x, y);
+    }
+
+    #[test]
+    fn rename_moves_subtree_and_detaches_target() {
+        let mut n = Nodes::new(OsStr::new("/"));
+        let d = n.remember(OsStr::new("/d"), &dir());
+        let f = n.remember(OsStr::new("/d/f"), &file(10));
+        let other = n.remember(OsStr::new("/dd"), &dir());
+        let victim = n.remember(OsStr::new("/e"), &file(11));
+        n.rename(OsStr::new("/d"), OsStr::new("/e"));
+        assert_eq!(n.path(d).unwrap(), "/e");
+        assert_eq!(n.path(f).unwrap(), "/e/f");
+        assert_eq!(n.path(other).unwrap(), "/dd");
+        assert!(n.path(victim).is_err());
+        assert_eq!(n.by_path.get(OsStr::new("/e/f")), Some(&f));
+        assert!(!n.by_path.contains_key(OsStr::new("/d")));
+    }
+
+    #[test]
+    fn exchange_swaps_subtrees() {
+        let mut n = Nodes::new(OsStr::new("/"));
+        let a = n.remember(OsStr::new("/a"), &dir());
+        let af = n.remember(OsStr::new("/a/f"), &file(10));
+        let b = n.remember(OsStr::new("/b"), &dir());
+        n.exchange(OsStr::new("/a"), OsStr::new("/b"));
+        assert_eq!(n.path(a).unwrap(), "/b");
+        assert_eq!(n.path(af).unwrap(), "/b/f");
+        assert_eq!(n.path(b).unwrap(), "/a");
+        assert_eq!(n.by_path.get(OsStr::new("/a")), Some(&b));
+        assert_eq!(n.by_path.get(OsStr::new("/b/f")), Some(&af));
+    }
+
+    #[test]
+    fn forget_drops_node_at_zero() {
+        let mut n = Nodes::new(OsStr::new("/"));
+        let x = n.remember(OsStr::new("/x"), &file(10));
+        assert_eq!(n.remember(OsStr::new("/x"), &file(10)), x);
+        n.forget(x, 1);
+        assert!(n.path(x).is_ok());
+        n.forget(x, 1);
+        assert!(n.path(x).is_err());
+        assert_ne!(n.remember(OsStr::new("/x"), &file(10)), x);
+        n.forget(ROOT, 100);
+        assert_eq!(n.path(ROOT).unwrap(), "/");
+    }
+
+    #[test]
+    fn hard_links_share_one_node() {
+        let mut n = Nodes::new(OsStr::new("/"));
+        let d = n.remember(OsStr::new("/d"), &dir());
+        let a = n.remember(OsStr::new("/a"), &with_links(file(10), 2));
+        assert_eq!(n.remember(OsStr::new("/d/b"), &with_links(file(10), 2)), a);
+        assert_ne!(n.remember(OsStr::new("/c"), &file(11)), a);
+        // Removing one name leaves the other.
+        n.detach(OsStr::new("/a"));
+        assert_eq!(n.path(a).unwrap(), "/d/b");
+        assert!(!n.by_path.contains_key(OsStr::new("/a")));
+        // Renaming the directory holding a link renames that link only.
+        n.rename(OsStr::new("/d"), OsStr::new("/e"));
+        assert_eq!(n.path(d).unwrap(), "/e");
+        assert_eq!(n.path(a).unwrap(), "/e/b");
+        // With no name left, another link looked up finds the node again.
+        n.detach(OsStr::new("/e/b"));
+        assert!(n.path(a).is_err());
+        assert_eq!(n.remember(OsStr::new("/f"), &with_links(file(10), 2)), a);
+        assert_eq!(n.path(a).unwrap(), "/f");
+        // Three lookups counted (/a, /d/b, /f); all forgotten, all gone.
+        n.forget(a, 3);
+        assert!(n.path(a).is_err() && !n.by_key.contains_key(&(1, 10)) && !n.by_path.contains_key(OsStr::new("/f")));
+        assert_ne!(n.remember(OsStr::new("/f"), &with_links(file(10), 2)), a);
+    }
+
+    #[test]
+    fn a_name_holding_another_file_is_a_new_node() {
+        let mut n = Nodes::new(OsStr::new("/"));
+        let x = n.remember(OsStr::new("/x"), &file(10));
+        let y = n.remember(OsStr::new("/x"), &file(11));
+        assert_ne!(x, y);
+        assert!(n.path(x).is_err());
+        assert_eq!(n.path(y).unwrap(), "/x");
+        // Same inode number, now a directory: a new node too.
+        let z = n.remember(OsStr::new("/x"), &Attr { mode: libc::S_IFDIR, dev: 1, ino: 11, ..Attr::default() });
+        assert_ne!(z, y);
+        let fifo = Attr { mode: libc::S_IFIFO | 0o644, dev: 1, ino: 10, ..Attr::default() };
+        let w = n.remember(OsStr::new("/w"), &fifo);
+        assert_ne!(w, x);
+        assert_eq!(n.by_key.get(&(1, 10)), Some(&w));
+        n.forget(x, 1);
+        assert_eq!(n.by_key.get(&(1, 10)), Some(&w));
+    }
+}
