@@ -737,13 +737,21 @@ fn ferry_errors(errors: Vec<String>) -> Result<(), String> {
     }
 }
 
+/// The systems in another order each run (run `r` starts at the `r`-th):
+/// none is always first to meet a cold page cache or a fresh allocation of
+/// tmpfs pages, nor always last after the others warmed the machine.
+fn rotated(systems: &[System], run: usize) -> impl Iterator<Item = &System> {
+    let n = systems.len().max(1);
+    systems.iter().cycle().skip(run % n).take(systems.len())
+}
+
 fn exp_read(plan: &Plan, runs: usize, systems: &[System], res: &mut Results) -> Result<(), String> {
     eprintln!("ferry compare: experiment 1, sequential read vs request size");
     let mut errors = Vec::new();
-    for _ in 0..runs {
+    for run in 0..runs {
         for &s in &plan.read_sizes {
             let limit = plan.read_limit(s);
-            for sys in systems {
+            for sys in rotated(systems, run) {
                 let Some(m) = try_measure(sys, &["read", "/big.dat", &s.to_string(), &limit.to_string()], &mut errors)
                 else {
                     res.add("1", &sys.name, &size_label(s), "failed", "", 1.0);
@@ -770,9 +778,9 @@ fn exp_write(plan: &Plan, runs: usize, systems: &[System], res: &mut Results, ex
     eprintln!("ferry compare: experiment 2, write + fsync vs file size");
     let mut errors = Vec::new();
     let biggest = plan.write_sizes.last().copied().unwrap_or(0);
-    for _ in 0..runs {
+    for run in 0..runs {
         for &size in &plan.write_sizes {
-            for sys in systems.iter().filter(|s| s.writes) {
+            for sys in rotated(systems, run).filter(|s| s.writes) {
                 let name = format!("/w-{}.dat", sys.name);
                 let args = ["write", name.as_str(), &size.to_string(), &MIB.to_string()];
                 let m = try_measure(sys, &args, &mut errors);
@@ -1016,8 +1024,8 @@ fn exp_window(plan: &Plan, runs: usize, ferry: &System, res: &mut Results) -> Re
 fn exp_stat(plan: &Plan, runs: usize, systems: &[System], res: &mut Results) -> Result<(), String> {
     eprintln!("ferry compare: experiment 4, stat latency");
     let mut errors = Vec::new();
-    for _ in 0..runs {
-        for sys in systems {
+    for run in 0..runs {
+        for sys in rotated(systems, run) {
             let Some(m) = try_measure(sys, &["stat", "/big.dat", &plan.stats.to_string()], &mut errors) else {
                 continue;
             };
@@ -1038,8 +1046,8 @@ fn exp_scan(plan: &Plan, runs: usize, systems: &[System], res: &mut Results) -> 
     eprintln!("ferry compare: experiment 5, tree scan");
     let mut errors = Vec::new();
     let files = (plan.tree.0 * plan.tree.1) as f64;
-    for _ in 0..runs {
-        for sys in systems {
+    for run in 0..runs {
+        for sys in rotated(systems, run) {
             for (read, param) in [("0", "readdir+stat"), ("1", "readdir+stat+read")] {
                 let Some(m) = try_measure(sys, &["scan", "/tree", read], &mut errors) else { continue };
                 if k(&m.kv, "files") != files {
