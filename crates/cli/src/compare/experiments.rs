@@ -1,0 +1,485 @@
+//! The experiments of `ferry compare`, one function each: which
+//! measurements run in which order, and the figures they add.
+
+use std::path::Path;
+
+use super::*;
+
+/// Runs one measurement; a baseline's failure is recorded and the run
+/// goes on, ferry's is an error.
+fn try_measure(sys: &System, args: &[&str], errors: &mut Vec<String>) -> Option<Measured> {
+    match measure(sys, args) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            eprintln!("ferry compare: {e}");
+            ALL_ERRORS.lock().unwrap_or_else(|p| p.into_inner()).push(e.clone());
+            errors.push(e);
+            None
+        }
+    }
+}
+
+fn ferry_errors(errors: Vec<String>) -> Result<(), String> {
+    match errors.into_iter().find(|e| e.starts_with("ferry ") || e.starts_with("local ")) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The systems in another order each run (run `r` starts at the `r`-th):
+/// none is always first to meet a cold page cache or a fresh allocation of
+/// tmpfs pages, nor always last after the others warmed the machine.
+fn rotated(systems: &[System], run: usize) -> impl Iterator<Item = &System> {
+    let n = systems.len().max(1);
+    systems.iter().cycle().skip(run % n).take(systems.len())
+}
+
+pub(super) fn exp_read(plan: &Plan, runs: usize, systems: &[System], res: &mut Results) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 1, sequential read vs request size");
+    let mut errors = Vec::new();
+    for run in 0..runs {
+        for &s in &plan.read_sizes {
+            let limit = plan.read_limit(s);
+            for sys in rotated(systems, run) {
+                let Some(m) = try_measure(sys, &["read", "/big.dat", &s.to_string(), &limit.to_string()], &mut errors)
+                else {
+                    res.add("1", &sys.name, &size_label(s), "failed", "", 1.0);
+                    continue;
+                };
+                let bytes = k(&m.kv, "bytes");
+                if bytes as u64 != limit {
+                    errors.push(format!("{}: read {bytes} bytes, expected {limit}", sys.name));
+                    continue;
+                }
+                res.add("1", &sys.name, &size_label(s), "throughput", "MB/s", bytes / k(&m.kv, "secs") / 1e6);
+                if s == MIB && !sys.local {
+                    let gib = bytes / GIB as f64;
+                    res.add("8", &sys.name, "read 1M", "client CPU", "s/GiB", m.client_cpu / gib);
+                    res.add("8", &sys.name, "read 1M", "server CPU", "s/GiB", m.server_cpu / gib);
+                }
+            }
+        }
+    }
+    ferry_errors(errors)
+}
+
+pub(super) fn exp_write(
+    plan: &Plan,
+    runs: usize,
+    systems: &[System],
+    res: &mut Results,
+    export: &Path,
+) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 2, write + fsync vs file size");
+    let mut errors = Vec::new();
+    let biggest = plan.write_sizes.last().copied().unwrap_or(0);
+    for run in 0..runs {
+        for &size in &plan.write_sizes {
+            for sys in rotated(systems, run).filter(|s| s.writes) {
+                let name = format!("/w-{}.dat", sys.name);
+                let args = ["write", name.as_str(), &size.to_string(), &MIB.to_string()];
+                let m = try_measure(sys, &args, &mut errors);
+                // Keep tmpfs usage down; but Ganesha may hold deleted files
+                // open, so its file is kept and truncated by the next run.
+                if size == biggest && !sys.name.starts_with("nfs") {
+                    let _ = std::fs::remove_file(export.join(&name[1..]));
+                }
+                let Some(m) = m else { continue };
+                let label = size_label(size);
+                res.add("2", &sys.name, &label, "throughput", "MB/s", k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6);
+                if size == biggest && !sys.local {
+                    let gib = size as f64 / GIB as f64;
+                    res.add("8", &sys.name, &format!("write {label}"), "client CPU", "s/GiB", m.client_cpu / gib);
+                    res.add("8", &sys.name, &format!("write {label}"), "server CPU", "s/GiB", m.server_cpu / gib);
+                }
+            }
+        }
+    }
+    for sys in systems {
+        let _ = std::fs::remove_file(export.join(format!("w-{}.dat", sys.name)));
+    }
+    ferry_errors(errors)
+}
+
+/// The AFS paper's Tables 3 and 4: fetching a file through each ferry
+/// client with the client cache cold, warm, and bypassed; then mount reads
+/// of a cached file beside a local read of its cache file.
+pub(super) fn exp_fetch(
+    plan: &Plan,
+    runs: usize,
+    systems: &[System],
+    res: &mut Results,
+    cache: &Path,
+) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 7, fetch with the client cache cold, warm and bypassed");
+    let cold = cache.to_string_lossy().into_owned();
+    let mut errors = Vec::new();
+    for _ in 0..runs {
+        for &size in &plan.fetch_sizes {
+            let label = size_label(size);
+            let repeat = (plan.fetch_bytes / size).max(1);
+            let cached = format!("/++fetch-{label}.dat");
+            let bypass = format!("/fetch-{label}.dat");
+            for sys in systems.iter().filter(|s| s.name.starts_with("ferry")) {
+                for (mode, file, empty) in
+                    [("cold", &cached, cold.as_str()), ("warm", &cached, "-"), ("bypass", &bypass, "-")]
+                {
+                    let args = ["fetch", file.as_str(), &repeat.to_string(), empty];
+                    let Some(m) = try_measure(sys, &args, &mut errors) else { continue };
+                    if k(&m.kv, "bytes") as u64 != size * repeat {
+                        errors.push(format!(
+                            "{} fetch {file}: {} bytes, expected {}",
+                            sys.name,
+                            k(&m.kv, "bytes"),
+                            size * repeat
+                        ));
+                        continue;
+                    }
+                    let (p, per) = (format!("{label} {mode}"), 1e3 / repeat as f64);
+                    res.add("7", &sys.name, &p, "elapsed", "ms", k(&m.kv, "secs") * per);
+                    res.add("7", &sys.name, &p, "user", "ms", k(&m.kv, "fuser") * per);
+                    res.add("7", &sys.name, &p, "system", "ms", k(&m.kv, "fsys") * per);
+                    if !sys.client_side.is_empty() {
+                        let own = k(&m.kv, "utime") + k(&m.kv, "stime");
+                        res.add("7", &sys.name, &p, "daemon CPU", "ms", (m.client_cpu - own).max(0.0) * per);
+                    }
+                }
+            }
+        }
+        // The largest cached file, warm: through the mount (passthrough to
+        // the cache file) and straight from the cache file.
+        let (Some(&size), Some(fuse)) = (plan.fetch_sizes.last(), systems.iter().find(|s| s.name == "ferry-fuse"))
+        else {
+            continue;
+        };
+        let file = format!("/++fetch-{}.dat", size_label(size));
+        let _ = try_measure(fuse, &["fetch", &file, "1", "-"], &mut errors);
+        let Some(data) = largest_data_file(cache) else {
+            errors.push(format!("ferry-fuse: no cache file for {file} in {}", cache.display()));
+            continue;
+        };
+        let local = System {
+            name: "cache file".into(),
+            cmd: vec![exe()?, "compare".into(), "--worker".into(), "/".into()],
+            env: Vec::new(),
+            server: Vec::new(),
+            client_side: Vec::new(),
+            writes: false,
+            note: String::new(),
+            local: true,
+        };
+        for (sys, path) in [(fuse, file.as_str()), (&local, data.as_str())] {
+            let Some(m) = try_measure(sys, &["read", path, &MIB.to_string(), &size.to_string()], &mut errors) else {
+                continue;
+            };
+            res.add("7m", &sys.name, "read", "throughput", "MB/s", k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6);
+        }
+    }
+    ferry_errors(errors)
+}
+
+/// The AFS paper's split path (its Table 4): files fetched over the main
+/// connection only, with data channels (1, 2, 4; one from a 64 KiB and a
+/// 4 MiB threshold), and on the same-host path, beside a local read; the largest written and fsynced the same
+/// ways; and a `stat`'s latency while the same client reads in bulk.
+pub(super) fn exp_split(
+    plan: &Plan,
+    runs: usize,
+    ferry: &System,
+    local: &System,
+    res: &mut Results,
+) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 9, split path: main connection, data channels, same host");
+    let variant = |name: &str, env: &[(&str, &str)]| {
+        let mut s = System { name: name.into(), note: String::new(), ..ferry.clone() };
+        s.env.retain(|(k, _)| !k.starts_with("FERRY_SAME_HOST") && !k.starts_with("FERRY_DATA_"));
+        s.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        s
+    };
+    let variants = [
+        variant("main only", &[("FERRY_DATA_CHANNELS", "0"), ("FERRY_SAME_HOST", "0")]),
+        variant("channels 1", &[("FERRY_DATA_CHANNELS", "1"), ("FERRY_SAME_HOST", "0")]),
+        variant("channels 2", &[("FERRY_DATA_CHANNELS", "2"), ("FERRY_SAME_HOST", "0")]),
+        variant("channels 4", &[("FERRY_DATA_CHANNELS", "4"), ("FERRY_SAME_HOST", "0")]),
+        variant(
+            "1 from 64K",
+            &[("FERRY_DATA_CHANNELS", "1"), ("FERRY_DATA_THRESHOLD", "65536"), ("FERRY_SAME_HOST", "0")],
+        ),
+        variant(
+            "1 from 4M",
+            &[("FERRY_DATA_CHANNELS", "1"), ("FERRY_DATA_THRESHOLD", "4194304"), ("FERRY_SAME_HOST", "0")],
+        ),
+        variant("same host", &[("FERRY_SAME_HOST", "1")]),
+    ];
+    let biggest = plan.fetch_sizes.last().copied().unwrap_or(MIB);
+    let stats = (plan.stats / 5).max(20).to_string();
+    let mut errors = Vec::new();
+    for _ in 0..runs {
+        for sys in variants.iter().chain([local]) {
+            for &size in &plan.fetch_sizes {
+                let label = size_label(size);
+                let repeat = (plan.fetch_bytes / size).max(1);
+                let file = format!("/fetch-{label}.dat");
+                let Some(m) = try_measure(sys, &["fetch", &file, &repeat.to_string(), "-"], &mut errors) else {
+                    continue;
+                };
+                if k(&m.kv, "bytes") as u64 != size * repeat {
+                    errors.push(format!("{} fetch {file}: {} bytes", sys.name, k(&m.kv, "bytes")));
+                    continue;
+                }
+                res.add(
+                    "9",
+                    &sys.name,
+                    &format!("fetch {label}"),
+                    "elapsed",
+                    "ms",
+                    k(&m.kv, "secs") * 1e3 / repeat as f64,
+                );
+            }
+            let name = format!("/w-split-{}.dat", sys.name.replace(' ', "-"));
+            if let Some(m) = try_measure(sys, &["write", &name, &biggest.to_string(), &MIB.to_string()], &mut errors) {
+                let label = format!("write+fsync {}", size_label(biggest));
+                res.add("9", &sys.name, &label, "throughput", "MB/s", k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6);
+            }
+            if sys.local {
+                continue;
+            }
+            if let Some(m) = try_measure(sys, &["statbulk", "/bench.dat", "/big.dat", &stats], &mut errors) {
+                res.add("9", &sys.name, "stat beside bulk", "stat p50", "us", k(&m.kv, "stat_p50"));
+                res.add("9", &sys.name, "stat beside bulk", "stat p99", "us", k(&m.kv, "stat_p99"));
+                res.add("9", &sys.name, "stat beside bulk", "bulk rate", "MB/s", k(&m.kv, "bulk_mbs"));
+            }
+        }
+    }
+    ferry_errors(errors)
+}
+
+/// The largest data file of a client cache directory (its layout's `v1`).
+fn largest_data_file(cache: &Path) -> Option<String> {
+    std::fs::read_dir(cache.join("v1"))
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
+        .filter_map(|e| Some((e.metadata().ok()?.len(), e.path())))
+        .max()
+        .map(|(_, p)| p.to_string_lossy().into_owned())
+}
+
+pub(super) fn exp_window(plan: &Plan, runs: usize, ferry: &System, res: &mut Results) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 3, window sweep");
+    let limit = plan.read_limit(64 * KIB);
+    for _ in 0..runs {
+        for &w in &plan.windows {
+            let m =
+                measure(ferry, &["readw", "/big.dat", &(64 * KIB).to_string(), &limit.to_string(), &w.to_string()])?;
+            let bytes = k(&m.kv, "bytes");
+            let p = w.to_string();
+            res.add("3", "ferry", &p, "throughput", "MB/s", bytes / k(&m.kv, "secs") / 1e6);
+            let cs = k(&m.kv, "nvcsw") + k(&m.kv, "nivcsw");
+            res.add("3", "ferry", &p, "client context switches", "per GiB", cs / (bytes / GIB as f64));
+            res.add("3", "ferry", &p, "client CPU", "s/GiB", m.client_cpu / (bytes / GIB as f64));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn exp_stat(plan: &Plan, runs: usize, systems: &[System], res: &mut Results) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 4, stat latency");
+    let mut errors = Vec::new();
+    for run in 0..runs {
+        for sys in rotated(systems, run) {
+            let Some(m) = try_measure(sys, &["stat", "/big.dat", &plan.stats.to_string()], &mut errors) else {
+                continue;
+            };
+            for (key, param) in [
+                ("stat_p50", "stat by path, median"),
+                ("stat_p99", "stat by path, p99"),
+                ("fstat_p50", "getattr on open file, median"),
+                ("fstat_p99", "getattr on open file, p99"),
+            ] {
+                res.add("4", &sys.name, param, "latency", "µs", k(&m.kv, key));
+            }
+        }
+    }
+    ferry_errors(errors)
+}
+
+pub(super) fn exp_scan(plan: &Plan, runs: usize, systems: &[System], res: &mut Results) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 5, tree scan");
+    let mut errors = Vec::new();
+    let files = (plan.tree.0 * plan.tree.1) as f64;
+    for run in 0..runs {
+        for sys in rotated(systems, run) {
+            for (read, param) in [("0", "readdir+stat"), ("1", "readdir+stat+read")] {
+                let Some(m) = try_measure(sys, &["scan", "/tree", read], &mut errors) else { continue };
+                if k(&m.kv, "files") != files {
+                    errors.push(format!("{} scan: saw {} files, expected {files}", sys.name, k(&m.kv, "files")));
+                    continue;
+                }
+                res.add("5", &sys.name, param, "rate", "files/s", files / k(&m.kv, "secs"));
+            }
+        }
+    }
+    ferry_errors(errors)
+}
+
+pub(super) fn exp_clients(
+    plan: &Plan,
+    runs: usize,
+    systems: &[System],
+    res: &mut Results,
+    export: &Path,
+) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 6, many clients");
+    let mut errors = Vec::new();
+    let mut points: Vec<(usize, bool)> = plan.clients.iter().map(|&n| (n, false)).collect();
+    points.push((plan.mix_clients, true));
+    for _ in 0..runs {
+        for &(n, mix) in &points {
+            for sys in systems.iter().filter(|s| !s.local && (s.writes || !mix)) {
+                match parallel(sys, n, mix, plan.duration) {
+                    Ok((mbps, ops, failed)) => {
+                        let p = if mix { format!("{n} mixed") } else { n.to_string() };
+                        res.add("6", &sys.name, &p, "aggregate throughput", "MB/s", mbps);
+                        res.add("6", &sys.name, &p, "operations", "ops/s", ops);
+                        res.add("6", &sys.name, &p, "failed requests", "count", failed);
+                    }
+                    Err(e) => errors.push(format!("{} {n} clients: {e}", sys.name)),
+                }
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(export) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("big.dat.w") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    for e in &errors {
+        eprintln!("ferry compare: {e}");
+    }
+    ferry_errors(errors)
+}
+
+/// `n` client processes reading (or, mixed, half writing) 64 KiB chunks
+/// for `duration` seconds from a common start time: aggregate MB/s,
+/// operations/s, and failed requests (plus clients that failed outright).
+fn parallel(sys: &System, n: usize, mix: bool, duration: f64) -> Result<(f64, f64, f64), String> {
+    let t0 = wall() + 0.5 + 0.02 * n as f64;
+    let t1 = t0 + duration;
+    let mut children = Vec::with_capacity(n);
+    for i in 0..n {
+        let args: Vec<String> = [
+            "chunks".to_string(),
+            "/big.dat".into(),
+            (64 * KIB).to_string(),
+            format!("{t0:.3}"),
+            format!("{t1:.3}"),
+            i.to_string(),
+            u8::from(mix).to_string(),
+        ]
+        .into();
+        match spawn_client(sys, &args) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in children {
+                    let _ = finish(c, Duration::from_secs(1));
+                }
+                return Err(e);
+            }
+        }
+    }
+    let (mut bytes, mut ops, mut failed) = (0.0, 0.0, 0.0);
+    let limit = Duration::from_secs_f64(duration + 120.0 + 0.1 * n as f64);
+    let mut first_err = None;
+    for c in children {
+        match finish(c, limit).and_then(|o| parse_ok(&o)) {
+            Ok(kv) => {
+                bytes += k(&kv, "bytes");
+                ops += k(&kv, "ops");
+                failed += k(&kv, "errors");
+            }
+            Err(e) => {
+                failed += 1.0;
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        eprintln!("ferry compare: {} with {n} clients: a client failed: {e}", sys.name);
+    }
+    Ok((bytes / duration / 1e6, ops / duration, failed))
+}
+
+pub(super) fn raw_limits(plan: &Plan, runs: usize, res: &mut Results, port: u16, server: u32) -> Result<(), String> {
+    eprintln!("ferry compare: raw limits");
+    for _ in 0..runs {
+        res.add("0", "raw", "TCP stream, 1 MiB writes", "throughput", "MB/s", bench::raw_stream(plan.raw_bytes)?);
+        res.add("0", "raw", "Unix stream, 1 MiB writes", "throughput", "MB/s", unix_stream(plan.raw_bytes)?);
+        res.add("0", "raw", "memcpy 64 MiB", "throughput", "MB/s", memcpy());
+        res.add("0", "raw", "TCP ping-pong 64 B, unpinned", "latency", "µs", ping_pong(plan.rtts)?);
+    }
+    // Pinned latencies, as `ferry bench` measures them; bench pins this
+    // process and the server, so their masks are restored afterwards.
+    let mine = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    let cross = mine.count() >= 2;
+    let srv = rustix::process::Pid::from_raw(server as i32);
+    let addr = format!("127.0.0.1:{port}");
+    let mut r = Ok(());
+    for _ in 0..runs {
+        for (cpu, label) in [(0usize, "same core"), (1, "cross core")] {
+            if cpu == 1 && !cross {
+                continue;
+            }
+            match bench::latencies(&addr, server, plan.rtts, cpu, cross) {
+                Ok(l) => {
+                    res.add("0", "raw", &format!("TCP ping-pong 64 B, pinned {label}"), "latency", "µs", l.raw);
+                    res.add("0", "ferry", &format!("null request, pinned {label}"), "latency", "µs", l.null);
+                    res.add("0", "ferry", &format!("stat, pinned {label}"), "latency", "µs", l.stat);
+                    res.add("0", "ferry", &format!("stat p99, pinned {label}"), "latency", "µs", l.stat99);
+                }
+                Err(e) => r = Err(e),
+            }
+        }
+    }
+    rustix::thread::sched_setaffinity(None, &mine).map_err(|e| e.to_string())?;
+    let _ = rustix::thread::sched_setaffinity(srv, &mine);
+    r
+}
+
+fn unix_stream(bytes: u64) -> Result<f64, String> {
+    let dir = std::env::temp_dir().join(format!("ferry-compare-unix-{}", std::process::id()));
+    let _ = std::fs::remove_file(&dir);
+    let l = std::os::unix::net::UnixListener::bind(&dir).map_err(|e| e.to_string())?;
+    let child = Command::new(exe()?)
+        .args(["compare", "--worker", "unix-source", &dir.to_string_lossy(), &bytes.to_string()])
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let _peer = bench::Reap(child);
+    let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&dir);
+    let mut buf = vec![0u8; MIB as usize];
+    let t = Instant::now();
+    let mut got = 0u64;
+    while got < bytes {
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("raw Unix stream ended early".into());
+        }
+        got += n as u64;
+    }
+    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e6)
+}
+
+fn memcpy() -> f64 {
+    let src = vec![0x5au8; 64 * MIB as usize];
+    let mut dst = vec![0u8; 64 * MIB as usize];
+    dst.copy_from_slice(&src);
+    let reps = 8;
+    let t = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
+    }
+    (reps as u64 * 64 * MIB) as f64 / t.elapsed().as_secs_f64() / 1e6
+}
