@@ -1175,8 +1175,8 @@ impl File {
             && flushed
         {
             // Nothing to report from closing a read-only handle that holds
-            // no lock: no need to wait (the server runs the close before
-            // anything this client sends after it).
+            // no lock: no need to wait (nothing this client sends after it
+            // can tell whether it ran yet: PROTOCOL.md section 10).
             let e = self.client.engine();
             if let Ok(id) = e.start(&Request::Close { handle: self.handle() }, 0) {
                 e.forget(id);
