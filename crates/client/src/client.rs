@@ -106,28 +106,7 @@ fn unexpected(r: Reply<'_>) -> Error {
 /// not rejoin the session, such a request is stale and must not be sent
 /// (the handle may mean nothing, or, on an old server, something else).
 fn names_handle(req: &Request<'_>) -> bool {
-    match req {
-        Request::Close { .. }
-        | Request::Read { .. }
-        | Request::Pread { .. }
-        | Request::Write { .. }
-        | Request::Pwrite { .. }
-        | Request::Seek { .. }
-        | Request::Fsync { .. }
-        | Request::ReadDir { .. }
-        | Request::Lock { .. }
-        | Request::GetLock { .. } => true,
-        Request::Stat { target }
-        | Request::Truncate { target, .. }
-        | Request::Chmod { target, .. }
-        | Request::Chown { target, .. }
-        | Request::Utimens { target, .. }
-        | Request::GetXattr { target, .. }
-        | Request::SetXattr { target, .. }
-        | Request::ListXattr { target, .. }
-        | Request::RemoveXattr { target, .. } => matches!(target, Target::Handle(_)),
-        _ => false,
-    }
+    req.handle().is_some()
 }
 
 /// What a request does if sent twice. Requests that change the name space,

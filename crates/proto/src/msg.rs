@@ -421,6 +421,36 @@ pub fn encode_groups(groups: &[u32]) -> Vec<u8> {
 const EXCL: u32 = 0o200;
 
 impl<'a> Request<'a> {
+    /// The open handle the request names, if any.
+    pub fn handle(&self) -> Option<u64> {
+        match *self {
+            Request::Close { handle }
+            | Request::Read { handle, .. }
+            | Request::Write { handle, .. }
+            | Request::Pread { handle, .. }
+            | Request::Pwrite { handle, .. }
+            | Request::Seek { handle, .. }
+            | Request::Fsync { handle, .. }
+            | Request::ReadDir { handle, .. }
+            | Request::Lock { handle, .. }
+            | Request::GetLock { handle, .. }
+            | Request::FileFd { handle } => Some(handle),
+            Request::Stat { target }
+            | Request::Truncate { target, .. }
+            | Request::Chmod { target, .. }
+            | Request::Chown { target, .. }
+            | Request::Utimens { target, .. }
+            | Request::GetXattr { target, .. }
+            | Request::SetXattr { target, .. }
+            | Request::ListXattr { target, .. }
+            | Request::RemoveXattr { target, .. } => match target {
+                Target::Handle(h) => Some(h),
+                Target::Path(_) | Target::PathNoFollow(_) => None,
+            },
+            _ => None,
+        }
+    }
+
     /// Requests that change the name space and must therefore run at most
     /// once: the ones a `REPLAY` server answers from its reply cache when a
     /// client sends them again with the same id (see `caps::REPLAY`).

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use ferry_proto::{Request, Target};
+use ferry_proto::Request;
 
 /// How long a request runs before what follows it may run beside it.
 pub const TICK: Duration = Duration::from_millis(10);
@@ -43,32 +43,7 @@ pub struct Kind {
 
 impl Kind {
     pub fn of(req: &Request<'_>) -> Kind {
-        let handle = match *req {
-            Request::Close { handle }
-            | Request::Read { handle, .. }
-            | Request::Write { handle, .. }
-            | Request::Pread { handle, .. }
-            | Request::Pwrite { handle, .. }
-            | Request::Seek { handle, .. }
-            | Request::Fsync { handle, .. }
-            | Request::ReadDir { handle, .. }
-            | Request::Lock { handle, .. }
-            | Request::GetLock { handle, .. }
-            | Request::FileFd { handle } => Some(handle),
-            Request::Stat { target }
-            | Request::Truncate { target, .. }
-            | Request::Chmod { target, .. }
-            | Request::Chown { target, .. }
-            | Request::Utimens { target, .. }
-            | Request::GetXattr { target, .. }
-            | Request::SetXattr { target, .. }
-            | Request::ListXattr { target, .. }
-            | Request::RemoveXattr { target, .. } => match target {
-                Target::Handle(h) => Some(h),
-                Target::Path(_) | Target::PathNoFollow(_) => None,
-            },
-            _ => None,
-        };
+        let handle = req.handle();
         let barrier = matches!(req, Request::Write { .. } | Request::Pwrite { .. });
         let alone = matches!(
             req,
@@ -270,6 +245,7 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_proto::Target;
 
     #[test]
     fn what_may_overtake_what() {
