@@ -553,14 +553,7 @@ impl<B: Backend> Conn<B> {
         let kind = Kind::of(&req);
         if !self.out.is_empty() && !self.turns.free_for(kind) {
             // It will wait: what this thread owes the client goes first.
-            let mut out = std::mem::take(&mut self.out);
-            let flushed = {
-                let _g = lock(&self.wlock);
-                self.tx.write_all(&out)
-            };
-            out.clear();
-            self.out = out;
-            flushed.map_err(End::Io)?;
+            send_out(&self.tx, &self.wlock, &mut self.out)?;
         }
         let _turn = Turn::start(&self.turns, kind);
         self.turns.reading(false);
@@ -851,12 +844,7 @@ impl<B: Backend> Conn<B> {
     }
 
     fn flush(&mut self) -> Result<(), End> {
-        if !self.out.is_empty() {
-            let _g = lock(&self.wlock);
-            self.tx.write_all(&self.out).map_err(End::Io)?;
-            self.out.clear();
-        }
-        Ok(())
+        send_out(&self.tx, &self.wlock, &mut self.out)
     }
 
     /// Sends queued replies plus the header already appended, then the data.
@@ -916,6 +904,18 @@ pub fn refuse(mut stream: Socket, errno: i32, msg: &str) {
     // discard the reply before the client reads it: half-close, drain.
     let _ = stream.shutdown_write();
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+/// Writes the replies gathered in `out`, under the socket's write lock, and
+/// empties it. (A free function: a caller may hold the request, which
+/// borrows another field of its `Conn`.)
+fn send_out(tx: &Socket, wlock: &Mutex<()>, out: &mut Vec<u8>) -> Result<(), End> {
+    if !out.is_empty() {
+        let _g = lock(wlock);
+        (&*tx).write_all(out).map_err(End::Io)?;
+        out.clear();
+    }
+    Ok(())
 }
 
 /// A request counted running while this lives.
