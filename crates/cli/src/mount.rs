@@ -32,8 +32,9 @@ pub struct MountArgs {
     /// before asking the server again; 0 asks every time.
     #[arg(long, default_value_t = 1.0, value_name = "S")]
     entry_timeout: f64,
-    /// Let other users use the mount (allow_other); implies -o
-    /// default_permissions, so the kernel checks their rights.
+    /// Let other users use the mount (allow_other). Against a server that
+    /// does not act as each caller, implies -o default_permissions, so the
+    /// kernel checks their rights.
     #[arg(long)]
     allow_other: bool,
     /// Cache file data in the kernel page cache (refreshed on open and when
