@@ -25,6 +25,31 @@ macro_rules! safe_path {
         unsafe { $($f)::+($($a),*) }
     };
 }
+/// A hook whose path argument is resolved against the mounts: `path(p)`
+/// for an absolute or cwd-relative `p`, `at(d, p)` for one relative to
+/// the directory fd `d`. A remote path runs the expression after `|r|`
+/// with the `Remote` bound to `r`; any other goes to libc unchanged (but
+/// for the fix of a path written relative to a remote cwd, `local_fix`).
+macro_rules! path_hook {
+    (fn $name:ident($($a:ident: $t:ty),*) -> $ret:ty; path($p:ident) => |$r:ident| $remote:expr) => {
+        path_hook!(@ $name($($a: $t),*) -> $ret; local_fix($p), remote_path($p), $p => |$r| $remote);
+    };
+    (fn $name:ident($($a:ident: $t:ty),*) -> $ret:ty; at($d:ident, $p:ident) => |$r:ident| $remote:expr) => {
+        path_hook!(@ $name($($a: $t),*) -> $ret; local_fix_at($d, $p), remote_at($d, $p), $p => |$r| $remote);
+    };
+    (@ $name:ident($($a:ident: $t:ty),*) -> $ret:ty; $fix:ident($($fa:ident),*), $find:ident($($ra:ident),*),
+     $p:ident => |$r:ident| $remote:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
+            let fixed = safe_path!(super::$fix($($fa),*));
+            let $p = fixed.as_ref().map_or($p, |c| c.as_ptr());
+            match safe_path!(super::$find($($ra),*)) {
+                Some($r) => $remote,
+                None => pass!($name($($a),*)),
+            }
+        }
+    };
+}
 use std::sync::atomic::Ordering::Relaxed;
 
 use libc::{c_char, c_int};

@@ -79,107 +79,35 @@ fn mode_of(flags: c_int, mode: c_uint) -> c_uint {
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn open(p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => open_hook(r, flags, mode_of(flags, mode)),
-        None => pass!(open(p, flags, mode)),
-    }
-}
+path_hook!(fn open(p: *const c_char, flags: c_int, mode: c_uint) -> c_int; path(p) => |r| {
+    open_hook(r, flags, mode_of(flags, mode))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn open64(p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => open_hook(r, flags, mode_of(flags, mode)),
-        None => pass!(open64(p, flags, mode)),
-    }
-}
+path_hook!(fn open64(p: *const c_char, flags: c_int, mode: c_uint) -> c_int; path(p) => |r| {
+    open_hook(r, flags, mode_of(flags, mode))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn __open_2(p: *const c_char, flags: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => open_hook(r, flags, 0),
-        None => pass!(__open_2(p, flags)),
-    }
-}
+path_hook!(fn __open_2(p: *const c_char, flags: c_int) -> c_int; path(p) => |r| open_hook(r, flags, 0));
 
-#[no_mangle]
-pub unsafe extern "C" fn __open64_2(p: *const c_char, flags: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => open_hook(r, flags, 0),
-        None => pass!(__open64_2(p, flags)),
-    }
-}
+path_hook!(fn __open64_2(p: *const c_char, flags: c_int) -> c_int; path(p) => |r| open_hook(r, flags, 0));
 
-#[no_mangle]
-pub unsafe extern "C" fn openat(d: c_int, p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => open_hook(r, flags, mode_of(flags, mode)),
-        None => pass!(openat(d, p, flags, mode)),
-    }
-}
+path_hook!(fn openat(d: c_int, p: *const c_char, flags: c_int, mode: c_uint) -> c_int; at(d, p) => |r| {
+    open_hook(r, flags, mode_of(flags, mode))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn openat64(d: c_int, p: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => open_hook(r, flags, mode_of(flags, mode)),
-        None => pass!(openat64(d, p, flags, mode)),
-    }
-}
+path_hook!(fn openat64(d: c_int, p: *const c_char, flags: c_int, mode: c_uint) -> c_int; at(d, p) => |r| {
+    open_hook(r, flags, mode_of(flags, mode))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn __openat_2(d: c_int, p: *const c_char, flags: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => open_hook(r, flags, 0),
-        None => pass!(__openat_2(d, p, flags)),
-    }
-}
+path_hook!(fn __openat_2(d: c_int, p: *const c_char, flags: c_int) -> c_int; at(d, p) => |r| open_hook(r, flags, 0));
 
-#[no_mangle]
-pub unsafe extern "C" fn __openat64_2(d: c_int, p: *const c_char, flags: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => open_hook(r, flags, 0),
-        None => pass!(__openat64_2(d, p, flags)),
-    }
-}
+path_hook!(fn __openat64_2(d: c_int, p: *const c_char, flags: c_int) -> c_int; at(d, p) => |r| open_hook(r, flags, 0));
 
 const CREAT: c_int = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
 
-#[no_mangle]
-pub unsafe extern "C" fn creat(p: *const c_char, mode: mode_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => open_hook(r, CREAT, mode),
-        None => pass!(creat(p, mode)),
-    }
-}
+path_hook!(fn creat(p: *const c_char, mode: mode_t) -> c_int; path(p) => |r| open_hook(r, CREAT, mode));
 
-#[no_mangle]
-pub unsafe extern "C" fn creat64(p: *const c_char, mode: mode_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => open_hook(r, CREAT, mode),
-        None => pass!(creat64(p, mode)),
-    }
-}
+path_hook!(fn creat64(p: *const c_char, mode: mode_t) -> c_int; path(p) => |r| open_hook(r, CREAT, mode));
 
 // ---- stat ----
 
@@ -192,41 +120,22 @@ fn stat_into(r: Remote, follow: bool, st: *mut libc::stat64) -> c_int {
     }))
 }
 
-macro_rules! stat_hook {
-    ($name:ident, $follow:expr) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(p: *const c_char, st: *mut libc::stat64) -> c_int {
-            let fixed = safe_path!(super::local_fix(p));
-            let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-            match safe_path!(remote_path(p)) {
-                Some(r) => stat_into(r, $follow, st),
-                None => pass!($name(p, st)),
-            }
-        }
-    };
-}
-stat_hook!(stat, true);
-stat_hook!(stat64, true);
-stat_hook!(lstat, false);
-stat_hook!(lstat64, false);
-
-macro_rules! xstat_hook {
-    ($name:ident, $follow:expr) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(v: c_int, p: *const c_char, st: *mut libc::stat64) -> c_int {
-            let fixed = safe_path!(super::local_fix(p));
-            let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-            match safe_path!(remote_path(p)) {
-                Some(r) => stat_into(r, $follow, st),
-                None => pass!($name(v, p, st)),
-            }
-        }
-    };
-}
-xstat_hook!(__xstat, true);
-xstat_hook!(__xstat64, true);
-xstat_hook!(__lxstat, false);
-xstat_hook!(__lxstat64, false);
+path_hook!(fn stat(p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| stat_into(r, true, st));
+path_hook!(fn stat64(p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| stat_into(r, true, st));
+path_hook!(fn lstat(p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| stat_into(r, false, st));
+path_hook!(fn lstat64(p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| stat_into(r, false, st));
+path_hook!(fn __xstat(v: c_int, p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| {
+    stat_into(r, true, st)
+});
+path_hook!(fn __xstat64(v: c_int, p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| {
+    stat_into(r, true, st)
+});
+path_hook!(fn __lxstat(v: c_int, p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| {
+    stat_into(r, false, st)
+});
+path_hook!(fn __lxstat64(v: c_int, p: *const c_char, st: *mut libc::stat64) -> c_int; path(p) => |r| {
+    stat_into(r, false, st)
+});
 
 /// `fstatat` and friends: an empty path with `AT_EMPTY_PATH` means the fd.
 fn fstatat_impl(d: c_int, p: *const c_char, st: *mut libc::stat64, flags: c_int) -> Option<c_int> {
@@ -303,49 +212,25 @@ fn statfs_of(r: Remote) -> R<ferry_client::StatFs> {
     enter(|| ops::with_ro(&r, |c, p| c.statfs(p)))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn statfs(p: *const c_char, out: *mut libc::statfs) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        // SAFETY: statfs and statfs64 have one layout on 64-bit Linux.
-        Some(r) => ret(statfs_of(r).map(|s| conv::statfs(&s, unsafe { &mut *out.cast() })).map(|_| 0)),
-        None => pass!(statfs(p, out)),
-    }
-}
+path_hook!(fn statfs(p: *const c_char, out: *mut libc::statfs) -> c_int; path(p) => |r| {
+    // SAFETY: statfs and statfs64 have one layout on 64-bit Linux.
+    ret(statfs_of(r).map(|s| conv::statfs(&s, unsafe { &mut *out.cast() })).map(|_| 0))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn statfs64(p: *const c_char, out: *mut libc::statfs64) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        // SAFETY: the caller passes a statfs64 buffer.
-        Some(r) => ret(statfs_of(r).map(|s| conv::statfs(&s, unsafe { &mut *out })).map(|_| 0)),
-        None => pass!(statfs64(p, out)),
-    }
-}
+path_hook!(fn statfs64(p: *const c_char, out: *mut libc::statfs64) -> c_int; path(p) => |r| {
+    // SAFETY: the caller passes a statfs64 buffer.
+    ret(statfs_of(r).map(|s| conv::statfs(&s, unsafe { &mut *out })).map(|_| 0))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn statvfs(p: *const c_char, out: *mut libc::statvfs) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        // SAFETY: statvfs and statvfs64 have one layout on 64-bit Linux.
-        Some(r) => ret(statfs_of(r).map(|s| conv::statvfs(&s, unsafe { &mut *out.cast() })).map(|_| 0)),
-        None => pass!(statvfs(p, out)),
-    }
-}
+path_hook!(fn statvfs(p: *const c_char, out: *mut libc::statvfs) -> c_int; path(p) => |r| {
+    // SAFETY: statvfs and statvfs64 have one layout on 64-bit Linux.
+    ret(statfs_of(r).map(|s| conv::statvfs(&s, unsafe { &mut *out.cast() })).map(|_| 0))
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn statvfs64(p: *const c_char, out: *mut libc::statvfs64) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        // SAFETY: the caller passes a statvfs64 buffer.
-        Some(r) => ret(statfs_of(r).map(|s| conv::statvfs(&s, unsafe { &mut *out })).map(|_| 0)),
-        None => pass!(statvfs64(p, out)),
-    }
-}
+path_hook!(fn statvfs64(p: *const c_char, out: *mut libc::statvfs64) -> c_int; path(p) => |r| {
+    // SAFETY: the caller passes a statvfs64 buffer.
+    ret(statfs_of(r).map(|s| conv::statvfs(&s, unsafe { &mut *out })).map(|_| 0))
+});
 
 // ---- simple path calls ----
 
@@ -353,70 +238,22 @@ fn access_of(r: Remote, mode: c_int) -> c_int {
     ret(enter(|| ops::with_ro(&r, |c, p| c.access(p, mode as u32)).map(|_| 0)))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn access(p: *const c_char, m: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => access_of(r, m),
-        None => pass!(access(p, m)),
-    }
-}
+path_hook!(fn access(p: *const c_char, m: c_int) -> c_int; path(p) => |r| access_of(r, m));
 
-#[no_mangle]
-pub unsafe extern "C" fn euidaccess(p: *const c_char, m: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => access_of(r, m),
-        None => pass!(euidaccess(p, m)),
-    }
-}
+path_hook!(fn euidaccess(p: *const c_char, m: c_int) -> c_int; path(p) => |r| access_of(r, m));
 
-#[no_mangle]
-pub unsafe extern "C" fn eaccess(p: *const c_char, m: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => access_of(r, m),
-        None => pass!(eaccess(p, m)),
-    }
-}
+path_hook!(fn eaccess(p: *const c_char, m: c_int) -> c_int; path(p) => |r| access_of(r, m));
 
-#[no_mangle]
-pub unsafe extern "C" fn faccessat(d: c_int, p: *const c_char, m: c_int, f: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => access_of(r, m),
-        None => pass!(faccessat(d, p, m, f)),
-    }
-}
+path_hook!(fn faccessat(d: c_int, p: *const c_char, m: c_int, f: c_int) -> c_int; at(d, p) => |r| access_of(r, m));
 
 fn mkdir_of(r: Remote, mode: mode_t) -> c_int {
     let mode = mode & 0o7777 & !ops::umask();
     ret(enter(|| ops::with(&r, |c, p| c.create_dir(p, mode)).map(|_| 0)))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn mkdir(p: *const c_char, m: mode_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => mkdir_of(r, m),
-        None => pass!(mkdir(p, m)),
-    }
-}
+path_hook!(fn mkdir(p: *const c_char, m: mode_t) -> c_int; path(p) => |r| mkdir_of(r, m));
 
-#[no_mangle]
-pub unsafe extern "C" fn mkdirat(d: c_int, p: *const c_char, m: mode_t) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => mkdir_of(r, m),
-        None => pass!(mkdirat(d, p, m)),
-    }
-}
+path_hook!(fn mkdirat(d: c_int, p: *const c_char, m: mode_t) -> c_int; at(d, p) => |r| mkdir_of(r, m));
 
 fn mknod_of(r: Remote, mode: mode_t, dev: libc::dev_t) -> c_int {
     let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !ops::umask());
@@ -424,35 +261,15 @@ fn mknod_of(r: Remote, mode: mode_t, dev: libc::dev_t) -> c_int {
     ret(enter(|| ops::with(&r, |c, p| c.mknod(p, mode, dev)).map(|_| 0)))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn mknod(p: *const c_char, m: mode_t, dev: libc::dev_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => mknod_of(r, m, dev),
-        None => pass!(mknod(p, m, dev)),
-    }
-}
+path_hook!(fn mknod(p: *const c_char, m: mode_t, dev: libc::dev_t) -> c_int; path(p) => |r| mknod_of(r, m, dev));
 
-#[no_mangle]
-pub unsafe extern "C" fn mknodat(d: c_int, p: *const c_char, m: mode_t, dev: libc::dev_t) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => mknod_of(r, m, dev),
-        None => pass!(mknodat(d, p, m, dev)),
-    }
-}
+path_hook!(fn mknodat(d: c_int, p: *const c_char, m: mode_t, dev: libc::dev_t) -> c_int; at(d, p) => |r| {
+    mknod_of(r, m, dev)
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn mkfifo(p: *const c_char, m: mode_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => mknod_of(r, libc::S_IFIFO | (m & 0o7777), 0),
-        None => pass!(mkfifo(p, m)),
-    }
-}
+path_hook!(fn mkfifo(p: *const c_char, m: mode_t) -> c_int; path(p) => |r| {
+    mknod_of(r, libc::S_IFIFO | (m & 0o7777), 0)
+});
 
 fn unlink_of(r: Remote) -> c_int {
     ret(enter(|| ops::with(&r, |c, p| c.remove_file(p)).map(|_| 0)))
@@ -462,15 +279,7 @@ fn rmdir_of(r: Remote) -> c_int {
     ret(enter(|| ops::with(&r, |c, p| c.remove_dir(p)).map(|_| 0)))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn unlink(p: *const c_char) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => unlink_of(r),
-        None => pass!(unlink(p)),
-    }
-}
+path_hook!(fn unlink(p: *const c_char) -> c_int; path(p) => |r| unlink_of(r));
 
 #[no_mangle]
 pub unsafe extern "C" fn unlinkat(d: c_int, p: *const c_char, f: c_int) -> c_int {
@@ -483,15 +292,7 @@ pub unsafe extern "C" fn unlinkat(d: c_int, p: *const c_char, f: c_int) -> c_int
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn rmdir(p: *const c_char) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => rmdir_of(r),
-        None => pass!(rmdir(p)),
-    }
-}
+path_hook!(fn rmdir(p: *const c_char) -> c_int; path(p) => |r| rmdir_of(r));
 
 #[no_mangle]
 pub unsafe extern "C" fn remove(p: *const c_char) -> c_int {
@@ -592,25 +393,9 @@ fn symlink_of(target: *const c_char, r: Remote) -> c_int {
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn symlink(t: *const c_char, p: *const c_char) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => symlink_of(t, r),
-        None => pass!(symlink(t, p)),
-    }
-}
+path_hook!(fn symlink(t: *const c_char, p: *const c_char) -> c_int; path(p) => |r| symlink_of(t, r));
 
-#[no_mangle]
-pub unsafe extern "C" fn symlinkat(t: *const c_char, d: c_int, p: *const c_char) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => symlink_of(t, r),
-        None => pass!(symlinkat(t, d, p)),
-    }
-}
+path_hook!(fn symlinkat(t: *const c_char, d: c_int, p: *const c_char) -> c_int; at(d, p) => |r| symlink_of(t, r));
 
 fn readlink_of(r: Remote, buf: *mut c_char, n: size_t) -> ssize_t {
     // SAFETY: the caller provides n writable bytes.
@@ -624,25 +409,11 @@ fn readlink_of(r: Remote, buf: *mut c_char, n: size_t) -> ssize_t {
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn readlink(p: *const c_char, b: *mut c_char, n: size_t) -> ssize_t {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => readlink_of(r, b, n),
-        None => pass!(readlink(p, b, n)),
-    }
-}
+path_hook!(fn readlink(p: *const c_char, b: *mut c_char, n: size_t) -> ssize_t; path(p) => |r| readlink_of(r, b, n));
 
-#[no_mangle]
-pub unsafe extern "C" fn readlinkat(d: c_int, p: *const c_char, b: *mut c_char, n: size_t) -> ssize_t {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => readlink_of(r, b, n),
-        None => pass!(readlinkat(d, p, b, n)),
-    }
-}
+path_hook!(fn readlinkat(d: c_int, p: *const c_char, b: *mut c_char, n: size_t) -> ssize_t; at(d, p) => |r| {
+    readlink_of(r, b, n)
+});
 
 fn target(r: &Remote, follow: bool) -> Target<'_> {
     if follow {
@@ -659,25 +430,11 @@ fn chmod_of(r: Remote, mode: mode_t, follow: bool) -> c_int {
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn chmod(p: *const c_char, m: mode_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => chmod_of(r, m, true),
-        None => pass!(chmod(p, m)),
-    }
-}
+path_hook!(fn chmod(p: *const c_char, m: mode_t) -> c_int; path(p) => |r| chmod_of(r, m, true));
 
-#[no_mangle]
-pub unsafe extern "C" fn fchmodat(d: c_int, p: *const c_char, m: mode_t, f: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix_at(d, p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_at(d, p)) {
-        Some(r) => chmod_of(r, m, f & libc::AT_SYMLINK_NOFOLLOW == 0),
-        None => pass!(fchmodat(d, p, m, f)),
-    }
-}
+path_hook!(fn fchmodat(d: c_int, p: *const c_char, m: mode_t, f: c_int) -> c_int; at(d, p) => |r| {
+    chmod_of(r, m, f & libc::AT_SYMLINK_NOFOLLOW == 0)
+});
 
 fn chown_of(r: Remote, uid: libc::uid_t, gid: libc::gid_t, follow: bool) -> c_int {
     ret(enter(|| {
@@ -686,25 +443,11 @@ fn chown_of(r: Remote, uid: libc::uid_t, gid: libc::gid_t, follow: bool) -> c_in
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn chown(p: *const c_char, u: libc::uid_t, g: libc::gid_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => chown_of(r, u, g, true),
-        None => pass!(chown(p, u, g)),
-    }
-}
+path_hook!(fn chown(p: *const c_char, u: libc::uid_t, g: libc::gid_t) -> c_int; path(p) => |r| chown_of(r, u, g, true));
 
-#[no_mangle]
-pub unsafe extern "C" fn lchown(p: *const c_char, u: libc::uid_t, g: libc::gid_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => chown_of(r, u, g, false),
-        None => pass!(lchown(p, u, g)),
-    }
-}
+path_hook!(fn lchown(p: *const c_char, u: libc::uid_t, g: libc::gid_t) -> c_int; path(p) => |r| {
+    chown_of(r, u, g, false)
+});
 
 #[no_mangle]
 pub unsafe extern "C" fn fchownat(d: c_int, p: *const c_char, u: libc::uid_t, g: libc::gid_t, f: c_int) -> c_int {
@@ -748,27 +491,15 @@ pub unsafe extern "C" fn utimensat(d: c_int, p: *const c_char, t: *const libc::t
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn utimes(p: *const c_char, t: *const libc::timeval) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        // SAFETY: t is NULL or two timevals.
-        Some(r) => utimes_of(r, unsafe { times_tv(t) }, true),
-        None => pass!(utimes(p, t)),
-    }
-}
+path_hook!(fn utimes(p: *const c_char, t: *const libc::timeval) -> c_int; path(p) => |r| {
+    // SAFETY: t is NULL or two timevals.
+    utimes_of(r, unsafe { times_tv(t) }, true)
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn lutimes(p: *const c_char, t: *const libc::timeval) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        // SAFETY: t is NULL or two timevals.
-        Some(r) => utimes_of(r, unsafe { times_tv(t) }, false),
-        None => pass!(lutimes(p, t)),
-    }
-}
+path_hook!(fn lutimes(p: *const c_char, t: *const libc::timeval) -> c_int; path(p) => |r| {
+    // SAFETY: t is NULL or two timevals.
+    utimes_of(r, unsafe { times_tv(t) }, false)
+});
 
 #[no_mangle]
 pub unsafe extern "C" fn utime(p: *const c_char, t: *const libc::utimbuf) -> c_int {
@@ -799,25 +530,9 @@ fn truncate_of(r: Remote, len: i64) -> c_int {
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn truncate(p: *const c_char, l: libc::off_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => truncate_of(r, l),
-        None => pass!(truncate(p, l)),
-    }
-}
+path_hook!(fn truncate(p: *const c_char, l: libc::off_t) -> c_int; path(p) => |r| truncate_of(r, l));
 
-#[no_mangle]
-pub unsafe extern "C" fn truncate64(p: *const c_char, l: libc::off64_t) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => truncate_of(r, l),
-        None => pass!(truncate64(p, l)),
-    }
-}
+path_hook!(fn truncate64(p: *const c_char, l: libc::off64_t) -> c_int; path(p) => |r| truncate_of(r, l));
 
 // ---- extended attributes by path ----
 
@@ -832,25 +547,13 @@ fn getxattr_of(r: Remote, n: *const c_char, v: *mut c_void, s: size_t, follow: b
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn getxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => getxattr_of(r, n, v, s, true),
-        None => pass!(getxattr(p, n, v, s)),
-    }
-}
+path_hook!(fn getxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t; path(p) => |r| {
+    getxattr_of(r, n, v, s, true)
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn lgetxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => getxattr_of(r, n, v, s, false),
-        None => pass!(lgetxattr(p, n, v, s)),
-    }
-}
+path_hook!(fn lgetxattr(p: *const c_char, n: *const c_char, v: *mut c_void, s: size_t) -> ssize_t; path(p) => |r| {
+    getxattr_of(r, n, v, s, false)
+});
 
 fn setxattr_of(r: Remote, n: *const c_char, v: *const c_void, s: size_t, f: c_int, follow: bool) -> c_int {
     // SAFETY: n is a C string; v has s bytes.
@@ -862,25 +565,13 @@ fn setxattr_of(r: Remote, n: *const c_char, v: *const c_void, s: size_t, f: c_in
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn setxattr(p: *const c_char, n: *const c_char, v: *const c_void, s: size_t, f: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => setxattr_of(r, n, v, s, f, true),
-        None => pass!(setxattr(p, n, v, s, f)),
-    }
-}
+path_hook!(fn setxattr(p: *const c_char, n: *const c_char, v: *const c_void, s: size_t, f: c_int) -> c_int; path(p) => |r| {
+    setxattr_of(r, n, v, s, f, true)
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn lsetxattr(p: *const c_char, n: *const c_char, v: *const c_void, s: size_t, f: c_int) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => setxattr_of(r, n, v, s, f, false),
-        None => pass!(lsetxattr(p, n, v, s, f)),
-    }
-}
+path_hook!(fn lsetxattr(p: *const c_char, n: *const c_char, v: *const c_void, s: size_t, f: c_int) -> c_int; path(p) => |r| {
+    setxattr_of(r, n, v, s, f, false)
+});
 
 fn listxattr_of(r: Remote, l: *mut c_char, s: size_t, follow: bool) -> ssize_t {
     // SAFETY: l has s bytes.
@@ -892,25 +583,13 @@ fn listxattr_of(r: Remote, l: *mut c_char, s: size_t, follow: bool) -> ssize_t {
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn listxattr(p: *const c_char, l: *mut c_char, s: size_t) -> ssize_t {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => listxattr_of(r, l, s, true),
-        None => pass!(listxattr(p, l, s)),
-    }
-}
+path_hook!(fn listxattr(p: *const c_char, l: *mut c_char, s: size_t) -> ssize_t; path(p) => |r| {
+    listxattr_of(r, l, s, true)
+});
 
-#[no_mangle]
-pub unsafe extern "C" fn llistxattr(p: *const c_char, l: *mut c_char, s: size_t) -> ssize_t {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => listxattr_of(r, l, s, false),
-        None => pass!(llistxattr(p, l, s)),
-    }
-}
+path_hook!(fn llistxattr(p: *const c_char, l: *mut c_char, s: size_t) -> ssize_t; path(p) => |r| {
+    listxattr_of(r, l, s, false)
+});
 
 fn removexattr_of(r: Remote, n: *const c_char, follow: bool) -> c_int {
     // SAFETY: n is a C string.
@@ -922,25 +601,9 @@ fn removexattr_of(r: Remote, n: *const c_char, follow: bool) -> c_int {
     }))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn removexattr(p: *const c_char, n: *const c_char) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => removexattr_of(r, n, true),
-        None => pass!(removexattr(p, n)),
-    }
-}
+path_hook!(fn removexattr(p: *const c_char, n: *const c_char) -> c_int; path(p) => |r| removexattr_of(r, n, true));
 
-#[no_mangle]
-pub unsafe extern "C" fn lremovexattr(p: *const c_char, n: *const c_char) -> c_int {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => removexattr_of(r, n, false),
-        None => pass!(lremovexattr(p, n)),
-    }
-}
+path_hook!(fn lremovexattr(p: *const c_char, n: *const c_char) -> c_int; path(p) => |r| removexattr_of(r, n, false));
 
 // ---- canonical names ----
 
@@ -979,22 +642,8 @@ fn realpath_of(r: Remote, out: *mut c_char) -> *mut c_char {
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn realpath(p: *const c_char, out: *mut c_char) -> *mut c_char {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => realpath_of(r, out),
-        None => pass!(realpath(p, out)),
-    }
-}
+path_hook!(fn realpath(p: *const c_char, out: *mut c_char) -> *mut c_char; path(p) => |r| realpath_of(r, out));
 
-#[no_mangle]
-pub unsafe extern "C" fn canonicalize_file_name(p: *const c_char) -> *mut c_char {
-    let fixed = safe_path!(super::local_fix(p));
-    let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
-    match safe_path!(remote_path(p)) {
-        Some(r) => realpath_of(r, std::ptr::null_mut()),
-        None => pass!(canonicalize_file_name(p)),
-    }
-}
+path_hook!(fn canonicalize_file_name(p: *const c_char) -> *mut c_char; path(p) => |r| {
+    realpath_of(r, std::ptr::null_mut())
+});

@@ -485,7 +485,7 @@ pub fn init() {
             reconnect: reconnect_bound(),
             session_keeps_handles: false,
             // A program's own path argument: Linux's limit.
-            max_path: ferry_proto::PATH_MAX - 1,
+            max_path: libc::PATH_MAX as usize - 1,
             // A further connection would be one more descriptor a program
             // could close or take, and a volatile session has nothing for
             // it to share.
