@@ -17,15 +17,95 @@ use ferry_client::Attr;
 
 use crate::sync::Mutex;
 
-/// Entries kept at most; past it the cache starts again (a walk of a huge
-/// tree needs each entry only right after its directory was read).
+/// Listing entries kept at most: past it the listings start again (a
+/// walk of a huge tree needs each entry only right after its directory was
+/// read). A single listing longer than this keeps its first entries.
 const MAX_ENTRIES: usize = 1 << 16;
+/// Single `stat`/`lstat` answers kept at most; past it they start again.
+const MAX_ANSWERS: usize = 1 << 12;
 
-/// `(mount, path inside the export, followed a final symlink)`.
-type Key = (usize, Vec<u8>, bool);
+type Attrs = HashMap<Vec<u8>, (Attr, Instant)>;
 
+/// One directory's listing, as `lstat` sees its entries. A walk puts in
+/// hundreds of entries for each few it asks, so a listing is kept as it
+/// came: its names in one buffer, its entries in the server's order, and
+/// an index sorted by name; not one hashed and allocated key per entry.
+struct Listing {
+    at: Instant,
+    names: Vec<u8>,
+    /// `(start, len)` of the name in `names`, and its attributes.
+    entries: Vec<(u32, u32, Attr)>,
+    /// `entries` indexes in name order, made when first needed: a walk
+    /// that asks in the listing's order never needs it.
+    sorted: Vec<u32>,
+    /// The entry after the last one found: `find`, `du`, `ls -lR` and
+    /// `std::fs::read_dir` callers ask in the listing's order.
+    next: usize,
+}
+
+impl Listing {
+    fn name(&self, i: usize) -> &[u8] {
+        let (start, len, _) = self.entries[i];
+        &self.names[start as usize..(start + len) as usize]
+    }
+
+    fn find(&mut self, name: &[u8]) -> Option<Attr> {
+        let i = if self.next < self.entries.len() && self.name(self.next) == name {
+            self.next
+        } else {
+            if self.sorted.len() != self.entries.len() {
+                let mut sorted: Vec<u32> = (0..self.entries.len() as u32).collect();
+                sorted.sort_unstable_by(|&a, &b| self.name(a as usize).cmp(self.name(b as usize)));
+                self.sorted = sorted;
+            }
+            let k = self.sorted.binary_search_by(|&i| self.name(i as usize).cmp(name)).ok()?;
+            self.sorted[k] as usize
+        };
+        self.next = i + 1;
+        Some(self.entries[i].2)
+    }
+}
+
+/// What one mount's cache holds.
+struct Mount {
+    mount: usize,
+    /// Listings by directory path (without a trailing `/`; the root's is
+    /// empty).
+    listings: HashMap<Vec<u8>, Listing>,
+    /// Answers of single `lstat`s (`[0]`) and `stat`s (`[1]`) by path.
+    answers: [Attrs; 2],
+}
+
+#[derive(Default)]
 struct Cache {
-    map: HashMap<Key, (Attr, Instant)>,
+    mounts: Vec<Mount>,
+    /// Entries in all listings.
+    listed: usize,
+}
+
+impl Cache {
+    fn mount(&mut self, mount: usize) -> &mut Mount {
+        let i = match self.mounts.iter().position(|m| m.mount == mount) {
+            Some(i) => i,
+            None => {
+                let answers = [HashMap::new(), HashMap::new()];
+                self.mounts.push(Mount { mount, listings: HashMap::new(), answers });
+                self.mounts.len() - 1
+            }
+        };
+        &mut self.mounts[i]
+    }
+
+    fn add(&mut self, mount: usize, dir: Vec<u8>, l: Listing) {
+        if self.listed + l.entries.len() > MAX_ENTRIES {
+            self.mounts.iter_mut().for_each(|m| m.listings.clear());
+            self.listed = 0;
+        }
+        self.listed += l.entries.len();
+        if let Some(old) = self.mount(mount).listings.insert(dir, l) {
+            self.listed -= old.entries.len();
+        }
+    }
 }
 
 static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
@@ -51,14 +131,6 @@ pub fn timeout() -> Option<Duration> {
     }
 }
 
-fn put_locked(c: &mut Option<Cache>, key: Key, attr: Attr, at: Instant) {
-    let c = c.get_or_insert_with(|| Cache { map: HashMap::new() });
-    if c.map.len() >= MAX_ENTRIES {
-        c.map.clear();
-    }
-    c.map.insert(key, (attr, at));
-}
-
 /// Taken before fetching what `put` or `put_listing` will keep.
 pub fn generation() -> u64 {
     GENERATION.load(Relaxed)
@@ -74,7 +146,11 @@ pub fn put(gen: u64, mount: usize, path: &[u8], follow: bool, attr: Attr) {
     if GENERATION.load(Relaxed) != gen {
         return;
     }
-    put_locked(&mut c, (mount, path.to_vec(), follow), attr, Instant::now());
+    let map = &mut c.get_or_insert_with(Cache::default).mount(mount).answers[usize::from(follow)];
+    if map.len() >= MAX_ANSWERS {
+        map.clear();
+    }
+    map.insert(path.to_vec(), (attr, Instant::now()));
     FILLED.store(true, Relaxed);
 }
 
@@ -84,19 +160,18 @@ pub fn put_listing<'a>(gen: u64, mount: usize, dir: &[u8], entries: impl Iterato
     if timeout().is_none() {
         return;
     }
-    let now = Instant::now();
-    let base = dir.strip_suffix(b"/").unwrap_or(dir);
+    let dir = dir.strip_suffix(b"/").unwrap_or(dir).to_vec();
+    let mut l = Listing { at: Instant::now(), names: Vec::new(), entries: Vec::new(), sorted: Vec::new(), next: 0 };
+    for (name, attr) in entries.take(MAX_ENTRIES) {
+        let (Ok(start), Ok(len)) = (u32::try_from(l.names.len()), u32::try_from(name.len())) else { break };
+        l.names.extend_from_slice(name);
+        l.entries.push((start, len, *attr));
+    }
     let mut c = CACHE.lock();
     if GENERATION.load(Relaxed) != gen {
         return;
     }
-    for (name, attr) in entries {
-        let mut path = Vec::with_capacity(base.len() + 1 + name.len());
-        path.extend_from_slice(base);
-        path.push(b'/');
-        path.extend_from_slice(name);
-        put_locked(&mut c, (mount, path, false), *attr, now);
-    }
+    c.get_or_insert_with(Cache::default).add(mount, dir, l);
     FILLED.store(true, Relaxed);
 }
 
@@ -106,14 +181,21 @@ pub fn get(mount: usize, path: &[u8], follow: bool) -> Option<Attr> {
     if !FILLED.load(Relaxed) {
         return None;
     }
-    let c = CACHE.lock();
-    let map = &c.as_ref()?.map;
-    let fresh = |k: &Key| map.get(k).filter(|(_, at)| at.elapsed() < ttl).map(|(a, _)| *a);
+    let mut c = CACHE.lock();
+    let m = c.as_mut()?.mounts.iter_mut().find(|m| m.mount == mount)?;
+    let answer = |m: &Mount, follow: bool| {
+        let (a, at) = m.answers[usize::from(follow)].get(path)?;
+        (at.elapsed() < ttl).then_some(*a)
+    };
     // An `lstat` answer is a `stat` answer too unless it is a symlink.
-    let plain = fresh(&(mount, path.to_vec(), false));
+    let plain = answer(m, false).or_else(|| {
+        let cut = path.iter().rposition(|&b| b == b'/')?;
+        let l = m.listings.get_mut(&path[..cut]).filter(|l| l.at.elapsed() < ttl)?;
+        l.find(&path[cut + 1..])
+    });
     match plain {
         Some(a) if !follow || a.mode & libc::S_IFMT != libc::S_IFLNK => Some(a),
-        _ if follow => fresh(&(mount, path.to_vec(), true)),
+        _ if follow => answer(m, true),
         _ => None,
     }
 }
@@ -122,9 +204,7 @@ pub fn get(mount: usize, path: &[u8], follow: bool) -> Option<Attr> {
 pub fn changed() {
     GENERATION.fetch_add(1, Relaxed);
     if FILLED.swap(false, Relaxed) {
-        if let Some(c) = CACHE.lock().as_mut() {
-            c.map.clear();
-        }
+        *CACHE.lock() = None;
     }
 }
 
@@ -138,4 +218,62 @@ pub fn hold_for_fork() {
 pub unsafe fn release_after_fork() {
     // SAFETY: the caller took the lock in `hold_for_fork` and forgot its guard.
     unsafe { CACHE.force_unlock() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: u64, mode: u32) -> Attr {
+        Attr { ino, mode, ..Attr::default() }
+    }
+
+    /// One test: the cache is process-wide.
+    #[test]
+    fn listings_answer_lstat_in_any_order_and_changes_empty_them() {
+        configure(Some("5"));
+        changed();
+        let names: Vec<Vec<u8>> = (0..300u32).map(|i| format!("f{}", (i * 7919) % 1000).into_bytes()).collect();
+        let attrs: Vec<Attr> = (0..300).map(|i| attr(i, libc::S_IFREG)).collect();
+        let listing = || names.iter().map(|n| &n[..]).zip(attrs.iter());
+        put_listing(generation(), 0, b"/d/", listing());
+        // In the listing's order (a walk), then backwards (a sorted `ls -l`
+        // would jump about as much).
+        for i in (0..300).chain((0..300).rev()) {
+            let path = [&b"/d/"[..], &names[i]].concat();
+            assert_eq!(get(0, &path, false).map(|a| a.ino), Some(i as u64), "{}", String::from_utf8_lossy(&path));
+        }
+        assert_eq!(get(0, b"/d/nothing", false), None);
+        assert_eq!(get(1, b"/d/f0", false), None, "another mount");
+        assert_eq!(get(0, b"/d", false), None, "the directory itself was not listed");
+
+        // The root's entries; a symlink answers lstat, not stat.
+        let root = [(&b"a"[..], attr(1, libc::S_IFDIR)), (b"l", attr(2, libc::S_IFLNK))];
+        put_listing(generation(), 0, b"/", root.iter().map(|(n, a)| (*n, a)));
+        assert_eq!(get(0, b"/a", true).map(|a| a.ino), Some(1));
+        assert_eq!(get(0, b"/l", false).map(|a| a.ino), Some(2));
+        assert_eq!(get(0, b"/l", true), None);
+        put(generation(), 0, b"/l", true, attr(3, libc::S_IFREG));
+        assert_eq!(get(0, b"/l", true).map(|a| a.ino), Some(3));
+
+        // A listing fetched before a change is not kept after it.
+        let gen = generation();
+        changed();
+        assert_eq!(get(0, b"/a", false), None);
+        put_listing(gen, 0, b"/", root.iter().map(|(n, a)| (*n, a)));
+        assert_eq!(get(0, b"/a", false), None);
+
+        // Past MAX_ENTRIES the listings start again; the newest stays.
+        let many: Vec<Vec<u8>> = (0..MAX_ENTRIES / 2 + 1).map(|i| format!("n{i}").into_bytes()).collect();
+        let a = attr(9, libc::S_IFREG);
+        put_listing(generation(), 0, b"/x", many.iter().map(|n| (&n[..], &a)));
+        put_listing(generation(), 0, b"/y", many.iter().map(|n| (&n[..], &a)));
+        assert_eq!(get(0, b"/x/n0", false), None);
+        assert_eq!(get(0, b"/y/n0", false).map(|a| a.ino), Some(9));
+
+        configure(Some("0"));
+        put_listing(generation(), 0, b"/z", many.iter().map(|n| (&n[..], &a)));
+        assert_eq!(get(0, b"/z/n0", false), None, "timeout 0 keeps nothing");
+        configure(None);
+    }
 }
