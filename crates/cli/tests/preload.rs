@@ -767,3 +767,38 @@ os.close(fd)
         assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
     }
 }
+
+/// An `fstat` right after an open for reading (`std::fs::read`, `cat` and
+/// `cp` ask one for the size) is the open's own answer for the attribute
+/// timeout: another client's append shows after it (at once with 0), and
+/// this process's own change, by any name, shows at once.
+#[test]
+fn fstat_after_an_open_is_the_opens_answer_for_the_attribute_timeout() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let ex = srv.export.path();
+    let script = format!(
+        r#"
+import os, time
+exp = {ex:?}
+fd = os.open('/remote/h', os.O_RDONLY)
+print(os.fstat(fd).st_size)
+with open(exp + '/h', 'a') as f: f.write('yy')
+print(os.fstat(fd).st_size)
+time.sleep(1.3)
+print(os.fstat(fd).st_size)
+fd2 = os.open('/remote/h', os.O_RDONLY)
+os.chmod('/remote/h2', 0o600)
+print(oct(os.fstat(fd2).st_mode & 0o777), os.fstat(fd2).st_nlink)
+"#,
+        ex = ex.to_str().unwrap()
+    );
+    for (timeout, want) in [("1", "1\n1\n3\n0o600 2\n"), ("0", "1\n3\n3\n0o600 2\n")] {
+        let _ = std::fs::remove_file(ex.join("h2"));
+        std::fs::write(ex.join("h"), "x").unwrap();
+        std::fs::set_permissions(ex.join("h"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        std::fs::hard_link(ex.join("h"), ex.join("h2")).unwrap();
+        let o = python_with_attr_timeout(&srv, local.path(), timeout, &script);
+        assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
+    }
+}

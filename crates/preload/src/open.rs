@@ -71,6 +71,10 @@ struct Io {
     /// request (as `stat` answers from the attribute cache; a program
     /// reading to the end asks twice).
     opened: Option<(u64, std::time::Instant, u32)>,
+    /// The attribute cache's generation at the open: with `opened`, an
+    /// `fstat` is the open's own attributes while no change by this
+    /// process anywhere (a `chmod` by another name, say) came since.
+    attrs_gen: u64,
     /// The file's change counter when this handle last read.
     rgen: u32,
     wbuf: Vec<u8>,
@@ -97,7 +101,8 @@ impl Open {
             .as_ref()
             .filter(|f| f.attr().mode & libc::S_IFMT == libc::S_IFREG && flags & libc::O_ACCMODE == libc::O_RDONLY)
             .map(|f| (f.attr().size, std::time::Instant::now(), GENERATION[bucket].load(Relaxed)));
-        let io = Io { epoch: state::EPOCH.load(Relaxed), file, opened, ..Io::default() };
+        let attrs_gen = crate::attrs::generation();
+        let io = Io { epoch: state::EPOCH.load(Relaxed), file, opened, attrs_gen, ..Io::default() };
         Open {
             mount,
             path,
@@ -352,11 +357,29 @@ impl Open {
     }
 
     pub fn stat(&self) -> Result<Attr, i32> {
+        if let Some(a) = self.attr_at_open() {
+            return Ok(a);
+        }
         send_pending(self.mount, &self.path);
         let mut io = self.io.lock();
         self.sync_locked(&mut io)?;
         let f = self.file(&mut io)?;
         f.metadata().map_err(|e| self.errno(e))
+    }
+
+    /// The attributes the open of a file for reading returned, for an
+    /// `fstat` that follows it (`std::fs::read`, `cat`, `cp` all ask one
+    /// for the size) within the attribute timeout, as a `stat` by path
+    /// would be answered from the cache; never after this process changed
+    /// something.
+    fn attr_at_open(&self) -> Option<Attr> {
+        let io = self.io.lock();
+        let (_, at, g) = io.opened?;
+        let fresh = at.elapsed() < crate::attrs::timeout()?
+            && g == self.generation()
+            && io.attrs_gen == crate::attrs::generation()
+            && io.epoch == state::EPOCH.load(Relaxed);
+        fresh.then(|| io.file.as_ref().map(|f| *f.attr()))?
     }
 
     pub fn truncate(&self, size: u64) -> Result<(), i32> {
