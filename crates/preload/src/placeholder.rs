@@ -27,7 +27,14 @@ pub struct Described {
 }
 
 fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    // Every open and `opendir` writes two paths: no allocation per byte.
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(2 * b.len());
+    for x in b {
+        s.push(DIGITS[usize::from(x >> 4)] as char);
+        s.push(DIGITS[usize::from(x & 15)] as char);
+    }
+    s
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
