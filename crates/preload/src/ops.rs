@@ -64,23 +64,31 @@ fn program_fd(f: std::fs::File, cloexec: bool) -> i32 {
     f.into_raw_fd()
 }
 
-/// The fd of a directory stream (`opendir`): the listing is read by path,
-/// so the server opens the directory only if the program uses the fd
-/// itself; `ls` and `find` save two round trips per directory.
-pub fn open_dir_deferred(r: &Remote) -> R<i32> {
-    install(r, libc::O_RDONLY | libc::O_DIRECTORY, true, None, true)
+/// A directory stream's open directory (`opendir`): the listing is read by
+/// path, so the server opens the directory only if the program uses an fd
+/// of it (`ls` and `find` save two round trips per directory), and the
+/// placeholder fd is made only when the program asks for one (`dirfd`):
+/// most walks never do, and a memfd with its description costs several
+/// system calls.
+pub fn open_dir_stream(r: &Remote) -> Arc<Open> {
+    Arc::new(Open::new(r.mount, r.path.clone(), r.local.clone(), libc::O_RDONLY | libc::O_DIRECTORY, true, None))
 }
 
 fn install(r: &Remote, flags: i32, dir: bool, file: Option<ferry_client::File>, cloexec: bool) -> R<i32> {
+    number(&Arc::new(Open::new(r.mount, r.path.clone(), r.local.clone(), flags, dir, file)), cloexec)
+}
+
+/// A placeholder fd for `open`, from now on in the fd table.
+pub fn number(open: &Arc<Open>, cloexec: bool) -> R<i32> {
     let (prefix, url) = {
         let m = state::MOUNTS.read();
-        let m = m.get(r.mount).ok_or(libc::EIO)?;
+        let m = m.get(open.mount).ok_or(libc::EIO)?;
         (m.prefix.clone(), format!("ferry://{}{}", m.url.addr, m.url.path))
     };
-    let d = Described { prefix, url, path: r.path.clone(), local: r.local.clone(), flags, dir };
+    let flags = open.flags.load(std::sync::atomic::Ordering::Relaxed);
+    let d = Described { prefix, url, path: open.path.clone(), local: open.local.clone(), flags, dir: open.dir };
     let fd = placeholder::create(&d, cloexec)?;
-    let open = Arc::new(Open::new(r.mount, r.path.clone(), r.local.clone(), flags, dir, file));
-    state::insert(fd, open);
+    state::insert(fd, open.clone());
     Ok(fd)
 }
 

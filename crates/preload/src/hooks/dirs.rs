@@ -11,7 +11,7 @@ use libc::{c_char, c_int, c_long};
 use super::{remote_fd, remote_path};
 use crate::guard::{enter, set_errno};
 use crate::open::Open;
-use crate::{ops, state};
+use crate::ops;
 
 struct Entry {
     name: CString,
@@ -20,6 +20,7 @@ struct Entry {
 }
 
 struct RemoteDir {
+    /// The stream's placeholder fd; -1 until `dirfd` asks (`opendir`).
     fd: c_int,
     open: Arc<Open>,
     entries: Vec<Entry>,
@@ -85,14 +86,7 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut libc::DIR {
     let fixed = safe_path!(super::local_fix(p));
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     let Some(r) = safe_path!(remote_path(p)) else { return pass!(opendir(p)) };
-    let res = enter(|| {
-        let fd = ops::open_dir_deferred(&r)?;
-        let open = state::get(fd).ok_or(libc::EIO)?;
-        make(fd, open).inspect_err(|_| {
-            let _ = ops::close(fd);
-        })
-    });
-    res.unwrap_or_else(null_with)
+    enter(|| make(-1, ops::open_dir_stream(&r))).unwrap_or_else(null_with)
 }
 
 #[no_mangle]
@@ -182,6 +176,9 @@ pub unsafe extern "C" fn closedir(d: *mut libc::DIR) -> c_int {
     let rd = unsafe { Box::from_raw(d as *mut RemoteDir) };
     let fd = rd.fd;
     drop(rd);
+    if fd < 0 {
+        return 0;
+    }
     // SAFETY: the stream owned its fd; our close hook releases it.
     unsafe { super::fd::close(fd) }
 }
@@ -191,7 +188,15 @@ pub unsafe extern "C" fn dirfd(d: *mut libc::DIR) -> c_int {
     if !ours(d) {
         return pass!(dirfd(d));
     }
-    with_dir(d, |rd| rd.fd)
+    with_dir(d, |rd| {
+        if rd.fd < 0 {
+            match enter(|| ops::number(&rd.open, true)) {
+                Ok(fd) => rd.fd = fd,
+                Err(e) => set_errno(e),
+            }
+        }
+        rd.fd
+    })
 }
 
 #[no_mangle]
