@@ -185,17 +185,23 @@ pub fn get(mount: usize, path: &[u8], follow: bool) -> Option<Attr> {
     let m = c.as_mut()?.mounts.iter_mut().find(|m| m.mount == mount)?;
     let answer = |m: &Mount, follow: bool| {
         let (a, at) = m.answers[usize::from(follow)].get(path)?;
-        (at.elapsed() < ttl).then_some(*a)
+        (at.elapsed() < ttl).then_some((*a, *at))
     };
-    // An `lstat` answer is a `stat` answer too unless it is a symlink.
-    let plain = answer(m, false).or_else(|| {
+    let listed = |m: &mut Mount| {
         let cut = path.iter().rposition(|&b| b == b'/')?;
         let l = m.listings.get_mut(&path[..cut]).filter(|l| l.at.elapsed() < ttl)?;
-        l.find(&path[cut + 1..])
-    });
+        let at = l.at;
+        Some((l.find(&path[cut + 1..])?, at))
+    };
+    // An `lstat` answer is a `stat` answer too unless it is a symlink; of
+    // an answer and a listing, the younger counts.
+    let plain = match (answer(m, false), listed(m)) {
+        (Some(a), Some(l)) => Some(if a.1 >= l.1 { a.0 } else { l.0 }),
+        (a, l) => a.or(l).map(|(a, _)| a),
+    };
     match plain {
         Some(a) if !follow || a.mode & libc::S_IFMT != libc::S_IFLNK => Some(a),
-        _ if follow => answer(m, true),
+        _ if follow => answer(m, true).map(|(a, _)| a),
         _ => None,
     }
 }
@@ -255,6 +261,12 @@ mod tests {
         assert_eq!(get(0, b"/l", true), None);
         put(generation(), 0, b"/l", true, attr(3, libc::S_IFREG));
         assert_eq!(get(0, b"/l", true).map(|a| a.ino), Some(3));
+
+        // Of an answer and a listing, the younger counts.
+        put(generation(), 0, b"/a", false, attr(7, libc::S_IFDIR));
+        assert_eq!(get(0, b"/a", false).map(|a| a.ino), Some(7));
+        put_listing(generation(), 0, b"/", root.iter().map(|(n, a)| (*n, a)));
+        assert_eq!(get(0, b"/a", false).map(|a| a.ino), Some(1));
 
         // A listing fetched before a change is not kept after it.
         let gen = generation();
