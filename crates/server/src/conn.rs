@@ -427,6 +427,11 @@ impl<B: Backend> Conn<B> {
                     break a;
                 }
                 Err(refusal) => {
+                    // Counted before the client can learn of it: a scrape
+                    // right after a refused client must see it.
+                    if matches!(refusal, Refusal::AuthFailed) {
+                        self.common.metrics.auth_failures.fetch_add(1, Relaxed);
+                    }
                     // Best effort: the client learns why before the close.
                     let _ = self.flush();
                     return Err(match refusal {

@@ -253,7 +253,6 @@ fn accept_loop<B: Backend>(
                 conn.run()
             };
             match &end {
-                End::AuthFailed => metrics.auth_failures.fetch_add(1, Ordering::Relaxed),
                 End::Protocol(_) => metrics.protocol_errors.fetch_add(1, Ordering::Relaxed),
                 _ => 0,
             };
