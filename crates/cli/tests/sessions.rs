@@ -131,3 +131,31 @@ fn without_a_session_a_connection_takes_its_state_with_it() {
     }
     drop(f);
 }
+
+/// A session is journaled with the server's own ids even when the thread
+/// that makes it last acted for a caller who may not write the state
+/// directory: here a squashed root, whose client asks for its session
+/// (for a data channel) only after opening a file as that caller.
+#[test]
+fn a_squashed_callers_session_is_journaled_all_the_same() {
+    let journal = common::TempDir::new("journal");
+    let server = Server::start(&["--root-squash", "--state-dir", journal.path().to_str().unwrap()]);
+    let data = random_bytes(4 << 20, 7);
+    std::fs::write(server.export.path().join("pub"), &data).unwrap();
+    let c = server.tcp_client();
+    let f = c.open("/pub", OpenOptions::new().read(true)).unwrap();
+    let mut back = vec![0u8; data.len()];
+    let mut at = 0;
+    while at < back.len() {
+        at += f.read_at(&mut back[at..], at as u64).unwrap();
+    }
+    assert!(back == data);
+    let sessions: Vec<_> = std::fs::read_dir(journal.path())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("s-"))
+        .collect();
+    let log = std::fs::read_to_string(server.state.path().join("server.log")).unwrap();
+    assert!(!sessions.is_empty(), "no session file in the state directory; server log:\n{log}");
+    assert!(!log.contains("not kept"), "{log}");
+}

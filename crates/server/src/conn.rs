@@ -566,6 +566,12 @@ impl<B: Backend> Conn<B> {
         if matches!(req, Request::Hello { .. } | Request::Auth { .. }) {
             return self.queue_error(h, Errno::INVAL, "handshake already done");
         }
+        if matches!(req, Request::SessionNew | Request::SessionNewVolatile | Request::SessionAttach { .. }) {
+            // The session's journal is the server's own: its files are made
+            // with the server's ids, not a caller's the thread last wore
+            // (a squashed root could not write the state directory).
+            self.creds.wear_own().map_err(End::Io)?;
+        }
         let control = match req {
             Request::SessionNew => Some(self.session_new(caps, true)),
             Request::SessionNewVolatile => Some(self.session_new(caps, false)),
@@ -573,8 +579,6 @@ impl<B: Backend> Conn<B> {
             _ => None,
         };
         if let Some(r) = control {
-            // The session's journal is the server's own.
-            self.creds.wear_own().map_err(End::Io)?;
             match r {
                 Ok(id) => {
                     let lease_ms = u32::try_from(self.common.sessions.lease().as_millis()).unwrap_or(u32::MAX);
