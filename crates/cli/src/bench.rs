@@ -371,18 +371,40 @@ fn ferry_read(c: &Client, path: &str, bytes: u64, block: usize) -> Result<f64, S
 
 /// The peer sends `bytes` in 1 MiB writes; we receive them.
 pub(crate) fn raw_stream(bytes: u64) -> Result<f64, String> {
-    receive_from_peer(&["source"], bytes)
+    receive_from_peer(&["source"], bytes).map(|(mbps, _)| mbps)
 }
 
 /// The peer `sendfile`s the benchmark file: the best a server can do
 /// moving this file's pages to a socket.
 fn raw_sendfile(path: &Path, bytes: u64) -> Result<f64, String> {
+    raw_sendfile_cpu(path, bytes).map(|(mbps, _)| mbps)
+}
+
+/// As `raw_sendfile`, with the receiving thread's CPU seconds: on
+/// loopback what a receiver spends depends on how the sender sent (pages
+/// of a file, or a buffer it just wrote), which `raw_stream_cpu` shows.
+pub(crate) fn raw_sendfile_cpu(path: &Path, bytes: u64) -> Result<(f64, f64), String> {
     receive_from_peer(&["sendfile", &path.to_string_lossy()], bytes)
 }
 
+/// As `raw_stream`, with the receiving thread's CPU seconds.
+pub(crate) fn raw_stream_cpu(bytes: u64) -> Result<(f64, f64), String> {
+    receive_from_peer(&["source"], bytes)
+}
+
+/// CPU seconds this thread has run, in nanoseconds from
+/// `/proc/thread-self/schedstat` (not clock ticks: a 1 GiB receive takes
+/// a few of those).
+fn thread_cpu() -> Result<f64, String> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").map_err(|e| format!("schedstat: {e}"))?;
+    let ns: u64 = s.split_whitespace().next().and_then(|v| v.parse().ok()).ok_or("schedstat: no run time")?;
+    Ok(ns as f64 / 1e9)
+}
+
 /// Starts `ferry bench-peer MODE ADDR BYTES [PATH]` and times receiving
-/// `bytes` from it into a 1 MiB buffer.
-fn receive_from_peer(mode_and_path: &[&str], bytes: u64) -> Result<f64, String> {
+/// `bytes` from it into a 1 MiB buffer: MB/s, and the CPU seconds the
+/// receiving thread spent.
+fn receive_from_peer(mode_and_path: &[&str], bytes: u64) -> Result<(f64, f64), String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
     let c = Command::new(exe()?)
@@ -394,7 +416,7 @@ fn receive_from_peer(mode_and_path: &[&str], bytes: u64) -> Result<f64, String> 
     pin_peer(&peer)?;
     let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 1024 * 1024];
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), thread_cpu()?);
     let mut got = 0u64;
     while got < bytes {
         let n = s.read(&mut buf).map_err(|e| e.to_string())?;
@@ -403,9 +425,9 @@ fn receive_from_peer(mode_and_path: &[&str], bytes: u64) -> Result<f64, String> 
         }
         got += n as u64;
     }
-    let elapsed = t.elapsed();
+    let (elapsed, cpu) = (t.elapsed(), thread_cpu()? - cpu);
     drop(peer);
-    Ok(mbps(bytes, elapsed))
+    Ok((mbps(bytes, elapsed), cpu))
 }
 
 /// Receives a raw stream and writes it into a file: the best a server can

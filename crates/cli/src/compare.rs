@@ -636,7 +636,7 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
         }
     };
     if only(0) {
-        note(raw_limits(&plan, runs, &mut res, port, server_pid));
+        note(raw_limits(&plan, runs, &mut res, port, server_pid, &run.export.join("big.dat")));
     }
     if only(1) {
         note(exp_read(&plan, runs, &systems, &mut res));

@@ -412,10 +412,26 @@ fn parallel(sys: &System, n: usize, mix: bool, duration: f64) -> Result<(f64, f6
     Ok((bytes / duration / 1e6, ops / duration, failed))
 }
 
-pub(super) fn raw_limits(plan: &Plan, runs: usize, res: &mut Results, port: u16, server: u32) -> Result<(), String> {
+pub(super) fn raw_limits(
+    plan: &Plan,
+    runs: usize,
+    res: &mut Results,
+    port: u16,
+    server: u32,
+    big: &Path,
+) -> Result<(), String> {
     eprintln!("ferry compare: raw limits");
+    let sent = plan.raw_bytes.min(std::fs::metadata(big).map_err(|e| format!("{}: {e}", big.display()))?.len());
     for _ in 0..runs {
-        res.add("0", "raw", "TCP stream, 1 MiB writes", "throughput", "MB/s", bench::raw_stream(plan.raw_bytes)?);
+        let (mbps, cpu) = bench::raw_stream_cpu(plan.raw_bytes)?;
+        res.add("0", "raw", "TCP stream, 1 MiB writes", "throughput", "MB/s", mbps);
+        // What receiving costs a raw receiver, by how the sender sent: the
+        // yardstick for experiment 8's client CPU (ferry's server uses
+        // `sendfile`; the baselines' servers copy from a buffer).
+        let per = |cpu: f64, bytes: u64| cpu / (bytes as f64 / GIB as f64);
+        res.add("0", "raw", "TCP receive, sender writes a buffer", "receiver CPU", "s/GiB", per(cpu, plan.raw_bytes));
+        let (_, cpu) = bench::raw_sendfile_cpu(big, sent)?;
+        res.add("0", "raw", "TCP receive, sender sendfiles the file", "receiver CPU", "s/GiB", per(cpu, sent));
         res.add("0", "raw", "Unix stream, 1 MiB writes", "throughput", "MB/s", unix_stream(plan.raw_bytes)?);
         res.add("0", "raw", "memcpy 64 MiB", "throughput", "MB/s", memcpy());
         res.add("0", "raw", "TCP ping-pong 64 B, unpinned", "latency", "µs", ping_pong(plan.rtts)?);
