@@ -26,12 +26,16 @@ fn ferry_errors(errors: Vec<String>) -> Result<(), String> {
     }
 }
 
-/// The systems in another order each run (run `r` starts at the `r`-th):
-/// none is always first to meet a cold page cache or a fresh allocation of
-/// tmpfs pages, nor always last after the others warmed the machine.
-fn rotated(systems: &[System], run: usize) -> impl Iterator<Item = &System> {
+/// The systems in another order each run: run `r` of `runs` starts a
+/// fraction `r / runs` into the list, so the starts spread over all of it
+/// (with 3 runs and 12 systems: the 1st, 5th and 9th), and none is always
+/// first to meet a cold page cache or a fresh allocation of tmpfs pages,
+/// nor always last after the others warmed the machine. (Starting one
+/// further each run put only the first three, all ferry's, first: run 6's
+/// 1 GiB writes show what that costs the first, ~5 x.)
+fn rotated(systems: &[System], run: usize, runs: usize) -> impl Iterator<Item = &System> {
     let n = systems.len().max(1);
-    systems.iter().cycle().skip(run % n).take(systems.len())
+    systems.iter().cycle().skip(run * n / runs.max(1) % n).take(systems.len())
 }
 
 pub(super) fn exp_read(plan: &Plan, runs: usize, systems: &[System], res: &mut Results) -> Result<(), String> {
@@ -40,7 +44,7 @@ pub(super) fn exp_read(plan: &Plan, runs: usize, systems: &[System], res: &mut R
     for run in 0..runs {
         for &s in &plan.read_sizes {
             let limit = plan.read_limit(s);
-            for sys in rotated(systems, run) {
+            for sys in rotated(systems, run, runs) {
                 let Some(m) = try_measure(sys, &["read", "/big.dat", &s.to_string(), &limit.to_string()], &mut errors)
                 else {
                     res.add("1", &sys.name, &size_label(s), "failed", "", 1.0);
@@ -75,7 +79,7 @@ pub(super) fn exp_write(
     let biggest = plan.write_sizes.last().copied().unwrap_or(0);
     for run in 0..runs {
         for &size in &plan.write_sizes {
-            for sys in rotated(systems, run).filter(|s| s.writes) {
+            for sys in rotated(systems, run, runs).filter(|s| s.writes) {
                 let name = format!("/w-{}.dat", sys.name);
                 let args = ["write", name.as_str(), &size.to_string(), &MIB.to_string()];
                 let m = try_measure(sys, &args, &mut errors);
@@ -287,7 +291,7 @@ pub(super) fn exp_stat(plan: &Plan, runs: usize, systems: &[System], res: &mut R
     eprintln!("ferry compare: experiment 4, stat latency");
     let mut errors = Vec::new();
     for run in 0..runs {
-        for sys in rotated(systems, run) {
+        for sys in rotated(systems, run, runs) {
             let Some(m) = try_measure(sys, &["stat", "/big.dat", &plan.stats.to_string()], &mut errors) else {
                 continue;
             };
@@ -309,7 +313,7 @@ pub(super) fn exp_scan(plan: &Plan, runs: usize, systems: &[System], res: &mut R
     let mut errors = Vec::new();
     let files = (plan.tree.0 * plan.tree.1) as f64;
     for run in 0..runs {
-        for sys in rotated(systems, run) {
+        for sys in rotated(systems, run, runs) {
             for (read, param) in [("0", "readdir+stat"), ("1", "readdir+stat+read")] {
                 let Some(m) = try_measure(sys, &["scan", "/tree", read], &mut errors) else { continue };
                 if k(&m.kv, "files") != files {
