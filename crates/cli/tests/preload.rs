@@ -802,3 +802,39 @@ print(oct(os.fstat(fd2).st_mode & 0o777), os.fstat(fd2).st_nlink)
         assert_eq!(ok(&o), want, "--attr-timeout {timeout}");
     }
 }
+
+/// A directory stream's fd exists once the program asks for it
+/// (`opendir` makes none until `dirfd`): it names the directory for
+/// `fstat`, `*at` calls and `fchdir`, and goes with `closedir`; a stream
+/// whose fd nobody asked for closes cleanly too.
+#[test]
+fn dirfd_of_a_remote_directory_stream_works_and_goes_with_closedir() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::create_dir_all(srv.export.path().join("d/sub")).unwrap();
+    std::fs::write(srv.export.path().join("d/f"), "12345").unwrap();
+    let script = r#"
+import ctypes, os, stat
+libc = ctypes.CDLL(None, use_errno=True)
+libc.opendir.restype = ctypes.c_void_p
+libc.opendir.argtypes = [ctypes.c_char_p]
+libc.dirfd.argtypes = [ctypes.c_void_p]
+libc.closedir.argtypes = [ctypes.c_void_p]
+d = libc.opendir(b'/remote/d')
+fd = libc.dirfd(d)
+print(fd >= 0, libc.dirfd(d) == fd, stat.S_ISDIR(os.fstat(fd).st_mode))
+print(os.stat('f', dir_fd=fd).st_size, sorted(os.listdir(fd)))
+os.fchdir(fd)
+print(os.getcwd(), open('f').read())
+print(libc.closedir(d))
+try:
+    os.fstat(fd)
+    print('still open')
+except OSError as e:
+    print('closed', e.errno == 9)
+e = libc.opendir(b'/remote/d/sub')
+print(libc.closedir(e))
+"#;
+    let o = common::preload::run_cmd_with(&srv, local.path(), 60, &[], &["python3", "-c", script]);
+    assert_eq!(ok(&o), "True True True\n5 ['f', 'sub']\n/remote/d 12345\n0\nclosed True\n0\n");
+}
