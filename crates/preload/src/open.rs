@@ -276,14 +276,7 @@ impl Open {
         let io = &mut *guard;
         self.send_gathered(io)?;
         let gen = self.generation();
-        let known_end = match (io.opened, crate::attrs::timeout()) {
-            (Some((size, at, g)), Some(ttl))
-                if g == gen && at.elapsed() < ttl && io.epoch == state::EPOCH.load(Relaxed) =>
-            {
-                Some(size)
-            }
-            _ => None,
-        };
+        let known_end = self.opened_still(io);
         if known_end.is_some_and(|end| pos >= end) {
             return Ok(0);
         }
@@ -374,12 +367,18 @@ impl Open {
     /// something.
     fn attr_at_open(&self) -> Option<Attr> {
         let io = self.io.lock();
-        let (_, at, g) = io.opened?;
-        let fresh = at.elapsed() < crate::attrs::timeout()?
-            && g == self.generation()
-            && io.attrs_gen == crate::attrs::generation()
-            && io.epoch == state::EPOCH.load(Relaxed);
-        fresh.then(|| io.file.as_ref().map(|f| *f.attr()))?
+        self.opened_still(&io)?;
+        (io.attrs_gen == crate::attrs::generation()).then(|| io.file.as_ref().map(|f| *f.attr()))?
+    }
+
+    /// The size the open of a file for reading saw, while it still stands:
+    /// within the attribute timeout, with no change to the file by this
+    /// process and no `fork` or `exec` since.
+    fn opened_still(&self, io: &Io) -> Option<u64> {
+        let (size, at, g) = io.opened?;
+        let fresh =
+            at.elapsed() < crate::attrs::timeout()? && g == self.generation() && io.epoch == state::EPOCH.load(Relaxed);
+        fresh.then_some(size)
     }
 
     pub fn truncate(&self, size: u64) -> Result<(), i32> {

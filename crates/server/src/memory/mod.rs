@@ -801,13 +801,7 @@ impl Backend for MemoryBackend {
     fn mkdir(&self, path: &[u8], mode: u32) -> Result<Attr> {
         check_path(path)?;
         let _ns = self.ns_write();
-        let (dir, last, _) = self.walk_parent(self.root.clone(), path, &mut 0)?;
-        let Last::Name(name) = last else {
-            return Err(Errno::EXIST);
-        };
-        if self.lookup_child(&dir, name)?.is_some() {
-            return Err(Errno::EXIST);
-        }
+        let (dir, name) = self.free_name(path, true)?;
         Ok(self.create(&dir, name, NewKind::Dir, mode & MKDIR_MASK)?.attr())
     }
 
@@ -821,13 +815,7 @@ impl Backend for MemoryBackend {
             _ => return Err(Errno::INVAL),
         };
         let _ns = self.ns_write();
-        let (dir, last, _) = self.walk_parent(self.root.clone(), path, &mut 0)?;
-        let Last::Name(name) = last else {
-            return Err(Errno::EXIST);
-        };
-        if self.lookup_child(&dir, name)?.is_some() {
-            return Err(Errno::EXIST);
-        }
+        let (dir, name) = self.free_name(path, true)?;
         Ok(self.create(&dir, name, kind, mode & PERM_MASK)?.attr())
     }
 
@@ -968,16 +956,7 @@ impl Backend for MemoryBackend {
         check_path(to)?;
         let _ns = self.ns_write();
         let src = self.resolve_from(self.root.clone(), from, false, &mut 0)?;
-        let (dir, last, trailing) = self.walk_parent(self.root.clone(), to, &mut 0)?;
-        let Last::Name(name) = last else {
-            return Err(Errno::EXIST);
-        };
-        if self.lookup_child(&dir, name)?.is_some() {
-            return Err(Errno::EXIST);
-        }
-        if trailing {
-            return Err(Errno::NOENT);
-        }
+        let (dir, name) = self.free_name(to, false)?;
         if src.ftype == FType::Dir {
             return Err(Errno::PERM);
         }
@@ -1009,16 +988,7 @@ impl Backend for MemoryBackend {
         }
         check_path(path)?;
         let _ns = self.ns_write();
-        let (dir, last, trailing) = self.walk_parent(self.root.clone(), path, &mut 0)?;
-        let Last::Name(name) = last else {
-            return Err(Errno::EXIST);
-        };
-        if self.lookup_child(&dir, name)?.is_some() {
-            return Err(Errno::EXIST);
-        }
-        if trailing {
-            return Err(Errno::NOENT);
-        }
+        let (dir, name) = self.free_name(path, false)?;
         Ok(self.create(&dir, name, NewKind::Symlink(target.to_owned()), 0o777)?.attr())
     }
 

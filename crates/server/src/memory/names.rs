@@ -57,6 +57,23 @@ impl MemoryBackend {
 
     /// Resolves everything but the last component: the directory that holds
     /// it, the component, and whether a trailing slash followed it.
+    /// Where a new node named by `path` goes: its directory and its name,
+    /// `EEXIST` if the name is taken (or is the root, `.` or `..`), and
+    /// with a trailing slash `ENOENT` unless `slash_ok` (`mkdir d/`).
+    pub(super) fn free_name<'p>(&self, path: &'p [u8], slash_ok: bool) -> Result<(Arc<Inode>, &'p [u8])> {
+        let (dir, last, trailing) = self.walk_parent(self.root.clone(), path, &mut 0)?;
+        let Last::Name(name) = last else {
+            return Err(Errno::EXIST);
+        };
+        if self.lookup_child(&dir, name)?.is_some() {
+            return Err(Errno::EXIST);
+        }
+        if trailing && !slash_ok {
+            return Err(Errno::NOENT);
+        }
+        Ok((dir, name))
+    }
+
     pub(super) fn walk_parent<'p>(
         &self,
         start: Arc<Inode>,
