@@ -134,6 +134,7 @@ fn identity_policy(a: &ServeArgs) -> Result<Option<ferry_server::identity::Polic
         uid_map: parse(&a.map_uid, "uid")?,
         gid_map: parse(&a.map_gid, "gid")?,
     };
+    policy.check()?;
     if !rustix::process::geteuid().is_root() {
         if policy != Policy::default() {
             tracing::warn!("not running as root: every client acts as this server's user, ids are not mapped");

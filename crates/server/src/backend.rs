@@ -155,11 +155,29 @@ pub trait Backend: Send + Sync + 'static {
     /// finds the same file again after the server restarted. Empty when the
     /// backend has none beyond `(dev, ino)`.
     fn file_id(&self, file: &Self::File) -> Vec<u8>;
-    /// Opens again the file a client opened before: the one `id` names, or
-    /// where the backend cannot use `id`, the file at `path` if it is still
-    /// the one with `key` (`dev`, `ino`). Any other file, or none: `ESTALE`.
-    /// `flags` never create or truncate.
-    fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(Self::File, Attr)>;
+    /// Finds the file `id` names (for a path-routing backend, in the export
+    /// `path` is in), if it is a file of the export and still the one with
+    /// `key` (`dev`, `ino`) — without opening it for reading or writing.
+    /// Called with the server's own ids (a kernel file handle needs
+    /// privileges), only for an id the server gave the session itself.
+    /// `ESTALE` where there is none, or the backend finds files by path only.
+    fn locate(&self, _id: &[u8], _path: &[u8], _key: (u64, u64)) -> Result<Self::File> {
+        Err(Errno::STALE)
+    }
+    /// Opens again, with the ids the thread wears (the caller's), the file
+    /// a client opened before: `found` (by `locate`), opened as its own
+    /// permissions allow; or else the file at `path` if it is still the one
+    /// with `key`. Any other file, or none: `ESTALE`. `id` is what the
+    /// server gave for the file (empty when it did not give it to this
+    /// session). `flags` never create or truncate.
+    fn reopen(
+        &self,
+        found: Option<Self::File>,
+        id: &[u8],
+        path: &[u8],
+        flags: u32,
+        key: (u64, u64),
+    ) -> Result<(Self::File, Attr)>;
 
     /// The descriptor of an open regular file, for the server to pass to a
     /// client on its own host (`FileFd`); `None` when the backend has none

@@ -608,11 +608,9 @@ impl<B: Backend> Conn<B> {
             _ => {}
         }
         if let Some(got) = session.bulk_file(&req) {
-            let named = match &self.common.cfg.identity {
-                Some(_) if h.flags != 0 && matches!(req, Request::Pwrite { .. }) => session.caller(h.flags).ok(),
-                _ => None,
-            };
-            if let Some(c) = named {
+            // A write is its caller's (or the anonymous user's): the kernel
+            // clears set-id bits for anyone but root. A read checks nothing.
+            if let Ok(Some(c)) = self.creds_for(&session, caps, h.flags, &req) {
                 self.creds.wear(&c).map_err(End::Io)?;
             }
             let file;
@@ -652,9 +650,9 @@ impl<B: Backend> Conn<B> {
         }
         if let Request::Caller { slot, uid, gid, groups } = req {
             let named = match &self.common.cfg.identity {
-                Some(p) if caps & caps::IDENTITY != 0 => {
-                    session.name_caller(slot, p.resolve(uid, gid, ferry_proto::caller_groups(groups)))
-                }
+                Some(p) if caps & caps::IDENTITY != 0 => p
+                    .resolve(uid, gid, ferry_proto::caller_groups(groups))
+                    .and_then(|c| session.name_caller(slot, c)),
                 _ => Err(Errno::NOSYS),
             };
             match named {
@@ -688,24 +686,13 @@ impl<B: Backend> Conn<B> {
         // request sent again is given whoever asks: it ran already): an
         // unknown slot is named again by the client, and the request sent
         // again.
-        let creds = match &self.common.cfg.identity {
-            Some(p) if caps & caps::IDENTITY != 0 => match crate::identity::acts_as(&req) {
-                crate::identity::ActsAs::Caller => match h.flags {
-                    0 => Some(Some(p.nobody_named())),
-                    slot => match session.caller(slot) {
-                        Ok(c) => Some(Some(c)),
-                        Err(e) => {
-                            drop(guard);
-                            return self.queue_error(h, e, &format!("caller slot {slot} is not named in this session"));
-                        }
-                    },
-                },
-                crate::identity::ActsAs::Server => Some(None),
-                // Named or not, it may go on: a write named gets the
-                // kernel's treatment of its caller (set-id bits cleared).
-                crate::identity::ActsAs::Anyone => session.caller(h.flags).ok().map(Some),
-            },
-            _ => None,
+        let creds = match self.creds_for(&session, caps, h.flags, &req) {
+            Ok(c) => c,
+            Err(e) => {
+                drop(guard);
+                let slot = h.flags;
+                return self.queue_error(h, e, &format!("caller slot {slot} is not named in this session"));
+            }
         };
         let settled = match guard.as_mut() {
             Some(g) if run.is_none() => g.replies.take_unknown(h.id, h.op, digest),
@@ -717,24 +704,36 @@ impl<B: Backend> Conn<B> {
                 log.intent(h.id, h.op, digest);
             }
         }
-        match &creds {
-            Some(Some(c)) => self.creds.wear(c),
-            Some(None) => self.creds.wear_own(),
-            None => Ok(()),
+        // A file opened again by the id the server gave this session is
+        // found first, as the server (a kernel file handle needs it); it is
+        // opened with the caller's ids below.
+        let found = match &req {
+            Request::Reopen { .. } => {
+                self.creds.wear_own().map_err(End::Io)?;
+                session.locate(&req)
+            }
+            _ => None,
+        };
+        if let Some(c) = &creds {
+            self.creds.wear(c).map_err(End::Io)?;
         }
-        .map_err(End::Io)?;
-        let first = session.execute(run.as_ref().unwrap_or(&req));
+        let first = match &req {
+            Request::Reopen { .. } => session.reopen(&req, found),
+            _ => session.execute(run.as_ref().unwrap_or(&req)),
+        };
         let refused = matches!(first, Err(Errno(libc::EPERM)));
         let mut answer = match (&creds, &req) {
-            // Refused to a caller who may clear set-id bits all the same
-            // (asked only then, still wearing the caller's ids).
-            (Some(Some(_)), Request::Chmod { target, mode }) if refused => {
+            // Refused to a caller who may clear set-id bits all the same:
+            // the file is opened for writing as the caller (the proof),
+            // and only that descriptor is changed, as the server.
+            (Some(_), Request::Chmod { target, mode }) if refused => {
                 drop(first);
-                if session.clears_setid_only(target, *mode) {
-                    self.creds.wear_own().map_err(End::Io)?;
-                    session.execute(&req)
-                } else {
-                    Err(Errno::PERM)
+                match session.setid_file(target, *mode) {
+                    Some(file) => {
+                        self.creds.wear_own().map_err(End::Io)?;
+                        self.common.backend.chmod(crate::backend::Node::File(&file), *mode).map(Answer::Attr)
+                    }
+                    None => Err(Errno::PERM),
                 }
             }
             _ => first,
@@ -778,6 +777,36 @@ impl<B: Backend> Conn<B> {
         drop(guard);
         self.out = out;
         self.maybe_flush()
+    }
+
+    /// Whom a request acts for on a server that acts as callers (`None`:
+    /// the server acts as itself for everyone, or the request checks
+    /// nothing). Never the server's own ids, and never the client's choice
+    /// whether to say: a session without `IDENTITY` and a request naming no
+    /// slot act as the anonymous user (PROTOCOL.md 8.8).
+    fn creds_for(
+        &self,
+        session: &Session<B>,
+        caps: u64,
+        slot: u16,
+        req: &Request<'_>,
+    ) -> Result<Option<crate::identity::Creds>, Errno> {
+        use crate::identity::ActsAs;
+        let Some(p) = &self.common.cfg.identity else { return Ok(None) };
+        let kind = crate::identity::acts_as(req);
+        if kind == ActsAs::Any {
+            return Ok(None);
+        }
+        if caps & caps::IDENTITY == 0 || slot == 0 {
+            return Ok(Some(p.nobody_named()));
+        }
+        match session.caller(slot) {
+            Ok(c) => Ok(Some(c)),
+            // Named again by the client, and the request sent again.
+            Err(e) if kind == ActsAs::Caller => Err(e),
+            // A handle's request goes on as whoever may use it.
+            Err(_) => Ok(Some(p.nobody_named())),
+        }
     }
 
     /// `LocalAddr`: where a client on this host finds the server without

@@ -655,12 +655,34 @@ impl<B: Backend> Backend for Exports<B> {
         }
     }
 
-    fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(XFile<B>, Attr)> {
+    fn locate(&self, id: &[u8], path: &[u8], key: (u64, u64)) -> Result<XFile<B>> {
+        match self.route(path, false)? {
+            None => Err(Errno::STALE),
+            Some((d, rest)) => {
+                let f = d.backend.locate(id, rest, key)?;
+                Ok(XFile::In(d, f))
+            }
+        }
+    }
+
+    fn reopen(
+        &self,
+        found: Option<XFile<B>>,
+        id: &[u8],
+        path: &[u8],
+        flags: u32,
+        key: (u64, u64),
+    ) -> Result<(XFile<B>, Attr)> {
         let write = flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32;
         match self.route(path, write)? {
             None => Ok((XFile::Top, self.top_attr())),
             Some((d, rest)) => {
-                let (f, a) = d.backend.reopen(id, rest, flags, key)?;
+                // Found in the export the path names now, or not at all.
+                let found = match found {
+                    Some(XFile::In(e, f)) if Arc::ptr_eq(&e, &d) => Some(f),
+                    _ => None,
+                };
+                let (f, a) = d.backend.reopen(found, id, rest, flags, key)?;
                 Ok((XFile::In(d, f), a))
             }
         }

@@ -38,56 +38,90 @@ pub struct Creds {
     pub groups: Vec<u32>,
 }
 
+/// The id the kernel reads as "leave unchanged" (`setresuid(2)`): never a
+/// caller's.
+pub const UNCHANGED: u32 = u32::MAX;
+
 impl Policy {
-    /// The ids to act with for a caller who claims `uid`, `gid`, `groups`.
-    pub fn resolve(&self, uid: u32, gid: u32, groups: impl IntoIterator<Item = u32>) -> Creds {
+    /// The ids to act with for a caller who claims `uid`, `gid`, `groups`;
+    /// `EINVAL` for a claim of (uint32)−1, which no user has and which the
+    /// kernel would read as "keep the ids the thread wears".
+    pub fn resolve(&self, uid: u32, gid: u32, groups: impl IntoIterator<Item = u32>) -> Result<Creds, crate::Errno> {
+        let groups: Vec<u32> = groups.into_iter().collect();
+        if uid == UNCHANGED || gid == UNCHANGED || groups.contains(&UNCHANGED) {
+            return Err(crate::Errno::INVAL);
+        }
         let map = |m: &[(u32, u32)], id: u32| m.iter().find(|(c, _)| *c == id).map_or(id, |(_, s)| *s);
         let uid = match map(&self.uid_map, uid) {
             0 if self.squash_root => self.anon_uid,
+            UNCHANGED => self.anon_uid,
             u => u,
         };
         let group = |g: u32| match map(&self.gid_map, g) {
             0 if self.squash_root => self.anon_gid,
+            UNCHANGED => self.anon_gid,
             g => g,
         };
         let gid = group(gid);
         let mut groups: Vec<u32> = groups.into_iter().map(group).collect();
         groups.sort_unstable();
         groups.dedup();
-        Creds { uid, gid, groups }
+        Ok(Creds { uid, gid, groups })
     }
 
-    /// What a request that names no caller runs as: root, squashed.
+    /// Whom a request that names no caller acts for: the anonymous user
+    /// (root only where the export lets clients be root).
     pub fn nobody_named(&self) -> Creds {
-        self.resolve(0, 0, [])
+        if self.squash_root {
+            Creds { uid: self.anon_uid, gid: self.anon_gid, groups: Vec::new() }
+        } else {
+            Creds { uid: 0, gid: 0, groups: Vec::new() }
+        }
+    }
+
+    /// Refuses a policy that would make someone (uint32)−1.
+    pub fn check(&self) -> Result<(), String> {
+        let bad = [self.anon_uid, self.anon_gid]
+            .into_iter()
+            .chain(self.uid_map.iter().chain(&self.gid_map).flat_map(|&(c, s)| [c, s]))
+            .any(|id| id == UNCHANGED);
+        if bad {
+            return Err(format!("{UNCHANGED} is not an id: the kernel reads it as \"unchanged\""));
+        }
+        Ok(())
     }
 }
 
-/// Whose ids a request runs with.
+/// Whose ids a request runs with, when the server acts as callers.
+#[derive(Debug, PartialEq, Eq)]
 pub enum ActsAs {
-    /// Its caller's: it names files, or changes them.
+    /// Its caller's, named by a slot (unknown: `ENOKEY`, before anything
+    /// runs), or the anonymous user's without one: it names files, changes
+    /// them, or opens one.
     Caller,
-    /// The server's: the file was opened, with its checks, already, and
-    /// the server opens it again (`Reopen`, the lock's own open file
-    /// description).
-    Server,
-    /// Any: it uses an open handle, which checks nothing more.
-    Anyone,
+    /// Its caller's if the slot is known, else the anonymous user's: it
+    /// uses an open handle, whose open made the checks, but what it does
+    /// still depends on who does it (a write clears set-id bits, a
+    /// directory listing's attributes need search permission).
+    Handle,
+    /// Whatever the thread wears: a positional read of an open handle,
+    /// which the kernel checks nothing more for.
+    Any,
 }
 
 pub fn acts_as(req: &Request<'_>) -> ActsAs {
     match req {
-        Request::Reopen { .. } | Request::Lock { .. } | Request::GetLock { .. } => ActsAs::Server,
+        Request::Pread { .. } | Request::Ping => ActsAs::Any,
         Request::Close { .. }
         | Request::Read { .. }
         | Request::Write { .. }
-        | Request::Pread { .. }
         | Request::Pwrite { .. }
         | Request::Seek { .. }
         | Request::Fsync { .. }
         | Request::ReadDir { .. }
         | Request::FileFd { .. }
-        | Request::Ping => ActsAs::Anyone,
+        | Request::Lock { .. }
+        | Request::GetLock { .. } => ActsAs::Handle,
         _ => ActsAs::Caller,
     }
 }
@@ -120,25 +154,48 @@ impl ThreadCreds {
         ThreadCreds { own, now: None }
     }
 
-    /// Switches this thread to `c` (nothing to do if it wears them).
+    /// Switches this thread to `c` (nothing to do if it wears them): the
+    /// groups, the real, effective and saved group ids and the effective
+    /// user id are all the caller's, set afresh from `c`, never kept from
+    /// an earlier request. The real and saved user ids stay the server's:
+    /// that is what lets the thread come back, and what keeps a user of the
+    /// server's host from signalling a thread that wears their uid (the
+    /// kernel lets a process signal one whose real or saved uid is its
+    /// own). Checks that would judge the real uid (`access`) are made with
+    /// `AT_EACCESS`.
     pub fn wear(&mut self, c: &Creds) -> std::io::Result<()> {
         let current = self.now.as_ref().unwrap_or(&self.own);
         if current == c {
             return Ok(());
         }
-        // Back to root first: changing groups and the group id needs
-        // CAP_SETGID, which a thread wearing another uid has not.
+        // Back to the server's uid first: changing groups and the group ids
+        // needs CAP_SETGID, which a thread wearing another uid has not. From
+        // here until the switch is whole the thread counts as wearing its
+        // own ids; a failure half-way goes back to them whole.
         if current.uid != self.own.uid {
             rustix::thread::set_thread_res_uid(None, Uid::from_raw(self.own.uid), None)?;
         }
         self.now = None;
-        let groups: Vec<Gid> = c.groups.iter().map(|&g| Gid::from_raw(g)).collect();
-        rustix::thread::set_thread_groups(&groups)?;
-        rustix::thread::set_thread_res_gid(None, Gid::from_raw(c.gid), None)?;
-        rustix::thread::set_thread_res_uid(None, Uid::from_raw(c.uid), None)?;
+        let switched = Self::switch(c);
+        if switched.is_err() {
+            let own = self.own.clone();
+            // The connection ends on the error; this keeps the thread from
+            // leaving with ids half switched whatever the second try says.
+            let _ = Self::switch(&own);
+            return switched;
+        }
         if *c != self.own {
             self.now = Some(c.clone());
         }
+        Ok(())
+    }
+
+    fn switch(c: &Creds) -> std::io::Result<()> {
+        let groups: Vec<Gid> = c.groups.iter().map(|&g| Gid::from_raw(g)).collect();
+        let gid = Gid::from_raw(c.gid);
+        rustix::thread::set_thread_groups(&groups)?;
+        rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+        rustix::thread::set_thread_res_uid(None, Uid::from_raw(c.uid), None)?;
         Ok(())
     }
 
@@ -167,11 +224,42 @@ mod tests {
     #[test]
     fn root_is_squashed_unless_allowed_and_maps_apply_first() {
         let p = Policy { uid_map: vec![(1000, 1500)], gid_map: vec![(1000, 0)], ..Policy::default() };
-        assert_eq!(p.resolve(0, 0, [0, 5, 5]), Creds { uid: 65534, gid: 65534, groups: vec![5, 65534] });
-        assert_eq!(p.resolve(1000, 1000, [27]), Creds { uid: 1500, gid: 65534, groups: vec![27] });
+        assert_eq!(p.resolve(0, 0, [0, 5, 5]), Ok(Creds { uid: 65534, gid: 65534, groups: vec![5, 65534] }));
+        assert_eq!(p.resolve(1000, 1000, [27]), Ok(Creds { uid: 1500, gid: 65534, groups: vec![27] }));
+        assert_eq!(p.nobody_named(), Creds { uid: 65534, gid: 65534, groups: vec![] });
         let open = Policy { squash_root: false, ..Policy::default() };
         assert_eq!(open.nobody_named(), Creds { uid: 0, gid: 0, groups: vec![] });
+        assert_eq!(open.resolve(0, 0, [0]), Ok(Creds { uid: 0, gid: 0, groups: vec![0] }));
         assert_eq!(parse_map("7=9"), Ok((7, 9)));
         assert!(parse_map("7:9").is_err());
+        assert!(Policy { anon_uid: UNCHANGED, ..Policy::default() }.check().is_err());
+        assert!(Policy { gid_map: vec![(5, UNCHANGED)], ..Policy::default() }.check().is_err());
+        assert!(Policy::default().check().is_ok());
+    }
+
+    proptest::proptest! {
+        /// Whatever a client claims, the ids acted with are never (uint32)−1,
+        /// and never root's (uid, gid or a group 0) where root is squashed.
+        #[test]
+        fn no_claim_acts_as_root_or_unchanged(
+            uid in proptest::prop_oneof![proptest::strategy::Just(0u32), proptest::strategy::Just(UNCHANGED), proptest::strategy::Just(UNCHANGED - 1), proptest::num::u32::ANY],
+            gid in proptest::prop_oneof![proptest::strategy::Just(0u32), proptest::strategy::Just(UNCHANGED), proptest::num::u32::ANY],
+            groups in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just(0u32), proptest::strategy::Just(UNCHANGED), proptest::num::u32::ANY], 0..6),
+            squash in proptest::bool::ANY,
+        ) {
+            let p = Policy { squash_root: squash, ..Policy::default() };
+            let claimed_unchanged = uid == UNCHANGED || gid == UNCHANGED || groups.contains(&UNCHANGED);
+            match p.resolve(uid, gid, groups.iter().copied()) {
+                Err(_) => proptest::prop_assert!(claimed_unchanged),
+                Ok(c) => {
+                    proptest::prop_assert!(!claimed_unchanged);
+                    let all: Vec<u32> = [c.uid, c.gid].into_iter().chain(c.groups.iter().copied()).collect();
+                    proptest::prop_assert!(!all.contains(&UNCHANGED));
+                    if squash {
+                        proptest::prop_assert!(!all.contains(&0), "{c:?}");
+                    }
+                }
+            }
+        }
     }
 }

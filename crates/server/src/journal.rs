@@ -28,6 +28,10 @@ const FRAME_MAX: usize = 1 << 20;
 pub struct Journal {
     dir: PathBuf,
     _lock: File,
+    /// The server's own secret, which the keys of sessions' file ids are
+    /// derived from (`fileseal`): kept here so that a restarted server
+    /// still knows the ids it gave.
+    key: [u8; 32],
 }
 
 /// A session as a previous server process left it.
@@ -47,6 +51,22 @@ pub struct SessionLog {
     path: PathBuf,
     records: usize,
     header: Vec<u8>,
+}
+
+/// The secret in `path`, made there (mode 0600) if missing or not one.
+fn server_key(path: &Path) -> io::Result<[u8; 32]> {
+    if let Ok(b) = fs::read(path) {
+        if let Ok(k) = <[u8; 32]>::try_from(b.as_slice()) {
+            return Ok(k);
+        }
+    }
+    let mut k = [0u8; 32];
+    getrandom::getrandom(&mut k).map_err(|e| io::Error::other(e.to_string()))?;
+    let tmp = path.with_extension("new");
+    let mut f = OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+    f.write_all(&k)?;
+    fs::rename(&tmp, path)?;
+    Ok(k)
 }
 
 /// A session file starts with this: magic, id, secret, capabilities.
@@ -88,7 +108,13 @@ impl Journal {
                 None => fs::remove_file(e.path())?,
             }
         }
-        Ok((Journal { dir: dir.to_path_buf(), _lock: lock }, restored))
+        let key = server_key(&dir.join("key"))?;
+        Ok((Journal { dir: dir.to_path_buf(), _lock: lock, key }, restored))
+    }
+
+    /// The server's secret kept with its sessions.
+    pub fn key(&self) -> [u8; 32] {
+        self.key
     }
 
     /// Starts the file of session `id` (replacing any left from before).

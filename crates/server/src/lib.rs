@@ -14,6 +14,7 @@ mod conn;
 mod dirpolicy;
 pub mod exports;
 mod fileid;
+mod fileseal;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod identity;

@@ -326,22 +326,43 @@ impl Backend for PosixBackend {
         crate::fileid::of(file.fd.as_fd()).unwrap_or_default()
     }
 
-    fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(PosixFile, Attr)> {
+    fn locate(&self, id: &[u8], _path: &[u8], key: (u64, u64)) -> Result<PosixFile> {
+        // The kernel wants a real descriptor of the file system, not the
+        // `O_PATH` one the export is held by.
+        let mount = rfs::openat(&self.root, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+        // `O_PATH`: found, not opened; the caller's open comes after.
+        let fd = crate::fileid::open(mount.as_fd(), id, OFlags::PATH | OFlags::CLOEXEC)?;
+        let st = rfs::fstat(&fd)?;
+        let symlink = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink;
+        if (st.st_dev, st.st_ino) != key || symlink || !self.inside(&fd)? {
+            return Err(Errno::STALE);
+        }
+        Ok(PosixFile { fd, readable: false, append: false, dir: Mutex::new(None) })
+    }
+
+    fn reopen(
+        &self,
+        found: Option<PosixFile>,
+        _id: &[u8],
+        path: &[u8],
+        flags: u32,
+        key: (u64, u64),
+    ) -> Result<(PosixFile, Attr)> {
         let flags = flags & CLIENT_FLAGS & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
-        if !id.is_empty() {
-            let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
-            // The kernel wants a real descriptor of the file system, not
-            // the `O_PATH` one the export is held by.
-            let mount =
-                rfs::openat(&self.root, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-            match crate::fileid::open(mount.as_fd(), id, oflags) {
-                Ok(fd) if self.inside(&fd)? => return file_from(fd, flags),
-                // Removed: no path can give it back.
-                Err(Errno::STALE) => return Err(Errno::STALE),
-                // No CAP_DAC_READ_SEARCH, no handles on this file system, or
-                // a file not reachable inside the export: by path.
-                _ => {}
+        if let Some(f) = found {
+            // Through the descriptor's own link: the file itself, opened
+            // with the thread's (the caller's) ids, so the kernel checks the
+            // file's permissions as an open would; the walk to it was made
+            // when the session first opened it.
+            // Not `O_NOFOLLOW`: the link followed is the descriptor's own
+            // (`locate` never finds a symlink).
+            let oflags = (OFlags::from_bits_retain(flags) - OFlags::NOFOLLOW) | OFlags::CLOEXEC | OFlags::NONBLOCK;
+            let fd = rfs::open(NodeFd::Open(f.fd.as_fd()).proc_path().as_c_str(), oflags, Mode::empty())?;
+            let st = rfs::fstat(&fd)?;
+            if (st.st_dev, st.st_ino) != key {
+                return Err(Errno::STALE);
             }
+            return file_from(fd, flags);
         }
         // On a shared volume the client may come from another gateway,
         // whose device number for the volume is its own: inode numbers are
@@ -601,7 +622,9 @@ impl Backend for PosixBackend {
     fn access(&self, path: &[u8], mode: u32) -> Result<()> {
         let n = NodeFd::Path(self.open_path(path, true)?);
         let access = rfs::Access::from_bits(mode).ok_or(Errno::INVAL)?;
-        Ok(rfs::access(n.proc_path().as_c_str(), access)?)
+        // AT_EACCESS: judged by the ids the thread acts with (its caller's),
+        // not by its real uid, which stays the server's.
+        Ok(rfs::accessat(CWD, n.proc_path().as_c_str(), access, AtFlags::EACCESS)?)
     }
 
     fn getxattr(&self, node: Node<'_, PosixFile>, name: &[u8]) -> Result<Vec<u8>> {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use ferry_proto::{cache, caps, lock, Attr, DirEntry, Request, StatFs, Target};
 
@@ -186,6 +186,8 @@ pub struct Session<B: Backend> {
     /// from the look into the reply cache to the reply kept: a request
     /// sent again (after a lost connection) finds its first run finished.
     pub once: Mutex<Once>,
+    /// Keys of the file ids this session was given (`fileseal`).
+    seals: RwLock<crate::fileseal::Seals>,
 }
 
 struct Table<F> {
@@ -280,7 +282,45 @@ impl<B: Backend> Session<B> {
             conn: locks::new_conn_id(),
             locked: AtomicBool::new(false),
             once: Mutex::default(),
+            seals: RwLock::default(),
         }
+    }
+
+    /// The session is registered as `id` with a server whose secret is
+    /// `server`: the file ids it is given from now on still open after a
+    /// restart that resumes it.
+    pub fn registered(&self, server: &[u8; 32], id: u64) {
+        self.seals.write().unwrap_or_else(|e| e.into_inner()).registered(server, id);
+    }
+
+    /// The id a client gets for `file`, open with attributes `attr`.
+    fn sealed_id(&self, file: &B::File, attr: &Attr) -> Vec<u8> {
+        let fh = self.backend.file_id(file);
+        self.seals.read().unwrap_or_else(|e| e.into_inner()).seal(&fh, (attr.dev, attr.ino))
+    }
+
+    /// For `Reopen`, run with the server's own ids: the file `id` names, if
+    /// this session was given that id for `key` and the backend can find it
+    /// by its id (a kernel file handle needs privileges to open). Nothing
+    /// is opened for the caller yet.
+    pub fn locate(&self, req: &Request<'_>) -> Option<B::File> {
+        let Request::Reopen { dev, ino, id, path, .. } = *req else { return None };
+        let seals = self.seals.read().unwrap_or_else(|e| e.into_inner());
+        let fh = seals.open(id, (dev, ino)).filter(|fh| !fh.is_empty())?;
+        self.backend.locate(fh, path, (dev, ino)).ok()
+    }
+
+    /// `Reopen`, with the caller's ids: the file `locate` found, opened as
+    /// a fresh open by the caller would be (the file's own permissions),
+    /// or else the file at the path if it is still the one the client had.
+    pub fn reopen(&self, req: &Request<'_>, found: Option<B::File>) -> Result<Answer<B::File>> {
+        let Request::Reopen { flags, dev, ino, id, path } = *req else { return Err(Errno::INVAL) };
+        self.file_ids()?;
+        let flags = flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
+        let fh = self.seals.read().unwrap_or_else(|e| e.into_inner()).open(id, (dev, ino)).map(<[u8]>::to_vec);
+        let fh = fh.unwrap_or_default();
+        let (handle, attr, h) = self.open(flags, |b| b.reopen(found, &fh, path, flags, (dev, ino)))?;
+        Ok(Answer::OpenedId { handle, attr, id: self.sealed_id(&h.file, &attr) })
     }
 
     fn table(&self) -> MutexGuard<'_, Table<B::File>> {
@@ -339,22 +379,43 @@ impl<B: Backend> Session<B> {
         })
     }
 
-    /// Whether `Chmod` of `target` to `mode`, refused to its caller, only
-    /// clears set-user-ID or set-group-ID bits of a file the caller may
-    /// write: what the kernel lets any writer do (a FUSE mount asks for it
-    /// before a write by a user without `CAP_FSETID`), so the server does
-    /// it as itself. Run with the caller's ids.
-    pub fn clears_setid_only(&self, target: &Target<'_>, mode: u32) -> bool {
-        const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
-        let Ok(held) = self.held(target) else { return false };
-        let Ok(a) = self.backend.getattr(held.node()) else { return false };
-        let (old, new) = (a.mode & 0o7777, mode & 0o7777);
-        let only_clears = new != old && new & !SETID == old & !SETID && new & !old == 0;
-        let may_write = match *target {
-            Target::Handle(h) => self.handle(h).is_ok_and(|x| x.acc != libc::O_RDONLY as u32),
-            Target::Path(p) | Target::PathNoFollow(p) => self.backend.access(p, libc::W_OK as u32).is_ok(),
+    /// For a `Chmod` of `target` to `mode` refused to its caller: the file,
+    /// opened as the caller, if the change only clears set-user-ID or
+    /// set-group-ID bits of a regular file the caller may write — what the
+    /// kernel lets any writer do (a FUSE mount asks for it before a write
+    /// by a user without `CAP_FSETID`), so the server may then make it as
+    /// itself, on this descriptor, without looking at the path again. Run
+    /// with the caller's ids: the open for writing is the proof.
+    pub fn setid_file(&self, target: &Target<'_>, mode: u32) -> Option<Arc<B::File>> {
+        let only_clears = |a: &Attr| {
+            const SETID: u32 = libc::S_ISUID | libc::S_ISGID;
+            let (old, new) = (a.mode & 0o7777, mode & 0o7777);
+            a.mode & libc::S_IFMT == libc::S_IFREG && new != old && new & !SETID == old & !SETID && new & !old == 0
         };
-        only_clears && may_write && a.mode & libc::S_IFMT == libc::S_IFREG
+        let (file, attr) = match *target {
+            Target::Handle(h) => {
+                let h = self.handle(h).ok()?;
+                if h.acc == libc::O_RDONLY as u32 {
+                    return None;
+                }
+                let a = self.backend.getattr(Node::File(&h.file)).ok()?;
+                (Arc::clone(&h.file), a)
+            }
+            Target::Path(p) | Target::PathNoFollow(p) => {
+                // Looked at first, so that nothing but a regular file is
+                // ever opened for this (a FIFO's open has effects).
+                let follow = matches!(target, Target::Path(_));
+                let node = if follow { Node::Path(p) } else { Node::PathNoFollow(p) };
+                if !only_clears(&self.backend.getattr(node).ok()?) {
+                    return None;
+                }
+                let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+                let flags = (libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | nofollow) as u32;
+                let (f, a) = self.backend.open(p, flags, 0).ok()?;
+                (Arc::new(f), a)
+            }
+        };
+        only_clears(&attr).then_some(file)
     }
 
     /// What a positional read or write needs to run outside the session's
@@ -415,7 +476,7 @@ impl<B: Backend> Session<B> {
             Request::OpenId { path, flags, mode } => {
                 self.file_ids()?;
                 let (handle, attr, h) = self.open(flags, |b| b.open(path, flags, mode))?;
-                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&h.file) })
+                Ok(Answer::OpenedId { handle, attr, id: self.sealed_id(&h.file, &attr) })
             }
             Request::OpenRead { path, flags, mode, max } => {
                 if !self.cap(caps::OPEN_READ) {
@@ -453,12 +514,8 @@ impl<B: Backend> Session<B> {
                 let (policy, from) = self.cache_policy(path, None);
                 Ok(Answer::CachePolicy { policy, from })
             }
-            Request::Reopen { flags, dev, ino, id, path } => {
-                self.file_ids()?;
-                let flags = flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
-                let (handle, attr, h) = self.open(flags, |b| b.reopen(id, path, flags, (dev, ino)))?;
-                Ok(Answer::OpenedId { handle, attr, id: self.backend.file_id(&h.file) })
-            }
+            // The connection finds the file first (`locate`), as the server.
+            Request::Reopen { .. } => self.reopen(req, None),
             Request::Close { handle } => {
                 let h = self.table().handles.remove(&handle).ok_or(Errno::BADF)?;
                 if h.lent.load(Ordering::Relaxed) {
@@ -769,7 +826,7 @@ impl<B: Backend> Session<B> {
     fn open_read(&self, path: &[u8], flags: u32, mode: u32, max: u32) -> Result<ReadOpen<B::File>> {
         let (handle, attr, h) = self.open(flags, |b| b.open(path, flags, mode))?;
         let file = &h.file;
-        let id = if self.cap(caps::FILE_IDS) { self.backend.file_id(file) } else { Vec::new() };
+        let id = if self.cap(caps::FILE_IDS) { self.sealed_id(file, &attr) } else { Vec::new() };
         let readable = flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32;
         let data = if readable && attr.mode & libc::S_IFMT == libc::S_IFREG {
             // The open stands even if this read fails: the client then

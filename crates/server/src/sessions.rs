@@ -22,6 +22,18 @@ pub struct Sessions<B: Backend> {
     st: Mutex<HashMap<u64, Entry<B>>>,
     /// Where sessions outlive the server process, if anywhere.
     journal: Option<Journal>,
+    /// The server's secret, which the keys of sessions' file ids are
+    /// derived from (`fileseal`): the journal's, or this process's own.
+    key: [u8; 32],
+}
+
+/// A secret of this process's own, for a server that keeps no state.
+fn random_key() -> [u8; 32] {
+    let mut k = [0u8; 32];
+    // A guessable key would let a client forge the ids that reach files
+    // without their path: no server without one.
+    getrandom::getrandom(&mut k).expect("the kernel's random numbers (getrandom) are needed for the server's secret");
+    k
 }
 
 struct Entry<B: Backend> {
@@ -44,7 +56,7 @@ struct Entry<B: Backend> {
 
 impl<B: Backend> Sessions<B> {
     pub fn new(lease: Duration) -> Self {
-        Sessions { lease, st: Mutex::new(HashMap::new()), journal: None }
+        Sessions { lease, st: Mutex::new(HashMap::new()), journal: None, key: random_key() }
     }
 
     /// Sessions kept in `journal`, starting with those a previous server
@@ -67,7 +79,8 @@ impl<B: Backend> Sessions<B> {
                 (r.id, e)
             })
             .collect();
-        Sessions { lease, st: Mutex::new(st), journal: Some(journal) }
+        let key = journal.key();
+        Sessions { lease, st: Mutex::new(st), journal: Some(journal), key }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Entry<B>>> {
@@ -95,6 +108,7 @@ impl<B: Backend> Sessions<B> {
                 break id;
             }
         };
+        session.registered(&self.key, id);
         if let Some(j) = &self.journal {
             match j.session(id, &secret, caps) {
                 Ok(log) => session.once().log = Some(log),
@@ -131,6 +145,7 @@ impl<B: Backend> Sessions<B> {
             Some(s) => Arc::clone(s),
             None => {
                 let s = make();
+                s.registered(&self.key, id);
                 if let Some((replies, log)) = e.pending.take() {
                     let mut once = s.once();
                     once.replies = replies;

@@ -498,7 +498,14 @@ impl Backend for MemoryBackend {
         [self.tag, file.inode.ino.to_le_bytes()].concat()
     }
 
-    fn reopen(&self, id: &[u8], path: &[u8], flags: u32, key: (u64, u64)) -> Result<(MemoryFile, Attr)> {
+    fn reopen(
+        &self,
+        _found: Option<MemoryFile>,
+        id: &[u8],
+        path: &[u8],
+        flags: u32,
+        key: (u64, u64),
+    ) -> Result<(MemoryFile, Attr)> {
         if id.get(..8) != Some(&self.tag[..]) {
             return Err(Errno::STALE);
         }
