@@ -115,7 +115,7 @@ pub struct ServeArgs {
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
     /// sessions, file-ids, replay, open-read, list-dir, caching,
     /// data-channels, same-host, identity): to serve as an older server would, and to test how
-    /// clients degrade. Without identity a root server acts as root for everyone.
+    /// clients degrade. Without identity a root server acts as the anonymous user for everyone.
     #[arg(long, value_delimiter = ',')]
     disable_caps: Vec<String>,
 }

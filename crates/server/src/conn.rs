@@ -650,9 +650,9 @@ impl<B: Backend> Conn<B> {
         }
         if let Request::Caller { slot, uid, gid, groups } = req {
             let named = match &self.common.cfg.identity {
-                Some(p) if caps & caps::IDENTITY != 0 => p
-                    .resolve(uid, gid, ferry_proto::caller_groups(groups))
-                    .and_then(|c| session.name_caller(slot, c)),
+                Some(p) if caps & caps::IDENTITY != 0 => {
+                    p.resolve(uid, gid, ferry_proto::caller_groups(groups)).and_then(|c| session.name_caller(slot, c))
+                }
                 _ => Err(Errno::NOSYS),
             };
             match named {
