@@ -103,6 +103,7 @@ pub struct Common<B: Backend> {
     pub locks: Arc<LockTable>,
     pub changes: Arc<crate::changes::Changes>,
     pub dirs: Arc<crate::dirpolicy::DirPolicies>,
+    pub seals: Arc<crate::fileseal::Seals>,
     pub sessions: Arc<Sessions<B>>,
     pub metrics: Arc<crate::metrics::Metrics>,
 }
@@ -119,6 +120,7 @@ impl<B: Backend> Clone for Common<B> {
             changes: Arc::clone(&self.changes),
             metrics: Arc::clone(&self.metrics),
             dirs: Arc::clone(&self.dirs),
+            seals: Arc::clone(&self.seals),
             sessions: Arc::clone(&self.sessions),
         }
     }
@@ -451,6 +453,7 @@ impl<B: Backend> Conn<B> {
             locks: Arc::clone(&self.common.locks),
             changes: Arc::clone(&self.common.changes),
             dirs: Arc::clone(&self.common.dirs),
+            seals: Arc::clone(&self.common.seals),
         })
     }
 

@@ -99,6 +99,7 @@ pub fn session(data: &[u8]) {
         locks: Arc::default(),
         changes: Arc::default(),
         dirs: Arc::default(),
+        seals: Arc::default(),
     };
     let backend = Arc::new(MemoryBackend::new());
     let s = Session::new(Arc::clone(&backend), policy);

@@ -168,6 +168,7 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         locks: Arc::new(locks::LockTable::default()),
         changes: Arc::default(),
         dirs: Arc::default(),
+        seals: Arc::new(sessions.seals()),
         sessions,
         backend,
         cfg: Arc::new(cfg),

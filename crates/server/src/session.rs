@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferry_proto::{cache, caps, lock, Attr, DirEntry, Request, StatFs, Target};
 
@@ -31,6 +31,8 @@ pub struct Policy {
     pub changes: Arc<Changes>,
     /// Cache policies of directories, remembered.
     pub dirs: Arc<DirPolicies>,
+    /// The server's key for the file ids it gives (`fileseal`).
+    pub seals: Arc<crate::fileseal::Seals>,
 }
 
 /// A cap on open handles across all sessions, below the process's file
@@ -186,8 +188,6 @@ pub struct Session<B: Backend> {
     /// from the look into the reply cache to the reply kept: a request
     /// sent again (after a lost connection) finds its first run finished.
     pub once: Mutex<Once>,
-    /// Keys of the file ids this session was given (`fileseal`).
-    seals: RwLock<crate::fileseal::Seals>,
 }
 
 struct Table<F> {
@@ -282,31 +282,22 @@ impl<B: Backend> Session<B> {
             conn: locks::new_conn_id(),
             locked: AtomicBool::new(false),
             once: Mutex::default(),
-            seals: RwLock::default(),
         }
-    }
-
-    /// The session is registered as `id` with a server whose secret is
-    /// `server`: the file ids it is given from now on still open after a
-    /// restart that resumes it.
-    pub fn registered(&self, server: &[u8; 32], id: u64) {
-        self.seals.write().unwrap_or_else(|e| e.into_inner()).registered(server, id);
     }
 
     /// The id a client gets for `file`, open with attributes `attr`.
     fn sealed_id(&self, file: &B::File, attr: &Attr) -> Vec<u8> {
         let fh = self.backend.file_id(file);
-        self.seals.read().unwrap_or_else(|e| e.into_inner()).seal(&fh, (attr.dev, attr.ino))
+        self.policy.seals.seal(&fh, (attr.dev, attr.ino))
     }
 
     /// For `Reopen`, run with the server's own ids: the file `id` names, if
-    /// this session was given that id for `key` and the backend can find it
+    /// this server gave that id for `key` and the backend can find it
     /// by its id (a kernel file handle needs privileges to open). Nothing
     /// is opened for the caller yet.
     pub fn locate(&self, req: &Request<'_>) -> Option<B::File> {
         let Request::Reopen { dev, ino, id, path, .. } = *req else { return None };
-        let seals = self.seals.read().unwrap_or_else(|e| e.into_inner());
-        let fh = seals.open(id, (dev, ino)).filter(|fh| !fh.is_empty())?;
+        let fh = self.policy.seals.open(id, (dev, ino)).filter(|fh| !fh.is_empty())?;
         self.backend.locate(fh, path, (dev, ino)).ok()
     }
 
@@ -317,9 +308,8 @@ impl<B: Backend> Session<B> {
         let Request::Reopen { flags, dev, ino, id, path } = *req else { return Err(Errno::INVAL) };
         self.file_ids()?;
         let flags = flags & !((libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32);
-        let fh = self.seals.read().unwrap_or_else(|e| e.into_inner()).open(id, (dev, ino)).map(<[u8]>::to_vec);
-        let fh = fh.unwrap_or_default();
-        let (handle, attr, h) = self.open(flags, |b| b.reopen(found, &fh, path, flags, (dev, ino)))?;
+        let fh = self.policy.seals.open(id, (dev, ino)).unwrap_or_default();
+        let (handle, attr, h) = self.open(flags, |b| b.reopen(found, fh, path, flags, (dev, ino)))?;
         Ok(Answer::OpenedId { handle, attr, id: self.sealed_id(&h.file, &attr) })
     }
 

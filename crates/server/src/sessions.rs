@@ -22,18 +22,6 @@ pub struct Sessions<B: Backend> {
     st: Mutex<HashMap<u64, Entry<B>>>,
     /// Where sessions outlive the server process, if anywhere.
     journal: Option<Journal>,
-    /// The server's secret, which the keys of sessions' file ids are
-    /// derived from (`fileseal`): the journal's, or this process's own.
-    key: [u8; 32],
-}
-
-/// A secret of this process's own, for a server that keeps no state.
-fn random_key() -> [u8; 32] {
-    let mut k = [0u8; 32];
-    // A guessable key would let a client forge the ids that reach files
-    // without their path: no server without one.
-    getrandom::getrandom(&mut k).expect("the kernel's random numbers (getrandom) are needed for the server's secret");
-    k
 }
 
 struct Entry<B: Backend> {
@@ -56,7 +44,7 @@ struct Entry<B: Backend> {
 
 impl<B: Backend> Sessions<B> {
     pub fn new(lease: Duration) -> Self {
-        Sessions { lease, st: Mutex::new(HashMap::new()), journal: None, key: random_key() }
+        Sessions { lease, st: Mutex::new(HashMap::new()), journal: None }
     }
 
     /// Sessions kept in `journal`, starting with those a previous server
@@ -79,12 +67,20 @@ impl<B: Backend> Sessions<B> {
                 (r.id, e)
             })
             .collect();
-        let key = journal.key();
-        Sessions { lease, st: Mutex::new(st), journal: Some(journal), key }
+        Sessions { lease, st: Mutex::new(st), journal: Some(journal) }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Entry<B>>> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The key the server's file ids are sealed with: kept with its
+    /// sessions when it keeps them, so that ids outlive a restart.
+    pub fn seals(&self) -> crate::fileseal::Seals {
+        match &self.journal {
+            Some(j) => crate::fileseal::Seals::with_key(&j.key()),
+            None => crate::fileseal::Seals::default(),
+        }
     }
 
     /// Sessions held, connected or not.
@@ -108,7 +104,6 @@ impl<B: Backend> Sessions<B> {
                 break id;
             }
         };
-        session.registered(&self.key, id);
         if let Some(j) = &self.journal {
             match j.session(id, &secret, caps) {
                 Ok(log) => session.once().log = Some(log),
@@ -145,7 +140,6 @@ impl<B: Backend> Sessions<B> {
             Some(s) => Arc::clone(s),
             None => {
                 let s = make();
-                s.registered(&self.key, id);
                 if let Some((replies, log)) = e.pending.take() {
                     let mut once = s.once();
                     once.replies = replies;
@@ -227,6 +221,7 @@ mod tests {
             locks: Arc::default(),
             changes: Arc::default(),
             dirs: Arc::default(),
+            seals: Arc::default(),
         };
         Arc::new(Session::new(Arc::new(MemoryBackend::new()), policy))
     }
