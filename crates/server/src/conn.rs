@@ -654,7 +654,13 @@ impl<B: Backend> Conn<B> {
         if let Request::Caller { slot, uid, gid, groups } = req {
             let named = match &self.common.cfg.identity {
                 Some(p) if caps & caps::IDENTITY != 0 => {
-                    p.resolve(uid, gid, ferry_proto::caller_groups(groups)).and_then(|c| session.name_caller(slot, c))
+                    p.resolve(uid, gid, ferry_proto::caller_groups(groups)).and_then(|c| {
+                        // Ids the kernel will not give a thread (outside
+                        // this user namespace's map) are refused here, not
+                        // at the request that would wear them.
+                        self.creds.wear(&c).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EINVAL)))?;
+                        session.name_caller(slot, c)
+                    })
                 }
                 _ => Err(Errno::NOSYS),
             };
