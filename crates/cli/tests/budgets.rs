@@ -22,6 +22,10 @@ use ferry_proto::{client_proof, op, ErrorReply, Header, Reply, Request, FLAG_ERR
 
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The tests run one at a time: a flood timed against the server's
+/// deadlines must not share two cores with another flood.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Descriptors enough for the floods (the hard limit is ours to take).
 fn raise_fd_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
@@ -85,6 +89,7 @@ fn handshake_from(server: &Server, from: &str) -> TcpStream {
 /// copies 100 MB, in bounded time.
 #[test]
 fn stalled_handshakes_do_not_keep_a_client_out() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     raise_fd_limit();
     let server = Server::start(&["--metrics", "127.0.0.1:0"]);
     let partial = hello([1; 32]);
@@ -99,13 +104,27 @@ fn stalled_handshakes_do_not_keep_a_client_out() {
         };
         s
     };
+    // Opened from several threads, so all are in place well within the
+    // server's handshake deadline.
     let start = Instant::now();
-    let mut stalled: Vec<TcpStream> = (0..2000)
-        .map(|k| {
-            let from = if k % 2 == 0 { "127.0.0.1".to_string() } else { format!("127.0.0.{}", 2 + k % 40) };
-            stall(&from, k)
-        })
-        .collect();
+    let mut stalled: Vec<TcpStream> = std::thread::scope(|scope| {
+        let openers: Vec<_> = (0..8)
+            .map(|t| {
+                let stall = &stall;
+                scope.spawn(move || {
+                    (0..250)
+                        .map(|i| {
+                            let k = t * 250 + i;
+                            let from =
+                                if k % 2 == 0 { "127.0.0.1".to_string() } else { format!("127.0.0.{}", 2 + k % 40) };
+                            stall(&from, k)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        openers.into_iter().flat_map(|o| o.join().unwrap()).collect()
+    });
     eprintln!("2000 stalled connections opened in {:?}", start.elapsed());
 
     // More keep arriving, from yet other addresses, while the client works.
@@ -184,6 +203,7 @@ fn tail(log: &str) -> String {
 /// client, from 127.0.0.1, is — which still opens, writes and reads.
 #[test]
 fn one_client_opening_everything_leaves_room_for_others() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     raise_fd_limit();
     let server = Server::start(&["--metrics", "127.0.0.1:0"]);
     std::fs::write(server.export.path().join("file"), b"content").unwrap();
