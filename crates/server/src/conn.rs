@@ -92,6 +92,9 @@ pub struct Conn<B: Backend> {
     /// What its requests may use, as of a generation of the exports
     /// (`--config`).
     grants: Option<u64>,
+    /// Its place among the connections (`gate`), held by the connection's
+    /// first thread only.
+    pub ticket: Option<crate::gate::Ticket>,
 }
 
 /// What every connection of a server shares.
@@ -169,6 +172,7 @@ impl<B: Backend> Conn<B> {
             binding: None,
             token: Vec::new(),
             grants: None,
+            ticket: None,
         })
     }
 
@@ -204,6 +208,7 @@ impl<B: Backend> Conn<B> {
             token: self.token.clone(),
             // Told on its first request.
             grants: None,
+            ticket: None,
         })
     }
 
@@ -423,6 +428,9 @@ impl<B: Backend> Conn<B> {
             match step {
                 Ok(None) => self.flush()?,
                 Ok(Some(a)) => {
+                    if let Some(t) = &mut self.ticket {
+                        t.authenticated();
+                    }
                     self.flush()?;
                     self.nonces = (a.server_nonce, a.client_nonce);
                     self.token = a.token.clone().unwrap_or_default();
@@ -444,7 +452,7 @@ impl<B: Backend> Conn<B> {
             }
         };
         Ok(Policy {
-            budget: Arc::clone(&self.common.budget),
+            budget: self.common.budget.for_peer(crate::peer::Peer::of(&self.tx)),
             read_only: self.common.cfg.read_only,
             allow_devices: self.common.cfg.allow_devices,
             max_handles: self.common.cfg.max_handles,

@@ -7,6 +7,7 @@
 //! without a scheduler of our own.
 
 pub mod backend;
+mod budget;
 mod bufpool;
 mod changes;
 mod commit;
@@ -17,12 +18,14 @@ mod fileid;
 mod fileseal;
 #[doc(hidden)]
 pub mod fuzz;
+mod gate;
 pub mod identity;
 mod journal;
 mod locks;
 pub mod memory;
 pub mod metrics;
 mod ofd;
+mod peer;
 pub mod posix;
 mod replay;
 mod session;
@@ -35,7 +38,7 @@ use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 
 use ferry_sock::Socket;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,7 +60,12 @@ pub struct Config {
     pub window_requests: u32,
     pub window_bytes: u64,
     pub max_handles: usize,
+    /// Authenticated connections served at once.
     pub max_connections: usize,
+    /// Connections still in their handshake (not counted above), in total
+    /// and from one peer: past these the oldest waiting is shut down.
+    pub max_handshakes: usize,
+    pub max_handshakes_per_peer: usize,
     /// Memory all connections together may hold for request frames larger
     /// than 1 MiB (big writes wait their turn beyond it).
     pub frame_pool_bytes: usize,
@@ -102,9 +110,11 @@ impl Default for Config {
             window_bytes: 256 * 1024 * 1024,
             max_handles: 4096,
             max_connections: 1024,
+            max_handshakes: 64,
+            max_handshakes_per_peer: 16,
             frame_pool_bytes: 512 * 1024 * 1024,
             idle_timeout: Duration::from_secs(3600),
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
             session_lease: Duration::from_secs(60),
             caps: ferry_proto::caps::ALL,
             boot_id: u64::from_le_bytes(id),
@@ -119,11 +129,12 @@ impl Default for Config {
 }
 
 /// Handles all sessions may hold together: the descriptor limit minus room
-/// for every connection's socket and the few descriptors a request uses
-/// while it runs, so accepting and serving never run out.
-fn handle_budget(max_connections: usize) -> usize {
+/// for every connection's sockets (handshakes included) and the few
+/// descriptors a request uses while it runs, so accepting and serving
+/// never run out.
+fn handle_budget(cfg: &Config) -> usize {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1 << 20) as usize;
-    limit.saturating_sub(4 * max_connections + 64).max(64)
+    limit.saturating_sub(4 * (cfg.max_connections + cfg.max_handshakes) + 64).max(64)
 }
 
 /// Whether `dir` can keep sessions (`Config::state_dir`): created if
@@ -163,7 +174,7 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         })?;
     }
     let common = conn::Common {
-        budget: Arc::new(HandleBudget::new(handle_budget(cfg.max_connections))),
+        budget: Arc::new(HandleBudget::new(handle_budget(&cfg))),
         pool: Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes)),
         locks: Arc::new(locks::LockTable::default()),
         changes: Arc::default(),
@@ -174,14 +185,19 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         cfg: Arc::new(cfg),
         metrics: Arc::default(),
     };
-    let live = Arc::new(AtomicUsize::new(0));
+    let deadline = common.cfg.handshake_timeout.min(common.cfg.idle_timeout);
+    let gate = gate::Gate::new(common.cfg.max_handshakes, common.cfg.max_handshakes_per_peer, deadline);
     if let Some(l) = listeners.metrics {
-        let (c, live) = (common.clone(), Arc::clone(&live));
+        let (c, gate) = (common.clone(), Arc::clone(&gate));
         metrics::serve_http(l, move || {
             let g = metrics::Gauges {
-                connections: live.load(Ordering::Relaxed) as u64,
+                connections: gate.live() as u64,
+                handshakes: gate.waiting() as u64,
+                handshakes_evicted: gate.evicted(),
                 sessions: c.sessions.count() as u64,
                 handles: c.budget.open() as u64,
+                handle_budget: c.budget.max() as u64,
+                handles_refused: c.budget.refused(),
                 locked_files: c.locks.files_locked() as u64,
             };
             c.metrics.render(&g)
@@ -189,18 +205,18 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
     }
     let unix = match listeners.unix {
         Some((l, _)) => {
-            let (common, live) = (common.clone(), Arc::clone(&live));
+            let (common, gate) = (common.clone(), Arc::clone(&gate));
             let accept = move || l.accept().map(|(s, _)| Socket::from(s));
             Some(
                 std::thread::Builder::new()
                     .name("ferry-accept".into())
-                    .spawn(move || accept_loop(accept, &common, &live))?,
+                    .spawn(move || accept_loop(accept, &common, &gate))?,
             )
         }
         None => None,
     };
     match (listeners.tcp, unix) {
-        (Some(l), _) => accept_loop(move || l.accept().map(|(s, _)| Socket::from(s)), &common, &live),
+        (Some(l), _) => accept_loop(move || l.accept().map(|(s, _)| Socket::from(s)), &common, &gate),
         (None, Some(t)) => t.join().unwrap_or(Ok(())),
         (None, None) => Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "nothing to listen on")),
     }
@@ -209,7 +225,7 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
 fn accept_loop<B: Backend>(
     mut accept: impl FnMut() -> std::io::Result<Socket>,
     common: &conn::Common<B>,
-    live: &Arc<AtomicUsize>,
+    gate: &Arc<gate::Gate>,
 ) -> std::io::Result<()> {
     let cfg = Arc::clone(&common.cfg);
     loop {
@@ -223,29 +239,39 @@ fn accept_loop<B: Backend>(
             }
         };
         common.metrics.connections.fetch_add(1, Ordering::Relaxed);
-        if live.load(Ordering::Relaxed) >= cfg.max_connections {
+        // Every connection waits in the gate until it authenticates, a
+        // refused one too: it holds a thread while it is told why.
+        let ticket = match gate.admit(&stream) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("connection not set up: {e}");
+                continue;
+            }
+        };
+        if gate.live() >= cfg.max_connections {
             common.metrics.refused_busy.fetch_add(1, Ordering::Relaxed);
             let peer = stream.peer_name();
             tracing::warn!(peer = %peer, "refused: {} connections already", cfg.max_connections);
             let msg =
                 format!("server busy: it serves {} connections already (its --max-connections)", cfg.max_connections);
             // Best effort: without a thread the peer gets a plain close.
-            let _ = std::thread::Builder::new()
-                .name("ferry-refuse".into())
-                .stack_size(64 * 1024)
-                .spawn(move || conn::refuse(stream, libc::EBUSY, &msg));
+            let _ = std::thread::Builder::new().name("ferry-refuse".into()).stack_size(64 * 1024).spawn(move || {
+                conn::refuse(stream, libc::EBUSY, &msg);
+                drop(ticket);
+            });
             continue;
         }
         let conn = match conn::Conn::new(stream, common) {
-            Ok(c) => c,
+            Ok(mut c) => {
+                c.ticket = Some(ticket);
+                c
+            }
             Err(e) => {
                 tracing::warn!("connection not set up: {e}");
                 continue;
             }
         };
         tracing::debug!(peer = %conn.peer(), "connection accepted");
-        live.fetch_add(1, Ordering::Relaxed);
-        let live2 = Arc::clone(live);
         let metrics = Arc::clone(&common.metrics);
         let spawned = std::thread::Builder::new().name("ferry-conn".into()).stack_size(256 * 1024).spawn(move || {
             let peer = conn.peer();
@@ -270,10 +296,8 @@ fn accept_loop<B: Backend>(
                 End::Protocol(m) => tracing::warn!(peer = %peer, "protocol error, closing: {m}"),
                 End::AuthFailed => tracing::warn!(peer = %peer, "authentication failed"),
             }
-            live2.fetch_sub(1, Ordering::Relaxed);
         });
         if let Err(e) = spawned {
-            live.fetch_sub(1, Ordering::Relaxed);
             tracing::error!("cannot start a thread: {e}");
         }
     }

@@ -22,9 +22,14 @@ pub struct Metrics {
 /// scrape.
 pub struct Gauges {
     pub connections: u64,
+    pub handshakes: u64,
     pub sessions: u64,
     pub handles: u64,
+    pub handle_budget: u64,
     pub locked_files: u64,
+    /// Counters kept where they are counted (the gate, the handle budget).
+    pub handshakes_evicted: u64,
+    pub handles_refused: u64,
 }
 
 impl Metrics {
@@ -57,9 +62,28 @@ impl Metrics {
                     "counter",
                     self.session_attaches.load(Relaxed),
                 ),
-                ("ferry_connections", "Connections open.", "gauge", g.connections),
+                (
+                    "ferry_handshakes_evicted_total",
+                    "Connections in their handshake shut down to make room for newer ones.",
+                    "counter",
+                    g.handshakes_evicted,
+                ),
+                (
+                    "ferry_handles_refused_total",
+                    "Opens refused for the handle budget (a peer's share, or the server's).",
+                    "counter",
+                    g.handles_refused,
+                ),
+                ("ferry_connections", "Authenticated connections open.", "gauge", g.connections),
+                ("ferry_handshakes", "Connections in their handshake (not yet authenticated).", "gauge", g.handshakes),
                 ("ferry_sessions", "Sessions held, with or without a connection.", "gauge", g.sessions),
                 ("ferry_handles", "Open file handles.", "gauge", g.handles),
+                (
+                    "ferry_handle_budget",
+                    "Most file handles open at once, all sessions together.",
+                    "gauge",
+                    g.handle_budget,
+                ),
                 ("ferry_locked_files", "Files with record locks held.", "gauge", g.locked_files),
             ],
         )

@@ -2,12 +2,13 @@
 //! into backend calls. Knows messages, not bytes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferry_proto::{cache, caps, lock, Attr, DirEntry, Request, StatFs, Target};
 
 use crate::backend::{Backend, Errno, Node, ReadData, Result};
+pub use crate::budget::HandleBudget;
 use crate::changes::Changes;
 use crate::dirpolicy::{self, DirPolicies};
 use crate::locks::{self, FileKey, LockTable, Mode, Owner, OwnerId};
@@ -33,38 +34,6 @@ pub struct Policy {
     pub dirs: Arc<DirPolicies>,
     /// The server's key for the file ids it gives (`fileseal`).
     pub seals: Arc<crate::fileseal::Seals>,
-}
-
-/// A cap on open handles across all sessions, below the process's file
-/// descriptor limit, so one client opening files without end gets `ENFILE`
-/// while others can still connect and work.
-#[derive(Debug)]
-pub struct HandleBudget {
-    open: AtomicUsize,
-    max: usize,
-}
-
-impl HandleBudget {
-    pub fn new(max: usize) -> Self {
-        HandleBudget { open: AtomicUsize::new(0), max }
-    }
-
-    /// Handles open now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    fn take(&self) -> Result<()> {
-        if self.open.fetch_add(1, Ordering::Relaxed) >= self.max {
-            self.open.fetch_sub(1, Ordering::Relaxed);
-            return Err(Errno(libc::ENFILE));
-        }
-        Ok(())
-    }
-
-    fn give(&self, n: usize) {
-        self.open.fetch_sub(n, Ordering::Relaxed);
-    }
 }
 
 /// What a request produced. `Read` hands the connection the handle, which
@@ -745,10 +714,11 @@ impl<B: Backend> Session<B> {
         if changes && self.policy.read_only {
             return Err(Errno::ROFS);
         }
-        if self.table().handles.len() >= self.policy.max_handles {
+        let held = self.table().handles.len();
+        if held >= self.policy.max_handles {
             return Err(Errno::MFILE);
         }
-        self.policy.budget.take()?;
+        self.policy.budget.take(held)?;
         let (file, attr) = match open(&self.backend) {
             Ok(x) => x,
             Err(e) => {
