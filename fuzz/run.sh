@@ -14,7 +14,7 @@ secs="${1:-60}"
 corpus="${FERRY_FUZZ_CORPUS:-corpus}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode_frame handshake session)
+[ ${#targets[@]} -gt 0 ] || targets=(decode_frame handshake session tls)
 host="$(rustc -vV | sed -n 's/^host: //p')"
 # --target keeps the instrumentation off build scripts (host code).
 RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \

@@ -57,6 +57,7 @@ pub struct ServeArgs {
     /// after a restart. Default for a directory export:
     /// $XDG_STATE_HOME/ferry/serve/HASH, HASH of the export path (without
     /// XDG_STATE_HOME: ~/.local/state/ferry/serve/HASH); none for --memory.
+    /// It must be this user's, and not writable by others.
     #[arg(long, conflicts_with = "no_state")]
     state_dir: Option<PathBuf>,
     /// Keep sessions in memory only: a restart forgets them.
@@ -337,8 +338,10 @@ fn state_dir(asked: &Option<PathBuf>, none: bool, export: &Path) -> Result<Optio
     let dir = serve.join(format!("{hash:016x}"));
     match ferry_server::check_state_dir(&dir) {
         Ok(()) => {
-            // Names the export, for `sweep`.
-            let _ = std::fs::write(dir.join("export"), export.as_os_str().as_bytes());
+            // Names the export, for `sweep`. The umask is cleared: the
+            // mode is said here, or the file would be everyone's to change
+            // (and `sweep` removes what it names the state of).
+            let _ = write_private(&dir.join("export"), export.as_os_str().as_bytes());
             Ok(Some(dir))
         }
         Err(e) => {
@@ -346,6 +349,15 @@ fn state_dir(asked: &Option<PathBuf>, none: bool, export: &Path) -> Result<Optio
             Ok(None)
         }
     }
+}
+
+/// Writes `bytes` to `path`, readable and writable by this user alone,
+/// also when an older file was there with another mode.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(bytes)
 }
 
 /// Removes the default state of exports that no longer exist (temporary

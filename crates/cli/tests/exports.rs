@@ -133,7 +133,7 @@ fn each_client_gets_the_exports_the_file_gives_it_and_a_reload_changes_that() {
     assert_eq!(errno(alice.rename("/data/a", "/archive/a")), libc::EROFS);
     alice.create_dir("/data/sub", 0o755).unwrap();
     assert_eq!(errno(alice.hard_link("/data/a", "/archive/a")), libc::EROFS);
-    assert_eq!(errno(alice.create_dir("/newtop", 0o755)), libc::ENOENT, "the top holds exports only");
+    assert_eq!(errno(alice.create_dir("/newtop", 0o755)), libc::EROFS, "the top holds exports only");
     assert_eq!(errno(alice.remove_dir("/data")), libc::EBUSY, "an export's top is not removed");
     assert_eq!(errno(client(server.port, "a-wrong-token-0123456789")), libc::EACCES);
     let log = fs::read_to_string(d.join("server.log")).unwrap();
@@ -172,6 +172,63 @@ fn each_client_gets_the_exports_the_file_gives_it_and_a_reload_changes_that() {
         .unwrap()
         .contains("not reloaded")));
     assert_eq!(alice.read("/more/x").unwrap(), b"x");
+}
+
+/// The top of the name space answers as a read-only directory of mount
+/// points (PROTOCOL.md 8.9): an export's name exists (`EEXIST` to make it
+/// again), any other name cannot be made there (`EROFS`), an export is not
+/// renamed nor renamed onto (`EBUSY`), and an export a client may not use
+/// is `EACCES` to it, as looking it up is. Never `ENOENT`, and nothing is
+/// made.
+#[test]
+fn the_top_answers_as_a_read_only_directory_of_mount_points() {
+    let dir = TempDir::new("exports-top");
+    let d = dir.path();
+    for e in ["data", "archive", "lan"] {
+        fs::create_dir(d.join(e)).unwrap();
+    }
+    fs::write(d.join("alice.token"), format!("{ALICE}\n")).unwrap();
+    let server = serve(&config(d, true, ""), d);
+    let alice = client(server.port, ALICE).unwrap();
+    let bob = client(server.port, BOB).unwrap();
+    alice.write("/data/f", b"x").unwrap();
+    let fifo = libc::S_IFIFO | 0o644;
+    let create =
+        |c: &Client, p: &str, new: bool| errno(c.open(p, OpenOptions::new().write(true).create(true).create_new(new)));
+
+    // Names of exports: there already (a read-only export's too).
+    for top in ["/data", "/archive", "/"] {
+        assert_eq!(errno(alice.create_dir(top, 0o755)), libc::EEXIST, "mkdir {top}");
+        assert_eq!(errno(alice.mknod(top, fifo, 0)), libc::EEXIST, "mknod {top}");
+        assert_eq!(errno(alice.symlink("/data/f", top)), libc::EEXIST, "symlink {top}");
+        assert_eq!(errno(alice.hard_link("/data/f", top)), libc::EEXIST, "link {top}");
+        assert_eq!(create(&alice, top, true), libc::EEXIST, "exclusive create {top}");
+        assert_eq!(errno(alice.rename("/data/f", top)), libc::EBUSY, "rename onto {top}");
+    }
+    // Opening an export's top for writing is opening a directory so.
+    assert_eq!(create(&alice, "/data", false), libc::EISDIR);
+    // Any other name: the top is read-only.
+    assert_eq!(errno(alice.create_dir("/new", 0o755)), libc::EROFS);
+    assert_eq!(errno(alice.mknod("/new", fifo, 0)), libc::EROFS);
+    assert_eq!(errno(alice.symlink("/data/f", "/new")), libc::EROFS);
+    assert_eq!(errno(alice.hard_link("/data/f", "/new")), libc::EROFS);
+    assert_eq!(create(&alice, "/new", false), libc::EROFS);
+    assert_eq!(create(&alice, "/new", true), libc::EROFS);
+    assert_eq!(errno(alice.rename("/data/f", "/new")), libc::EROFS);
+    // Exports themselves do not move.
+    assert_eq!(errno(alice.rename("/data", "/moved")), libc::EBUSY);
+    assert_eq!(errno(alice.rename("/data", "/archive")), libc::EBUSY);
+    assert_eq!(errno(alice.rename("/data", "/data/inside")), libc::EBUSY);
+    // Not Bob's: hidden from him as it is when he looks it up.
+    assert_eq!(errno(bob.metadata("/archive")), libc::EACCES);
+    assert_eq!(errno(bob.create_dir("/archive", 0o755)), libc::EACCES);
+    assert_eq!(errno(bob.rename("/data/f", "/archive")), libc::EACCES);
+    // Not this network's, for either.
+    assert_eq!(errno(alice.create_dir("/lan", 0o755)), libc::EACCES);
+
+    assert_eq!(names(&alice, "/"), ["archive", "data"]);
+    assert_eq!(alice.read("/data/f").unwrap(), b"x");
+    assert_eq!(fs::read_dir(d.join("data")).unwrap().count(), 1, "nothing made inside an export instead");
 }
 
 #[test]

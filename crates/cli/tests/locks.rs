@@ -449,3 +449,51 @@ print("ok")
     assert!(x.wait().unwrap().success() && y.wait().unwrap().success());
     assert!(start.elapsed() >= Duration::from_millis(1900), "flock(1) on two mounts overlapped: {:?}", start.elapsed());
 }
+
+/// A program on the server's host locking `path` itself (`lockf`, a POSIX
+/// lock: it meets the OFD locks the server takes for its clients): `sh`
+/// a shared lock through a read-only descriptor, `ex` an exclusive one
+/// through a writable one. "locked" or "refused".
+fn host_lock(path: &Path, how: &str) -> String {
+    let script = r#"
+import fcntl, sys
+f = open(sys.argv[1], "rb" if sys.argv[2] == "sh" else "r+b")
+try:
+    fcntl.lockf(f, (fcntl.LOCK_SH if sys.argv[2] == "sh" else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    print("locked")
+except OSError:
+    print("refused")
+"#;
+    let o = Command::new("python3").args(["-c", script]).arg(path).arg(how).output().unwrap();
+    ok(&o).trim().to_string()
+}
+
+/// A client that may only read a file takes an exclusive `flock` through
+/// ferry (Linux lets a read-only descriptor do that): the server's other
+/// clients and the host's writers are kept out, but the host's readers
+/// still get their shared locks, since the lock taken on the file itself
+/// is never stronger than the client's handle could take with `fcntl`
+/// (PROTOCOL.md, `Lock`). Through a handle open for writing it is
+/// exclusive there too.
+#[test]
+fn a_readers_exclusive_flock_leaves_the_hosts_readers_their_shared_locks() {
+    use ferry_client::{LockKind, LockSpec, LockType, OpenOptions};
+    let s = Server::start(&[]);
+    let path = s.export.path().join("shared");
+    std::fs::write(&path, b"data").unwrap();
+    let flock = |typ| LockSpec { kind: LockKind::Flock, typ, start: 0, len: 0, pid: u32::MAX };
+    let (c, d) = (s.client(), s.client());
+    let reader = c.open("/shared", OpenOptions::new().read(true)).unwrap();
+    reader.try_lock(&flock(LockType::Write)).unwrap();
+    let other = d.open("/shared", OpenOptions::new().read(true)).unwrap();
+    assert_eq!(other.try_lock(&flock(LockType::Read)).unwrap_err().errno(), libc::EAGAIN, "not exclusive in ferry");
+    assert_eq!(host_lock(&path, "sh"), "locked", "a reader's flock kept the host's readers out");
+    assert_eq!(host_lock(&path, "ex"), "refused", "a host writer locked over a ferry client's flock");
+
+    reader.unlock(LockKind::Flock, 0, 0).unwrap();
+    let writer = c.open("/shared", OpenOptions::new().read(true).write(true)).unwrap();
+    writer.try_lock(&flock(LockType::Write)).unwrap();
+    assert_eq!(host_lock(&path, "sh"), "refused", "a writer's exclusive flock let a host reader in");
+    writer.unlock(LockKind::Flock, 0, 0).unwrap();
+    assert_eq!(host_lock(&path, "ex"), "locked");
+}

@@ -444,15 +444,48 @@ impl<B: Backend> Exports<B> {
         }
     }
 
+    /// What a call that would make `path` a name of the top finds there
+    /// (section 8.9 of PROTOCOL.md), as a read-only directory of mount
+    /// points answers: `EEXIST` for the top itself and for an export's
+    /// name, `EACCES` for an export this client may not use (as looking
+    /// it up says), `EROFS` for any other name. `None`: `path` is inside an
+    /// export.
+    fn at_top(&self, path: &[u8]) -> Option<Errno> {
+        match split(path) {
+            None => Some(Errno::EXIST),
+            Some((_, rest)) if is_top_of_export(rest) => Some(match self.route(path, false) {
+                Ok(_) => Errno::EXIST,
+                Err(Errno::NOENT) => Errno::ROFS,
+                Err(e) => e,
+            }),
+            Some(_) => None,
+        }
+    }
+
+    /// The export a new name `path` goes in, and the path inside it; a
+    /// name of the top is refused as `at_top` says.
+    fn route_new<'p>(&self, path: &'p [u8]) -> Result<Routed<'p, B>> {
+        if let Some(e) = self.at_top(path) {
+            return Err(e);
+        }
+        self.route(path, true)?.ok_or(Errno::EXIST)
+    }
+
     /// Two paths of one export (rename, link); `EXDEV` across exports.
-    fn pair<'a, 'b>(&self, from: &'a [u8], to: &'b [u8]) -> Result<(Routed<'a, B>, &'b [u8])> {
+    /// Moving an export or the top is `EBUSY` (a mount point), and so is
+    /// renaming onto either; a link onto an export's name is `EEXIST`.
+    fn pair<'a, 'b>(&self, from: &'a [u8], to: &'b [u8], rename: bool) -> Result<(Routed<'a, B>, &'b [u8])> {
         let (a, ra) = self.route(from, true)?.ok_or(Errno::BUSY)?;
-        let (b, rb) = self.route(to, true)?.ok_or(Errno::BUSY)?;
+        if is_top_of_export(ra) {
+            return Err(Errno::BUSY);
+        }
+        let (b, rb) = match self.at_top(to) {
+            Some(Errno::EXIST) if rename => return Err(Errno::BUSY),
+            Some(e) => return Err(e),
+            None => self.route(to, true)?.ok_or(Errno::BUSY)?,
+        };
         if a.id != b.id {
             return Err(Errno::XDEV);
-        }
-        if is_top_of_export(ra) || is_top_of_export(rb) {
-            return Err(Errno::BUSY);
         }
         Ok(((a, ra), rb))
     }
@@ -464,6 +497,15 @@ impl<B: Backend> Backend for Exports<B> {
     fn open(&self, path: &[u8], flags: u32, mode: u32) -> Result<(XFile<B>, Attr)> {
         let write = flags & (libc::O_ACCMODE as u32) != libc::O_RDONLY as u32
             || flags & ((libc::O_CREAT | libc::O_TRUNC) as u32) != 0;
+        if flags & libc::O_CREAT as u32 != 0 {
+            match self.at_top(path) {
+                // An export's name (or the top) exists: only an exclusive
+                // create fails for that; the open goes on as any other.
+                Some(Errno::EXIST) if flags & libc::O_EXCL as u32 == 0 => {}
+                Some(e) => return Err(e),
+                None => {}
+            }
+        }
         match self.route(path, write)? {
             None if write => Err(Errno::ISDIR),
             None => Ok((XFile::Top, self.top_attr())),
@@ -554,19 +596,13 @@ impl<B: Backend> Backend for Exports<B> {
     }
 
     fn mkdir(&self, path: &[u8], mode: u32) -> Result<Attr> {
-        match self.route(path, true)? {
-            None => Err(Errno::EXIST),
-            Some((_, r)) if is_top_of_export(r) => Err(Errno::EXIST),
-            Some((d, r)) => d.backend.mkdir(r, mode),
-        }
+        let (d, r) = self.route_new(path)?;
+        d.backend.mkdir(r, mode)
     }
 
     fn mknod(&self, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
-        match self.route(path, true)? {
-            None => Err(Errno::EXIST),
-            Some((_, r)) if is_top_of_export(r) => Err(Errno::EXIST),
-            Some((d, r)) => d.backend.mknod(r, mode, rdev),
-        }
+        let (d, r) = self.route_new(path)?;
+        d.backend.mknod(r, mode, rdev)
     }
 
     fn rmdir(&self, path: &[u8]) -> Result<()> {
@@ -584,20 +620,18 @@ impl<B: Backend> Backend for Exports<B> {
     }
 
     fn rename(&self, from: &[u8], to: &[u8], flags: u32) -> Result<()> {
-        let ((d, a), b) = self.pair(from, to)?;
+        let ((d, a), b) = self.pair(from, to, true)?;
         d.backend.rename(a, b, flags)
     }
 
     fn link(&self, from: &[u8], to: &[u8]) -> Result<Attr> {
-        let ((d, a), b) = self.pair(from, to)?;
+        let ((d, a), b) = self.pair(from, to, false)?;
         d.backend.link(a, b)
     }
 
     fn symlink(&self, target: &[u8], path: &[u8]) -> Result<Attr> {
-        match self.route(path, true)? {
-            Some((d, r)) if !is_top_of_export(r) => d.backend.symlink(target, r),
-            _ => Err(Errno::EXIST),
-        }
+        let (d, r) = self.route_new(path)?;
+        d.backend.symlink(target, r)
     }
 
     fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {

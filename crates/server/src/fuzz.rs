@@ -119,3 +119,23 @@ pub fn session(data: &[u8]) {
         rest = &tail[n..];
     }
 }
+
+/// The first bytes of a TLS connection to the server: a client's
+/// handshake (`ferry_sock::tls::fuzz::handshake`) if the first byte says
+/// so, else the rest as sealed records, raw bytes and all
+/// (`ferry_sock::tls::fuzz::records`).
+pub fn tls(data: &[u8]) {
+    static CONFIG: std::sync::OnceLock<Arc<rustls::ServerConfig>> = std::sync::OnceLock::new();
+    match data.split_first() {
+        Some((&first, _)) if ferry_sock::tls::is_client_hello(first) => {
+            let config = CONFIG.get_or_init(|| {
+                let pair = rcgen::generate_simple_self_signed(vec!["ferry".to_string()]).expect("a certificate");
+                let key = rustls::pki_types::PrivateKeyDer::Pkcs8(pair.key_pair.serialize_der().into());
+                crate::tls::config(vec![pair.cert.der().clone()], key).expect("a TLS configuration")
+            });
+            ferry_sock::tls::fuzz::handshake(data, Arc::clone(config));
+        }
+        Some((_, rest)) => ferry_sock::tls::fuzz::records(rest),
+        None => {}
+    }
+}

@@ -88,6 +88,7 @@ impl Journal {
     /// sessions a previous process left there.
     pub fn open(dir: &Path) -> io::Result<(Journal, Vec<Restored>)> {
         fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        private_dir(dir)?;
         let lock = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(dir.join("lock"))?;
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(|_| {
             io::Error::new(io::ErrorKind::WouldBlock, format!("{}: in use by another ferry serve", dir.display()))
@@ -138,6 +139,21 @@ impl Journal {
     pub fn forget(&self, id: u64) {
         let _ = fs::remove_file(self.dir.join(name(id)));
     }
+}
+
+/// Refuses a state directory that another user owns or may write to:
+/// they could plant, swap or remove session files, which hold sessions'
+/// secrets (the files themselves are made 0600).
+fn private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(dir)?;
+    if m.uid() != rustix::process::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{}: another user owns it or may write to it (chmod go-w, or use another)", dir.display()),
+        ));
+    }
+    Ok(())
 }
 
 fn record(kind: u8, id: u64, op: u16, digest: u64, frame: &[u8], out: &mut Vec<u8>) {

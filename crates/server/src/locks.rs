@@ -3,7 +3,12 @@
 //! Where the backend has a descriptor of the file, each owner's locks are
 //! also taken on the file itself (`ofd`), so gateways of one shared file
 //! system exclude each other's clients; the table stays the record of who
-//! holds what here (owners, process ids) and answers first.
+//! holds what here (owners, process ids) and answers first. What is taken
+//! on the file is never stronger than the handle asking could take with
+//! `fcntl` itself: an exclusive lock through a handle not open for writing
+//! (a `flock`, which needs no particular access) is a shared one there, so
+//! a client that may only read a file cannot keep the host's readers from
+//! locking it. Among this server's clients the table keeps it exclusive.
 //!
 //! Locks are kept per file identity (`dev`, `ino`), so locks taken through
 //! different handles or connections on one file see each other. An owner is
@@ -23,6 +28,29 @@ use crate::ofd::Ofd;
 
 /// A file's identity on the server: `(dev, ino)`.
 pub type FileKey = (u64, u64);
+
+/// The file itself, where the backend has a descriptor of it: a lock is
+/// taken there too.
+#[derive(Clone, Copy, Debug)]
+pub struct OnFile<'a> {
+    pub fd: BorrowedFd<'a>,
+    /// Whether the handle the lock is asked through is open for writing:
+    /// only then is an exclusive lock exclusive on the file (`F_WRLCK`
+    /// needs a descriptor open for writing; the server's own, which could,
+    /// must not lend that to a reader).
+    pub writable: bool,
+}
+
+impl OnFile<'_> {
+    /// The lock taken on the file for `mode` asked through this handle.
+    fn mode(&self, mode: Mode) -> Mode {
+        if self.writable {
+            mode
+        } else {
+            Mode::Read
+        }
+    }
+}
 
 /// Who holds a lock, within one connection.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -145,7 +173,7 @@ impl LockTable {
 
     /// Sets the owner's lock over the range to `mode` (`None` unlocks),
     /// replacing, splitting and merging what it held there as `fcntl` does,
-    /// on the file itself too when `file` (a descriptor of it) is given.
+    /// on the file itself too (as `OnFile::mode` says) when `file` is given.
     /// A conflict with another owner — here, or elsewhere as the kernel
     /// says — changes nothing and returns that lock.
     #[allow(clippy::too_many_arguments)]
@@ -157,7 +185,7 @@ impl LockTable {
         start: u64,
         end: u64,
         pid: u32,
-        file: Option<BorrowedFd<'_>>,
+        file: Option<OnFile<'_>>,
     ) -> Result<(), Lock> {
         let mut t = self.table();
         let Table { files, ofds } = &mut *t;
@@ -169,17 +197,18 @@ impl LockTable {
         }
         // The kernel's turn. A description that cannot be had (no such
         // file any more, no access) leaves the lock to this table alone.
-        if let Some(fd) = file.filter(|_| mode.is_some() || ofds.contains_key(&(key, owner))) {
+        if let Some(f) = file.filter(|_| mode.is_some() || ofds.contains_key(&(key, owner))) {
             let ofd = match ofds.entry((key, owner)) {
                 Entry::Occupied(o) => Some(o.into_mut()),
-                Entry::Vacant(v) => Ofd::open(fd).ok().map(|o| v.insert(o)),
+                Entry::Vacant(v) => Ofd::open(f.fd).ok().map(|o| v.insert(o)),
             };
             if let Some(ofd) = ofd {
-                if let Ok(false) = ofd.set(mode, start, end) {
+                let there = mode.map(|m| f.mode(m));
+                if let Ok(false) = ofd.set(there, start, end) {
                     if locks.is_empty() {
                         files.remove(&key);
                     }
-                    let m = mode.unwrap_or(Mode::Write);
+                    let m = there.unwrap_or(Mode::Write);
                     let held = crate::ofd::conflict(ofd.as_fd(), m, start, end).ok().flatten();
                     let (mode, start, end) = held.unwrap_or((m, start, end));
                     return Err(Lock { owner: ELSEWHERE, mode, start, end, pid: 0 });
@@ -318,13 +347,17 @@ mod tests {
         std::fs::write(dir.join("f"), b"data").unwrap();
         let (fa, fb) = (std::fs::File::open(dir.join("f")).unwrap(), std::fs::File::open(dir.join("f")).unwrap());
         let (a, b) = (LockTable::default(), LockTable::default());
-        let (on_a, on_b) = (Some(fa.as_fd()), Some(fb.as_fd()));
+        let (on_a, on_b) =
+            (Some(OnFile { fd: fa.as_fd(), writable: true }), Some(OnFile { fd: fb.as_fd(), writable: true }));
         a.set(F, p(1), Some(Mode::Read), 0, 9, 1, on_a).unwrap();
         b.set(F, p(1), Some(Mode::Read), 5, 20, 1, on_b).unwrap();
         let c = b.set(F, p(2), Some(Mode::Write), 0, 0, 2, on_b).unwrap_err();
         assert_eq!((c.mode, c.start, c.end, c.pid), (Mode::Read, 0, 9, 0), "conflict reported: {c:?}");
         assert!(b.held(F).iter().all(|l| l.owner == p(1)), "a refused lock was kept: {:?}", b.held(F));
-        assert_eq!(b.test(F, p(2), Mode::Write, 0, 3, on_b).map(|l| (l.mode, l.start)), Some((Mode::Read, 0)));
+        assert_eq!(
+            b.test(F, p(2), Mode::Write, 0, 3, Some(fb.as_fd())).map(|l| (l.mode, l.start)),
+            Some((Mode::Read, 0))
+        );
         // An owner that unlocks, or whose connection ends, frees the file.
         a.set(F, p(1), None, 0, u64::MAX, 1, on_a).unwrap();
         b.set(F, p(2), Some(Mode::Write), 0, 3, 2, on_b).unwrap();
@@ -332,6 +365,31 @@ mod tests {
         b.release_conn(p(2).conn);
         a.set(F, p(1), Some(Mode::Write), 0, 4, 1, on_a).unwrap();
         assert!(b.set(F, p(1), Some(Mode::Read), 4, 4, 1, on_b).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An exclusive lock through a handle open only for reading is shared
+    /// on the file: the host's readers lock it still, its writers do not,
+    /// and this server's other owners are kept out by the table.
+    #[test]
+    fn a_readers_exclusive_lock_is_shared_on_the_file() {
+        use std::os::fd::AsFd;
+        let dir = std::env::temp_dir().join(format!("ferry-locks-ro-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("f"), b"data").unwrap();
+        let f = std::fs::File::open(dir.join("f")).unwrap();
+        let t = LockTable::default();
+        let reader = Some(OnFile { fd: f.as_fd(), writable: false });
+        t.set(F, p(1), Some(Mode::Write), 0, u64::MAX, 1, reader).unwrap();
+        let host = Ofd::open(f.as_fd()).unwrap();
+        assert!(host.set(Some(Mode::Read), 0, u64::MAX).unwrap(), "a host reader was kept out");
+        assert!(host.set(None, 0, u64::MAX).unwrap());
+        assert!(!host.set(Some(Mode::Write), 0, 0).unwrap(), "a host writer got past it");
+        assert!(t.set(F, p(2), Some(Mode::Read), 0, 0, 2, reader).is_err(), "the table keeps it exclusive");
+        // Through a handle open for writing, exclusive there too.
+        t.set(F, p(1), None, 0, u64::MAX, 1, reader).unwrap();
+        t.set(F, p(1), Some(Mode::Write), 0, u64::MAX, 1, Some(OnFile { fd: f.as_fd(), writable: true })).unwrap();
+        assert!(!host.set(Some(Mode::Read), 0, 0).unwrap(), "a writer's exclusive lock let a host reader in");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

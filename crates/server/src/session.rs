@@ -662,7 +662,8 @@ impl<B: Backend> Session<B> {
             _ => None,
         };
         let h = self.handle(handle)?;
-        let file = self.backend.fd_of(&h.file);
+        let writable = acc != libc::O_RDONLY as u32;
+        let file = self.backend.fd_of(&h.file).map(|fd| locks::OnFile { fd, writable });
         self.policy.locks.set(key, who, mode, start, end, pid, file).map_err(|_| Errno(libc::EAGAIN))?;
         if mode.is_some() {
             self.locked.store(true, Ordering::Relaxed);

@@ -32,16 +32,25 @@ pub fn load_or_make(cert: &Path, key: &Path) -> Result<Identity, String> {
     let first = chain.first().ok_or_else(|| format!("{}: no certificate in it", cert.display()))?;
     let fingerprint = ferry_sock::tls::fingerprint(first);
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let config = config(chain, key).map_err(|e| format!("{}: {e}", cert.display()))?;
+    Ok(Identity { config, fingerprint, made })
+}
+
+/// What the server serves TLS with, for a certificate chain and its key.
+pub(crate) fn config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<rustls::ServerConfig>, String> {
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
+        .map_err(|e| e.to_string())?;
     // The record layer is ours after the handshake (ferry_sock::tls).
     config.enable_secret_extraction = true;
     config.send_tls13_tickets = 0;
-    Ok(Identity { config: Arc::new(config), fingerprint, made })
+    Ok(Arc::new(config))
 }
 
 fn make(cert: &Path, key: &Path) -> Result<(), String> {

@@ -26,8 +26,8 @@ fn replay(dir: &str, target: &str, run: Target) -> usize {
 #[test]
 fn the_fuzz_targets_pass_every_input_kept() {
     use ferry_server::fuzz;
-    let targets: [(&str, Target); 3] =
-        [("decode_frame", fuzz::frame), ("handshake", fuzz::handshake), ("session", fuzz::session)];
+    let targets: [(&str, Target); 4] =
+        [("decode_frame", fuzz::frame), ("handshake", fuzz::handshake), ("session", fuzz::session), ("tls", fuzz::tls)];
     let mut corpus = 0;
     for (t, run) in targets {
         replay("regressions", t, run);

@@ -178,6 +178,11 @@ impl Records {
     /// the peer's close). A timeout or interruption keeps the part of a
     /// record read so far.
     pub fn recv(&self, fd: BorrowedFd<'_>, out: &mut [u8]) -> io::Result<usize> {
+        self.recv_from(&mut Raw(fd), out)
+    }
+
+    /// `recv` from any source of the peer's bytes (the fuzz target's).
+    fn recv_from(&self, src: &mut impl Read, out: &mut [u8]) -> io::Result<usize> {
         let mut o = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         let o = &mut *o;
         loop {
@@ -190,14 +195,14 @@ impl Records {
             if o.closed || out.is_empty() {
                 return Ok(0);
             }
-            if !o.fill(fd, HEADER)? {
+            if !o.fill(src, HEADER)? {
                 return Ok(0);
             }
             let len = u16::from_be_bytes([o.buf[3], o.buf[4]]) as usize;
             if o.buf[0] != APPLICATION_DATA || !(aead::MAX_TAG_LEN + 1..=MAX_SEALED).contains(&len) {
                 return Err(bad("a record that is not sealed application data"));
             }
-            o.fill(fd, HEADER + len)?;
+            o.fill(src, HEADER + len)?;
             o.have = 0;
             if o.seq >= KEY_LIMIT + KEY_LIMIT / 4 {
                 return Err(bad("the peer goes on past its key's limit"));
@@ -231,16 +236,16 @@ impl Records {
 impl Opener {
     /// Reads until `n` bytes of the record are here; `Ok(false)` at a
     /// clean close before a record began.
-    fn fill(&mut self, fd: BorrowedFd<'_>, n: usize) -> io::Result<bool> {
+    fn fill(&mut self, src: &mut impl Read, n: usize) -> io::Result<bool> {
         while self.have < n {
-            match rustix::io::read(fd, &mut self.buf[self.have..n]) {
+            match src.read(&mut self.buf[self.have..n]) {
                 Ok(0) if self.have == 0 => return Ok(false),
                 Ok(0) => {
                     return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "TLS: connection closed inside a record"))
                 }
                 Ok(k) => self.have += k,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             }
         }
         Ok(true)
@@ -319,20 +324,26 @@ pub fn client(fd: impl AsFd, config: Arc<rustls::ClientConfig>, name: &str) -> i
 
 /// Runs the server side of the handshake on `fd` (its timeouts bound it).
 pub fn server(fd: impl AsFd, config: Arc<rustls::ServerConfig>) -> io::Result<Established> {
-    let fd = fd.as_fd();
+    server_on(&mut Raw(fd.as_fd()), config)
+}
+
+/// `server` over any stream of the client's bytes (the fuzz target's).
+fn server_on(raw: &mut (impl Read + Write), config: Arc<rustls::ServerConfig>) -> io::Result<Established> {
     let mut c = rustls::ServerConnection::new(config).map_err(tls_err)?;
-    let mut raw = Raw(fd);
     while c.is_handshaking() {
-        c.complete_io(&mut raw)?;
+        c.complete_io(raw)?;
     }
     c.writer().write_all(&[1])?;
     while c.wants_write() {
-        c.write_tls(&mut raw)?;
+        c.write_tls(raw)?;
     }
     let binding = c.export_keying_material([0u8; 32], BINDING_LABEL, None).map_err(tls_err)?;
     let secrets = c.dangerous_extract_secrets().map_err(tls_err)?;
     Ok(Established { records: Arc::new(Records::new(secrets)?), binding })
 }
+
+#[doc(hidden)]
+pub mod fuzz;
 
 /// Whether `first` (a connection's first byte) starts a TLS handshake.
 pub fn is_client_hello(first: u8) -> bool {
