@@ -74,6 +74,12 @@ pub struct ServeArgs {
     /// CephFS, JuiceFS, Lustre, GlusterFS and the like.
     #[arg(long, conflicts_with = "memory")]
     shared_volume: bool,
+    /// The secret that seals the file ids this server gives clients (made
+    /// if missing, mode 0600; default: one in the state directory). Give
+    /// every gateway of a shared volume the same file, so that a client
+    /// moving between them finds by its id a file renamed meanwhile.
+    #[arg(long, value_name = "FILE", conflicts_with = "memory")]
+    id_key: Option<PathBuf>,
     /// Require TLS from TCP clients on any address (the default off
     /// loopback). Without a certificate one is made (self-signed) and its
     /// fingerprint said on stderr; clients trust it on first use.
@@ -213,6 +219,9 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         cfg.state_dir = state_dir(&a.state_dir, a.no_state, &dir)?;
         Export::Dir(backend)
     };
+    if let Some(f) = &a.id_key {
+        cfg.id_key = Some(id_key(f)?);
+    }
     let addr = listen_addr(&a.listen);
     let listener = TcpListener::bind(&addr)
         .map_err(|e| format!("cannot listen on {}: {e} (expected HOST:PORT or PORT, e.g. 127.0.0.1:7070)", a.listen))?;
@@ -358,6 +367,29 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     f.write_all(bytes)
+}
+
+/// The secret in `path`, made there if missing; refused if others may
+/// read it (whoever knows it can forge the ids that reach files without
+/// walking their paths).
+fn id_key(path: &Path) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let bad = |e: std::io::Error| format!("--id-key {}: {e}", path.display());
+    if !path.exists() {
+        let mut k = [0u8; 32];
+        getrandom::getrandom(&mut k).map_err(|e| format!("--id-key: no random numbers: {e}"))?;
+        let hex: String = k.iter().map(|b| format!("{b:02x}")).collect();
+        write_private(path, format!("{hex}\n").as_bytes()).map_err(bad)?;
+    }
+    let meta = std::fs::metadata(path).map_err(bad)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!("--id-key {}: others may read it (chmod 600 it)", path.display()));
+    }
+    let k = std::fs::read(path).map_err(bad)?;
+    if k.len() < 16 {
+        return Err(format!("--id-key {}: {} bytes; a secret needs at least 16", path.display(), k.len()));
+    }
+    Ok(k)
 }
 
 /// Removes the default state of exports that no longer exist (temporary

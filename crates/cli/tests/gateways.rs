@@ -42,9 +42,11 @@ impl Gateways {
         let state = [TempDir::new(&format!("{tag}-a")), TempDir::new(&format!("{tag}-b"))];
         let tokens = [state[0].path().join("token"), state[1].path().join("token")];
         // The first start writes a token; the other gateway gets a copy.
+        // Both seal file ids with one secret (`--id-key`), so that each
+        // opens by its id a file the other named, renamed meanwhile.
         let mut ports = [0; 2];
         for i in 0..2 {
-            let s = Serve::start(&exports[i], 0, &tokens[i]);
+            let s = Gateways::serve(&exports[i], 0, &tokens[i], &state[0]);
             ports[i] = s.port;
             if i == 0 {
                 fs::copy(&tokens[0], &tokens[1]).unwrap();
@@ -54,7 +56,13 @@ impl Gateways {
     }
 
     fn start(&self, i: usize) -> Serve {
-        Serve::start(&self.exports[i], self.ports[i], &self.tokens[i])
+        Gateways::serve(&self.exports[i], self.ports[i], &self.tokens[i], &self._state[0])
+    }
+
+    /// A gateway sealing file ids with the one secret both have (in `state`).
+    fn serve(export: &Path, port: u16, token: &Path, state: &TempDir) -> Serve {
+        let key = state.path().join("id-key");
+        Serve::launch_with(export.as_os_str(), port, token, &["--id-key", key.to_str().unwrap()])
     }
 
     /// Where the tests look at the files behind the gateways' back.

@@ -16,7 +16,8 @@
 //! session), and a token holder who was given an id could act as the user
 //! it was given to anyway. A server that keeps state (`--state-dir`) keeps
 //! the key there, so its ids outlive a restart; another gateway has its
-//! own, and a client moving there reopens by path.
+//! own, and a client moving there reopens by path — unless the gateways of
+//! a volume are given one secret (`Config::id_key`, `--id-key`).
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -51,8 +52,8 @@ impl Default for Seals {
 }
 
 impl Seals {
-    /// Seals with the server's secret `k`.
-    pub fn with_key(k: &[u8; 32]) -> Seals {
+    /// Seals with the server's secret `k` (any length).
+    pub fn with_key(k: &[u8]) -> Seals {
         let mut m = key(k);
         m.update(b"ferry v1 file ids");
         let derived: [u8; 32] = m.finalize().into_bytes().into();

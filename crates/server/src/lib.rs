@@ -87,6 +87,10 @@ pub struct Config {
     /// policy; `None`: as the server's own user for everyone. Only a
     /// server running as root can.
     pub identity: Option<identity::Policy>,
+    /// The secret that seals the file ids this server gives (`None`: one
+    /// kept in `state_dir`, or this process's own): gateways of one volume
+    /// given the same can each open the files the others' ids name.
+    pub id_key: Option<Vec<u8>>,
     /// TLS for TCP clients that start with a TLS handshake (`None`: none).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Refuse TCP clients that do not use TLS (`ENOPROTOOPT`).
@@ -121,6 +125,7 @@ impl Default for Config {
             state_dir: None,
             local_addr: None,
             identity: None,
+            id_key: None,
             tls: None,
             tls_required: false,
             access: None,
@@ -179,7 +184,10 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         locks: Arc::new(locks::LockTable::default()),
         changes: Arc::default(),
         dirs: Arc::default(),
-        seals: Arc::new(sessions.seals()),
+        seals: Arc::new(match &cfg.id_key {
+            Some(k) => fileseal::Seals::with_key(k),
+            None => sessions.seals(),
+        }),
         sessions,
         backend,
         cfg: Arc::new(cfg),

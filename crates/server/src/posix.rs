@@ -106,6 +106,18 @@ impl PosixBackend {
         Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
     }
 
+    /// Whether a file at `(dev, ino)` is the one a client knows as `key`.
+    /// On a shared volume the client may come from another gateway, whose
+    /// device number for the volume is its own: inode numbers are the
+    /// volume's, and name the file on every gateway.
+    fn same_inode(&self, dev: u64, ino: u64, key: (u64, u64)) -> bool {
+        ino == key.1 && (self.shared || dev == key.0)
+    }
+
+    fn same_file(&self, st: &rfs::Stat, key: (u64, u64)) -> bool {
+        self.same_inode(st.st_dev, st.st_ino, key)
+    }
+
     fn open_path(&self, path: &[u8], follow: bool) -> Result<OwnedFd> {
         let mut flags = OFlags::PATH | OFlags::CLOEXEC;
         if !follow {
@@ -334,7 +346,7 @@ impl Backend for PosixBackend {
         let fd = crate::fileid::open(mount.as_fd(), id, OFlags::PATH | OFlags::CLOEXEC)?;
         let st = rfs::fstat(&fd)?;
         let symlink = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink;
-        if (st.st_dev, st.st_ino) != key || symlink || !self.inside(&fd)? {
+        if !self.same_file(&st, key) || symlink || !self.inside(&fd)? {
             return Err(Errno::STALE);
         }
         Ok(PosixFile { fd, readable: false, append: false, dir: Mutex::new(None) })
@@ -358,17 +370,12 @@ impl Backend for PosixBackend {
             // (`locate` never finds a symlink).
             let oflags = (OFlags::from_bits_retain(flags) - OFlags::NOFOLLOW) | OFlags::CLOEXEC | OFlags::NONBLOCK;
             let fd = rfs::open(NodeFd::Open(f.fd.as_fd()).proc_path().as_c_str(), oflags, Mode::empty())?;
-            let st = rfs::fstat(&fd)?;
-            if (st.st_dev, st.st_ino) != key {
+            if !self.same_file(&rfs::fstat(&fd)?, key) {
                 return Err(Errno::STALE);
             }
             return file_from(fd, flags);
         }
-        // On a shared volume the client may come from another gateway,
-        // whose device number for the volume is its own: inode numbers are
-        // the volume's, and name the file on every gateway.
-        let shared = self.shared;
-        crate::backend::reopen_by_path(self, path, flags, |a| a.ino == key.1 && (shared || a.dev == key.0))
+        crate::backend::reopen_by_path(self, path, flags, |a| self.same_inode(a.dev, a.ino, key))
     }
 
     fn fd_of<'f>(&self, file: &'f PosixFile) -> Option<std::os::fd::BorrowedFd<'f>> {
