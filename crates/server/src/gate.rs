@@ -5,9 +5,13 @@
 //! When the budget is full a new connection still gets in: the oldest
 //! waiting one is shut down for it — the oldest of the newcomer's own peer
 //! when that peer is at its cap, so a flood from one address only ever
-//! evicts itself. No number of stalled connections can then keep out a
-//! client that proves the token promptly: it is evicted only after as many
-//! newer connections as the budget holds arrived during its handshake.
+//! evicts itself. Only a connection that has waited its `grace` (a second)
+//! is shut down so: many honest clients connecting at once (200 from one
+//! host) all finish handshakes that take milliseconds, waiting beyond the
+//! budget, up to four times it; past that the oldest goes whatever its age.
+//! No number of stalled connections can then keep out a client that proves
+//! the token promptly: it is evicted only after as many newer connections
+//! as four budgets hold arrived during its handshake.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -21,6 +25,9 @@ use crate::peer::Peer;
 pub struct Gate {
     total: usize,
     per_peer: usize,
+    /// How long a waiting connection is left alone when the budget is
+    /// full but within four times it.
+    grace: Duration,
     /// Past this a waiting connection is shut down by the next arrival
     /// even with room to spare (its own deadline normally ends it first;
     /// this also bounds a TLS handshake fed a byte at a time).
@@ -56,10 +63,11 @@ pub struct Ticket {
 }
 
 impl Gate {
-    pub fn new(total: usize, per_peer: usize, deadline: Duration) -> Arc<Gate> {
+    pub fn new(total: usize, per_peer: usize, grace: Duration, deadline: Duration) -> Arc<Gate> {
         Arc::new(Gate {
             total: total.max(1),
             per_peer: per_peer.clamp(1, total.max(1)),
+            grace,
             deadline,
             st: Mutex::default(),
             live: AtomicUsize::new(0),
@@ -97,14 +105,21 @@ impl Gate {
         for id in stale {
             self.evict(&mut st, id);
         }
-        if st.by_peer.get(&peer).copied().unwrap_or(0) >= self.per_peer {
-            let oldest = st.waiting.iter().find(|(_, w)| w.peer == peer).map(|(id, _)| *id);
-            if let Some(id) = oldest {
+        let at_cap = st.by_peer.get(&peer).copied().unwrap_or(0) >= self.per_peer;
+        let peers_oldest = |st: &State| st.waiting.iter().find(|(_, w)| w.peer == peer).map(|(id, w)| (*id, w.since));
+        let oldest = |st: &State| st.waiting.iter().next().map(|(id, w)| (*id, w.since));
+        if st.waiting.len() >= self.total.saturating_mul(4) {
+            // Past four budgets the grace is over: one goes, whatever its age.
+            let id = if at_cap { peers_oldest(&st) } else { oldest(&st) };
+            if let Some((id, _)) = id {
                 self.evict(&mut st, id);
             }
-        }
-        if st.waiting.len() >= self.total {
-            if let Some(id) = st.waiting.keys().next().copied() {
+        } else {
+            let aged = |c: Option<(u64, Instant)>| c.filter(|(_, since)| now - *since >= self.grace).map(|(id, _)| id);
+            // One in, one out: the peer's own oldest first.
+            let mine = if at_cap { aged(peers_oldest(&st)) } else { None };
+            let any = || if st.waiting.len() >= self.total { aged(oldest(&st)) } else { None };
+            if let Some(id) = mine.or_else(any) {
                 self.evict(&mut st, id);
             }
         }
@@ -195,7 +210,7 @@ mod tests {
     #[test]
     fn a_flood_from_one_peer_evicts_only_itself() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let gate = Gate::new(4, 2, Duration::from_secs(60));
+        let gate = Gate::new(4, 2, Duration::ZERO, Duration::from_secs(60));
         let (mut other, s) = pair(&l, "127.0.0.3");
         let _kept = gate.admit(&s).unwrap();
         let mut flood = Vec::new();
@@ -213,7 +228,7 @@ mod tests {
     #[test]
     fn a_full_gate_evicts_its_oldest_and_authenticated_ones_leave_it() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let gate = Gate::new(3, 3, Duration::from_secs(60));
+        let gate = Gate::new(3, 3, Duration::ZERO, Duration::from_secs(60));
         let mut held = Vec::new();
         for k in 0..3 {
             let (c, s) = pair(&l, &format!("127.0.0.{}", 10 + k));
@@ -232,5 +247,22 @@ mod tests {
         drop(t);
         drop(held);
         assert_eq!((gate.waiting(), gate.live()), (1, 0));
+    }
+
+    #[test]
+    fn young_handshakes_wait_beyond_the_budget_up_to_four_times_it() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let gate = Gate::new(2, 2, Duration::from_secs(60), Duration::from_secs(60));
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let (c, s) = pair(&l, "127.0.0.30");
+            held.push((c, gate.admit(&s).unwrap(), s));
+        }
+        assert_eq!((gate.waiting(), gate.evicted()), (8, 0), "honest clients connecting at once all wait");
+        let (_c, s) = pair(&l, "127.0.0.30");
+        let _t = gate.admit(&s).unwrap();
+        assert_eq!(gate.evicted(), 1, "past four budgets the oldest goes, whatever its age");
+        assert!(closed(&mut held[0].0));
+        assert!(!closed(&mut held[1].0));
     }
 }

@@ -139,7 +139,7 @@ impl Default for Config {
 /// never run out.
 fn handle_budget(cfg: &Config) -> usize {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1 << 20) as usize;
-    limit.saturating_sub(4 * (cfg.max_connections + cfg.max_handshakes) + 64).max(64)
+    limit.saturating_sub(4 * (cfg.max_connections + 4 * cfg.max_handshakes) + 64).max(64)
 }
 
 /// Whether `dir` can keep sessions (`Config::state_dir`): created if
@@ -194,7 +194,8 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         metrics: Arc::default(),
     };
     let deadline = common.cfg.handshake_timeout.min(common.cfg.idle_timeout);
-    let gate = gate::Gate::new(common.cfg.max_handshakes, common.cfg.max_handshakes_per_peer, deadline);
+    let grace = Duration::from_secs(1).min(deadline);
+    let gate = gate::Gate::new(common.cfg.max_handshakes, common.cfg.max_handshakes_per_peer, grace, deadline);
     if let Some(l) = listeners.metrics {
         let (c, gate) = (common.clone(), Arc::clone(&gate));
         metrics::serve_http(l, move || {
