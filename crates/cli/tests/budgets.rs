@@ -281,3 +281,51 @@ fn one_client_opening_everything_leaves_room_for_others() {
     assert_eq!(std::fs::read(server.export.path().join("small")).unwrap(), b"small");
     drop(held);
 }
+
+/// Eight connections of one peer announce big writes (together nearly the
+/// whole frame pool, 512 MiB) and send their bodies no further: the
+/// buffers they borrow stay lent for as long as they stall. Another
+/// client's big write (a 4 MiB frame, which borrows from the same pool)
+/// still goes through at once: one peer holds at most half the pool.
+#[test]
+fn stalled_big_frames_of_one_peer_leave_the_frame_pool_to_others() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Server::start(&[]);
+    // Just under an eighth of the pool each: the first must not wait.
+    let len: u32 = (511 << 20) / 8;
+    let hogs: Vec<TcpStream> = (0..8)
+        .map(|i| {
+            let mut s = handshake_from(&server, "127.0.0.2");
+            let head = Request::Pwrite { handle: 1, offset: 0, data: &[] };
+            let mut frame = encode(&head, 100 + i);
+            let announced = frame.len() as u32 - HEADER_LEN as u32 + len;
+            frame[..4].copy_from_slice(&announced.to_le_bytes());
+            frame.extend_from_slice(&[7u8; 4096]);
+            s.write_all(&frame).unwrap();
+            s
+        })
+        .collect();
+    // Each announced body is being waited for, its buffer lent.
+    std::thread::sleep(Duration::from_millis(500));
+    // Another peer: one 4 MiB frame (the library cuts its writes in
+    // pieces the connection's own buffer takes, so a raw client here).
+    let mut s = handshake_from(&server, "127.0.0.3");
+    let open = Request::Open { path: b"/big", flags: (libc::O_WRONLY | libc::O_CREAT) as u32, mode: 0o644 };
+    s.write_all(&encode(&open, 10)).unwrap();
+    let (h, body) = read_frame(&mut s);
+    assert_eq!(h.flags & FLAG_ERROR, 0, "open refused: {:?}", ErrorReply::decode(&body));
+    let Reply::Opened { handle, .. } = Reply::decode(op::OPEN, &body).unwrap() else { panic!("no handle") };
+    let data = random_bytes(4 << 20, 3);
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(&encode(&Request::Pwrite { handle, offset: 0, data: &data }, 11)).unwrap();
+    let mut hb = [0u8; HEADER_LEN];
+    if let Err(e) = s.read_exact(&mut hb) {
+        panic!("no answer in 30 s to another peer's big write while one peer holds the frame pool: {e}");
+    }
+    let h = Header::decode(&hb);
+    let mut body = vec![0u8; h.len as usize];
+    s.read_exact(&mut body).unwrap();
+    assert_eq!(h.flags & FLAG_ERROR, 0, "the big write failed: {:?}", ErrorReply::decode(&body));
+    assert!(std::fs::read(server.export.path().join("big")).unwrap() == data, "the big write's bytes");
+    drop(hogs);
+}

@@ -95,6 +95,8 @@ pub struct Conn<B: Backend> {
     /// Its place among the connections (`gate`), held by the connection's
     /// first thread only.
     pub ticket: Option<crate::gate::Ticket>,
+    /// Whom its fair shares count it as.
+    from: crate::peer::Peer,
 }
 
 /// What every connection of a server shares.
@@ -146,6 +148,7 @@ impl<B: Backend> Conn<B> {
         stream.set_nodelay()?;
         stream.set_read_timeout(Some(common.cfg.idle_timeout))?;
         let tx = stream.try_clone()?;
+        let from = crate::peer::Peer::of(&tx);
         let wlock = Arc::new(Mutex::new(()));
         let window = common.cfg.window_requests as usize;
         Ok(Conn {
@@ -173,6 +176,7 @@ impl<B: Backend> Conn<B> {
             token: Vec::new(),
             grants: None,
             ticket: None,
+            from,
         })
     }
 
@@ -209,6 +213,7 @@ impl<B: Backend> Conn<B> {
             // Told on its first request.
             grants: None,
             ticket: None,
+            from: self.from,
         })
     }
 
@@ -309,7 +314,7 @@ impl<B: Backend> Conn<B> {
         }
         let len = h.len as usize;
         let dest = if len > OWN_MAX {
-            &mut self.big.insert(self.common.pool.take(len)).as_mut_slice()[..len]
+            &mut self.big.insert(self.common.pool.take(self.from, len)).as_mut_slice()[..len]
         } else {
             // Grow only (up to OWN_MAX): zero-filling per frame would cost
             // more than the copy it prepares.
