@@ -647,3 +647,121 @@ fn glusterfs_library_client_moves() {
     assert!(other.is_some());
     assert!(fs::read(gl.nodes()[0].join("new")).unwrap() == data, "the volume differs");
 }
+
+/// A program writing 1 MiB `write`s (no positions: what `dd` and `cp` do)
+/// and then `fsync`: run by `writer` (a command ending in `python3`) on
+/// `path`; when a quarter is in the volume, B starts and A is killed. Every
+/// `write` must return its whole count (a short count would be honest only
+/// for bytes not written, and a program such as `dd` takes it for an
+/// error), the `fsync` must succeed, and every byte must be in the file,
+/// read through B's mount.
+fn stream_across_a_move(
+    g: &Gateways,
+    a: &mut Serve,
+    mut writer: Command,
+    path: &Path,
+    log: &dyn Fn() -> String,
+) -> Serve {
+    let script = r#"
+import os, sys
+path, n = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for i in range(n):
+    block = bytes([i % 251]) * (1 << 20)
+    k = os.write(fd, block)
+    if k != len(block):
+        sys.exit(f"write {i} returned {k} of {len(block)} bytes")
+try:
+    os.fsync(fd)
+except OSError as e:
+    sys.exit(f"fsync failed: {e}")
+os.close(fd)
+print("done")
+"#;
+    const MIB: usize = 1 << 20;
+    const N: usize = 96;
+    let child = writer
+        .args(["-c", script])
+        .arg(path)
+        .arg(N.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let name = path.file_name().unwrap();
+    let on_a = g.exports[0].join(name);
+    let quarter = (N * MIB / 4) as u64;
+    assert!(
+        wait_for(Duration::from_secs(30), || fs::metadata(&on_a).is_ok_and(|m| m.len() >= quarter)),
+        "the writer did not get going: {}",
+        log()
+    );
+    let b = g.start(1);
+    a.kill();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "the writer failed: {}; log: {}", stderr(&o), log());
+    let got = fs::read(g.exports[1].join(name)).unwrap();
+    assert_eq!(got.len(), N * MIB, "the file's size");
+    for i in 0..N {
+        assert!(
+            got[i * MIB..(i + 1) * MIB].iter().all(|&x| x == (i % 251) as u8),
+            "block {i} differs (lost across the move)"
+        );
+    }
+    b
+}
+
+/// `ferry mount` of both gateways (over TCP), `a` running; the caller
+/// kills the mount by dropping what is returned (daemon, detach guard).
+fn mount_gateways(g: &Gateways, state: &TempDir) -> (PathBuf, PathBuf, impl Drop) {
+    struct Daemon(std::process::Child, Detach);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            let _ = Command::new(FERRY).args(["umount"]).arg(&self.1 .0).status();
+            if !wait_for(Duration::from_secs(10), || self.0.try_wait().is_ok_and(|s| s.is_some())) {
+                let _ = self.0.kill();
+            }
+            let _ = self.0.wait();
+        }
+    }
+    let mp = state.path().join("mnt");
+    fs::create_dir(&mp).unwrap();
+    let log = state.path().join("mount.log");
+    let detach = Detach(mp.clone());
+    let daemon = Command::new(FERRY)
+        .args(["mount", &format!("ferry://{}/", g.list())])
+        .arg(&mp)
+        .env("FERRY_TOKEN_FILE", &g.tokens[0])
+        .env("FERRY_SAME_HOST", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let d = Daemon(daemon, detach);
+    assert!(wait_for(Duration::from_secs(20), || is_live(&mp)), "mount did not come up: {}", read(&log));
+    (mp, log, d)
+}
+
+/// On GlusterFS, through the mount over TCP: the `write` in flight when
+/// the gateway dies returns its whole count and its bytes are in the file;
+/// the `fsync` after succeeds (issue #32, items 2 and 4).
+#[test]
+fn glusterfs_mount_streaming_writer_loses_nothing() {
+    let (_gl, g) = glusterfs_gateways("gl-mstream");
+    let mut a = g.start(0);
+    let state = TempDir::new("gl-mstream-mp");
+    let (mp, log, _m) = mount_gateways(&g, &state);
+    let mut writer = Command::new("timeout");
+    writer.args(["120", "python3"]);
+    let _b = stream_across_a_move(&g, &mut a, writer, &mp.join("stream"), &|| read(&log));
+}
+
+/// The same under `ferry run`.
+#[test]
+fn glusterfs_ferry_run_streaming_writer_loses_nothing() {
+    let (_gl, g) = glusterfs_gateways("gl-rstream");
+    let mut a = g.start(0);
+    let writer = g.python_under_ferry_run(120);
+    let _b = stream_across_a_move(&g, &mut a, writer, Path::new("/remote/stream"), &String::new);
+}
