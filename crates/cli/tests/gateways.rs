@@ -765,3 +765,77 @@ fn glusterfs_ferry_run_streaming_writer_loses_nothing() {
     let writer = g.python_under_ferry_run(120);
     let _b = stream_across_a_move(&g, &mut a, writer, Path::new("/remote/stream"), &String::new);
 }
+
+/// X, a program under `ferry run`, holds a whole-file `fcntl` write lock
+/// through gateway A; a client of B is refused it. A dies and the client of
+/// B takes the lock before X uses the file again: X's next calls on the
+/// file fail (`ESTALE`), none of them lands in the file, and X never goes
+/// on writing under a lock it no longer holds (issue #32, item 3).
+fn a_lock_lost_in_a_move_fails_its_holder(g: &Gateways) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut a = g.start(0);
+    fs::write(g.export().join("db"), vec![0u8; 4096]).unwrap();
+    let script = r#"
+import fcntl, os, sys
+fd = os.open("/remote/db", os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 0, 0)
+print("locked", flush=True)
+sys.stdin.readline()
+for what, call in [("pwrite", lambda: os.pwrite(fd, b"X was here", 0)), ("fsync", lambda: os.fsync(fd)),
+                   ("pwrite", lambda: os.pwrite(fd, b"X again", 100))]:
+    try:
+        call()
+        print(what, "ok", flush=True)
+    except OSError as e:
+        print(what, e.errno, flush=True)
+"#;
+    let mut child = g
+        .python_under_ferry_run(60)
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+    let b = g.start(1);
+    let y = Client::connect(&format!("127.0.0.1:{}", g.ports[1]), &Options { reconnect: None, ..g.options() }).unwrap();
+    let mut rw = OpenOptions::new();
+    rw.read(true).write(true);
+    let yf = y.open("/db", &rw).unwrap();
+    let whole = LockSpec { kind: LockKind::Posix(9), typ: LockType::Write, start: 0, len: 0, pid: 9 };
+    let e = yf.try_lock(&whole).expect_err("Y got the lock X holds");
+    assert_eq!(e.errno(), libc::EAGAIN, "{e}");
+    a.kill();
+    assert!(
+        wait_for(Duration::from_secs(20), || yf.try_lock(&whole).is_ok()),
+        "Y never got the lock of X's dead gateway"
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    for l in rest.lines() {
+        assert!(!l.ends_with(" ok"), "X went on without its lock ({l}): {rest}; {}", stderr(&o));
+    }
+    assert!(rest.contains(&format!("pwrite {}", libc::ESTALE)), "X was not told: {rest}; {}", stderr(&o));
+    let on_b = fs::read(g.exports[1].join("db")).unwrap();
+    assert!(on_b.iter().all(|&x| x == 0), "X's writes reached the file under Y's lock");
+    drop((yf, y, b));
+}
+
+#[test]
+fn a_lock_lost_in_a_move_fails_its_holder_on_one_directory() {
+    a_lock_lost_in_a_move_fails_its_holder(&Gateways::new("gw-lost-lock"));
+}
+
+#[test]
+fn glusterfs_a_lock_lost_in_a_move_fails_its_holder() {
+    let (_gl, g) = glusterfs_gateways("gl-lost-lock");
+    a_lock_lost_in_a_move_fails_its_holder(&g);
+}
