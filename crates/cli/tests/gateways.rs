@@ -663,11 +663,12 @@ fn stream_across_a_move(
     log: &dyn Fn() -> String,
 ) -> Serve {
     let script = r#"
-import os, sys
+import os, sys, time
 path, n = sys.argv[1], int(sys.argv[2])
 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 for i in range(n):
     block = bytes([i % 251]) * (1 << 20)
+    time.sleep(0.005)
     k = os.write(fd, block)
     if k != len(block):
         sys.exit(f"write {i} returned {k} of {len(block)} bytes")
@@ -700,6 +701,8 @@ print("done")
     a.kill();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "the writer failed: {}; log: {}", stderr(&o), log());
+    let said = format!("{}{}", stderr(&o), log());
+    assert!(said.contains("moved to gateway"), "the writer did not move (done before the kill?): {said}");
     let got = fs::read(g.exports[1].join(name)).unwrap();
     assert_eq!(got.len(), N * MIB, "the file's size");
     for i in 0..N {
@@ -838,4 +841,32 @@ fn a_lock_lost_in_a_move_fails_its_holder_on_one_directory() {
 fn glusterfs_a_lock_lost_in_a_move_fails_its_holder() {
     let (_gl, g) = glusterfs_gateways("gl-lost-lock");
     a_lock_lost_in_a_move_fails_its_holder(&g);
+}
+
+/// On JuiceFS, 1 MiB `write`s in flight when the gateway dies, through the
+/// mount (TCP) and under `ferry run`: whole counts, `fsync` successful,
+/// every byte there (issue #32, items 2 and 4).
+#[test]
+fn juicefs_streaming_writers_lose_nothing() {
+    require_fuse();
+    let j = Juicefs::start("jfs-stream");
+    let g = Gateways::over("jfs-stream", j.nodes(), None);
+    let mut a = g.start(0);
+    let state = TempDir::new("jfs-stream-mp");
+    let (mp, log, m) = mount_gateways(&g, &state);
+    let mut writer = Command::new("timeout");
+    writer.args(["120", "python3"]);
+    let b = stream_across_a_move(&g, &mut a, writer, &mp.join("stream"), &|| read(&log));
+    drop((m, b));
+    let mut a = g.start(0);
+    let writer = g.python_under_ferry_run(120);
+    drop(stream_across_a_move(&g, &mut a, writer, Path::new("/remote/stream2"), &String::new));
+}
+
+/// On JuiceFS, a lock another client took after its holder's gateway died
+/// fails the holder (issue #32, item 3).
+#[test]
+fn juicefs_a_lock_lost_in_a_move_fails_its_holder() {
+    let j = Juicefs::start("jfs-lost-lock");
+    a_lock_lost_in_a_move_fails_its_holder(&Gateways::over("jfs-lost-lock", j.nodes(), None));
 }
