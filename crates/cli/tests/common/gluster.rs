@@ -186,6 +186,8 @@ impl Drop for Gluster {
             let ours = fs::read(format!("/proc/{p}/cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*self.dir.path().to_string_lossy()));
             if ours {
+                // SAFETY: kill(2) takes no pointers; `p` is a process of this
+                // volume (its command line names this test's directory).
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }
         }
