@@ -73,14 +73,6 @@ pub struct ServeArgs {
     /// CephFS, JuiceFS, Lustre, GlusterFS and the like.
     #[arg(long, conflicts_with = "memory")]
     shared_volume: bool,
-    /// The secret this server seals the file ids it gives with (a file of
-    /// at least 16 bytes, kept as private as the token; clients never see
-    /// it). Give the gateways of one volume the same file: a client moving
-    /// between them then finds its open files by their id (the file
-    /// system's handle), also when renamed meanwhile. Default: a secret in
-    /// the state directory, this server's own.
-    #[arg(long, value_name = "FILE", conflicts_with = "memory")]
-    file_id_key: Option<PathBuf>,
     /// Require TLS from TCP clients on any address (the default off
     /// loopback). Without a certificate one is made (self-signed) and its
     /// fingerprint said on stderr; clients trust it on first use.
@@ -188,13 +180,6 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
                 .ok_or("no token file: set --token-file, HOME or XDG_CONFIG_HOME, or use --no-auth")?,
         };
         cfg.token = Some(server_token(&path)?);
-    }
-    if let Some(f) = &a.file_id_key {
-        let k = std::fs::read(f).map_err(|e| format!("--file-id-key {}: {e}", f.display()))?;
-        if k.len() < 16 {
-            return Err(format!("--file-id-key {}: at least 16 bytes of secret expected", f.display()));
-        }
-        cfg.file_id_key = Some(k);
     }
     raise_fd_limit();
     // Clients send the modes they want; their own umask is already applied.

@@ -54,15 +54,8 @@ impl Gateways {
         Gateways { _dir: dir, exports, _state: state, tokens, ports }
     }
 
-    /// Gateway `i`, sealing file ids with the key both share (as the
-    /// token), so each verifies the other's ids.
     fn start(&self, i: usize) -> Serve {
-        let key = self.tokens[i].with_file_name("file-id-key");
-        if !key.exists() {
-            fs::write(&key, b"the gateways' shared file-id key").unwrap();
-        }
-        let key = key.to_str().unwrap().to_string();
-        Serve::launch_with(self.exports[i].as_os_str(), self.ports[i], &self.tokens[i], &["--file-id-key", &key])
+        Serve::start(&self.exports[i], self.ports[i], &self.tokens[i])
     }
 
     /// Where the tests look at the files behind the gateways' back.

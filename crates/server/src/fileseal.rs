@@ -16,9 +16,7 @@
 //! session), and a token holder who was given an id could act as the user
 //! it was given to anyway. A server that keeps state (`--state-dir`) keeps
 //! the key there, so its ids outlive a restart; another gateway has its
-//! own, and a client moving there reopens by path — unless the gateways
-//! of one volume are given one key (`--file-id-key`), as they are given
-//! one token: then each verifies the others' ids.
+//! own, and a client moving there reopens by path.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -55,13 +53,6 @@ impl Default for Seals {
 impl Seals {
     /// Seals with the server's secret `k`.
     pub fn with_key(k: &[u8; 32]) -> Seals {
-        Seals::with_secret(k)
-    }
-
-    /// Seals with a secret of any length: the one of `--file-id-key`,
-    /// shared by the gateways of one volume so that each verifies the ids
-    /// the others gave.
-    pub fn with_secret(k: &[u8]) -> Seals {
         let mut m = key(k);
         m.update(b"ferry v1 file ids");
         let derived: [u8; 32] = m.finalize().into_bytes().into();
@@ -125,10 +116,6 @@ mod tests {
         assert_eq!(s.open(b"short", (1, 2)), None);
         assert_eq!(Seals::default().open(&id, (1, 2)), None, "another server");
         assert_eq!(Seals::with_key(&[8; 32]).open(&id, (1, 2)), None, "another server's secret");
-        // Gateways given one `--file-id-key` verify each other's ids.
-        let shared = Seals::with_secret(b"one key for the gateways").seal(b"handle", (1, 2));
-        assert_eq!(Seals::with_secret(b"one key for the gateways").open(&shared, (1, 2)), Some(&b"handle"[..]));
-        assert_eq!(Seals::with_secret(b"another gateway's key").open(&shared, (1, 2)), None);
         // A restarted server with the same secret knows its ids.
         assert_eq!(Seals::with_key(&[7; 32]).open(&id, (1, 2)), Some(&b"handle"[..]));
         let empty = s.seal(b"", (1, 2));

@@ -94,10 +94,6 @@ pub struct Config {
     /// Several exports (`--config`): their clients' tokens (then `token`
     /// is not used) and what each may use.
     pub access: Option<Arc<dyn exports::Access>>,
-    /// The secret file ids are sealed with (`--file-id-key`), shared by
-    /// the gateways of one volume; `None`: the state directory's (or a
-    /// random one).
-    pub file_id_key: Option<Vec<u8>>,
 }
 
 impl Default for Config {
@@ -128,7 +124,6 @@ impl Default for Config {
             tls: None,
             tls_required: false,
             access: None,
-            file_id_key: None,
         }
     }
 }
@@ -184,10 +179,7 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         locks: Arc::new(locks::LockTable::default()),
         changes: Arc::default(),
         dirs: Arc::default(),
-        seals: Arc::new(match &cfg.file_id_key {
-            Some(k) => fileseal::Seals::with_secret(k),
-            None => sessions.seals(),
-        }),
+        seals: Arc::new(sessions.seals()),
         sessions,
         backend,
         cfg: Arc::new(cfg),

@@ -334,10 +334,7 @@ impl Backend for PosixBackend {
         let fd = crate::fileid::open(mount.as_fd(), id, OFlags::PATH | OFlags::CLOEXEC)?;
         let st = rfs::fstat(&fd)?;
         let symlink = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink;
-        // A shared volume's id may come from another gateway (one key):
-        // its device number is that gateway's own.
-        let same = st.st_ino == key.1 && (self.shared || st.st_dev == key.0);
-        if !same || symlink || !self.inside(&fd)? {
+        if (st.st_dev, st.st_ino) != key || symlink || !self.inside(&fd)? {
             return Err(Errno::STALE);
         }
         Ok(PosixFile { fd, readable: false, append: false, dir: Mutex::new(None) })
@@ -362,7 +359,7 @@ impl Backend for PosixBackend {
             let oflags = (OFlags::from_bits_retain(flags) - OFlags::NOFOLLOW) | OFlags::CLOEXEC | OFlags::NONBLOCK;
             let fd = rfs::open(NodeFd::Open(f.fd.as_fd()).proc_path().as_c_str(), oflags, Mode::empty())?;
             let st = rfs::fstat(&fd)?;
-            if st.st_ino != key.1 || !(self.shared || st.st_dev == key.0) {
+            if (st.st_dev, st.st_ino) != key {
                 return Err(Errno::STALE);
             }
             return file_from(fd, flags);
