@@ -19,10 +19,11 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
 # Debian packages: fusermount3 (FUSE auto-unmount), the programs the
-# end-to-end tests run on the mount, and Redis (JuiceFS's metadata, for the
-# gateway tests).
+# end-to-end tests run on the mount, Redis (JuiceFS's metadata) and
+# GlusterFS (server and client: a private glusterd and a replica-2 volume
+# mounted twice), for the gateway tests.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount redis-server:redis-server openssl:openssl; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

@@ -325,6 +325,11 @@ impl Client {
         Ok(out)
     }
 
+    /// Whether some owner holds (or held, and lost) POSIX locks on `file`.
+    pub(crate) fn posix_held_on(&self, file: (u64, u64)) -> bool {
+        lock(&self.inner.posix).keys().any(|&(dev, ino, _)| (dev, ino) == file)
+    }
+
     /// `owner`'s POSIX locks on `file` are held again in `epoch`.
     pub(crate) fn posix_reclaimed(&self, file: (u64, u64), owner: u64, epoch: u64) {
         if let Some(e) = lock(&self.inner.posix).get_mut(&(file.0, file.1, owner)) {

@@ -443,6 +443,28 @@ impl File {
         Ok(self.handle())
     }
 
+    /// As `current_handle`, for a caller about to keep a write back (the
+    /// preload library gathers small writes): a file holding record locks
+    /// first looks, without waiting (one `recv(MSG_PEEK)`), whether its
+    /// connection was closed by the server, and if so moves now (opening
+    /// the file again and taking its locks again), so that a lock lost
+    /// meanwhile fails this call rather than one after more writes made
+    /// under a lock no longer held.
+    pub fn ensure_live(&self) -> Result<()> {
+        if self.holds_locks() {
+            let e = self.client.engine();
+            if let Some(err) = e.gone() {
+                self.client.replaced(&e, &err)?;
+            }
+        }
+        self.live()
+    }
+
+    fn holds_locks(&self) -> bool {
+        let (ofd, flock) = &*lock(&self.handle_locks);
+        !ofd.is_empty() || !flock.is_empty() || self.client.posix_held_on((self.attr.dev, self.attr.ino))
+    }
+
     fn same_epoch(&self) -> bool {
         self.client.epoch() == self.epoch.load(Ordering::Acquire)
     }
@@ -481,7 +503,10 @@ impl File {
                 continue;
             }
             self.handle.store(handle, Ordering::Release);
-            match self.replay(handle).and_then(|()| self.reclaim(handle, before)) {
+            // Locks first: writes made under a lock go out again only once
+            // it is held again (a lock someone else took meanwhile is
+            // `ESTALE`, and those writes are not sent over their data).
+            match self.reclaim(handle, before).and_then(|()| self.replay(handle)) {
                 Err(_) if self.client.epoch() != before => continue,
                 r => r?,
             }
@@ -856,7 +881,10 @@ impl File {
         let r = match w.engine.finish(w.id, None) {
             Err(e) => match &w.resend {
                 Some((offset, data)) => {
-                    self.resend(&w.engine, &e, *offset, data).map(|()| self.client.engine()).map_err(|_| e)
+                    // The resend's own failure: a file that could not be
+                    // opened again, or a lock lost, says so (`ESTALE`)
+                    // rather than as a lost connection.
+                    self.resend(&w.engine, &e, *offset, data).map(|()| self.client.engine())
                 }
                 None => Err(e),
             },

@@ -323,6 +323,15 @@ impl Open {
         let end = pos + data.len() as u64;
         let gather = data.len() < CHUNK / 2 && !state::EXITING.load(Relaxed);
         if gather {
+            // A file the client must open again (it moved to another
+            // gateway, or the server restarted; for a file holding locks,
+            // also a connection the server closed) is opened again now,
+            // its locks taken again: a lock someone else took meanwhile
+            // fails this write, rather than a later call after more writes
+            // were gathered under a lock no longer held.
+            if let Some(f) = io.file.as_ref() {
+                f.ensure_live().map_err(|e| self.errno(e))?;
+            }
             let follows = io.wbase + io.wbuf.len() as u64 == pos;
             if !io.wbuf.is_empty() && (!follows || io.wbuf.len() + data.len() > CHUNK) {
                 self.send_gathered(io)?;

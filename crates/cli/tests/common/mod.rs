@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fuse;
+pub mod gluster;
 pub mod preload;
 pub mod proxy;
 pub mod restart;
