@@ -838,3 +838,29 @@ print(libc.closedir(e))
     let o = common::preload::run_cmd_with(&srv, local.path(), 60, &[], &["python3", "-c", script]);
     assert_eq!(ok(&o), "True True True\n5 ['f', 'sub']\n/remote/d 12345\n0\nclosed True\n0\n");
 }
+
+/// A parent sees at once what a child it waited for changed, with the
+/// default attribute timeout (as `make` needs: the compiler child rewrites
+/// an object, the parent then compares its mtime before relinking): a
+/// `stat`, a listing's attributes and an open file's `fstat` answer, all
+/// kept before the child ran, are asked again after `waitpid` (and after
+/// `system`).
+#[test]
+fn a_parent_sees_what_a_child_it_waited_for_changed() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::create_dir(srv.export.path().join("d")).unwrap();
+    std::fs::write(srv.export.path().join("d/o"), "x").unwrap();
+    let script = r#"
+import os, subprocess
+p = '/remote/d/o'
+fd = os.open(p, os.O_RDONLY)
+print(os.stat(p).st_size, [e.stat().st_size for e in os.scandir('/remote/d')], os.fstat(fd).st_size)
+subprocess.run(['sh', '-c', 'echo rebuilt >> /remote/d/o'], check=True)
+print(os.stat(p).st_size, [e.stat().st_size for e in os.scandir('/remote/d')], os.fstat(fd).st_size)
+os.system('echo again >> /remote/d/o')
+print(os.stat(p).st_size)
+"#;
+    let o = common::preload::run_cmd(&srv, local.path(), 60, &["python3", "-c", script]);
+    assert_eq!(ok(&o), "1 [1] 1\n9 [9] 9\n15\n", "the parent's answers after its child's change");
+}

@@ -223,6 +223,16 @@ impl Open {
         crate::attrs::changed();
     }
 
+    /// Another process may have changed any remote file (a child this one
+    /// waited for): what this process keeps of them — attributes, open
+    /// answers, read-ahead — is not to be believed any more.
+    pub fn all_changed() {
+        for g in &GENERATION {
+            g.fetch_add(1, Relaxed);
+        }
+        crate::attrs::changed();
+    }
+
     /// Sends gathered writes (without waiting for the server).
     fn send_gathered(&self, io: &mut Io) -> Result<(), i32> {
         if io.wbuf.is_empty() {

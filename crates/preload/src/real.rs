@@ -207,6 +207,12 @@ real! {
     posix_spawnp(pid: *mut libc::pid_t, p: *const c_char, fa: *const libc::posix_spawn_file_actions_t,
         at: *const libc::posix_spawnattr_t, a: *const *mut c_char, e: *const *mut c_char) -> c_int;
     fork() -> libc::pid_t;
+    wait(status: *mut c_int) -> libc::pid_t;
+    waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t;
+    wait3(status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> libc::pid_t;
+    wait4(pid: libc::pid_t, status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> libc::pid_t;
+    waitid(idtype: libc::idtype_t, id: libc::id_t, info: *mut libc::siginfo_t, options: c_int) -> c_int;
+    pclose(f: *mut FILE) -> c_int;
     system(c: *const c_char) -> c_int;
     popen(c: *const c_char, m: *const c_char) -> *mut FILE;
     _exit(s: c_int) -> ();

@@ -249,13 +249,82 @@ pub unsafe extern "C" fn vfork() -> pid_t {
 #[no_mangle]
 pub unsafe extern "C" fn system(c: *const c_char) -> c_int {
     sync_before_handoff();
-    pass!(system(c))
+    let r = pass!(system(c));
+    waited(1);
+    r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn popen(c: *const c_char, m: *const c_char) -> *mut libc::FILE {
     sync_before_handoff();
     pass!(popen(c, m))
+}
+
+// ---- waiting for children ----
+
+/// A child this process waited for (`r` > 0: one ended, or changed state)
+/// may have changed remote files, as `make`'s compiler did the object its
+/// linker step then looks at: what this process keeps of remote files
+/// (attributes, listings, open answers, read-ahead) goes, so that a parent
+/// sees at once what a child it waited for did.
+fn waited(r: i64) {
+    if r > 0 && state::ACTIVE.load(Relaxed) {
+        crate::open::Open::all_changed();
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pclose(f: *mut libc::FILE) -> c_int {
+    let r = pass!(pclose(f));
+    waited(1);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn wait(status: *mut c_int) -> pid_t {
+    let r = pass!(wait(status));
+    waited(r.into());
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn waitpid(pid: pid_t, status: *mut c_int, options: c_int) -> pid_t {
+    let r = pass!(waitpid(pid, status, options));
+    waited(r.into());
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn wait3(status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> pid_t {
+    let r = pass!(wait3(status, options, usage));
+    waited(r.into());
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn wait4(pid: pid_t, status: *mut c_int, options: c_int, usage: *mut libc::rusage) -> pid_t {
+    let r = pass!(wait4(pid, status, options, usage));
+    waited(r.into());
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn waitid(
+    idtype: libc::idtype_t,
+    id: libc::id_t,
+    info: *mut libc::siginfo_t,
+    options: c_int,
+) -> c_int {
+    let r = pass!(waitid(idtype, id, info, options));
+    // 0 also with WNOHANG and no child ready: then `si_pid` is 0.
+    // SAFETY: `info` is NULL or the caller's siginfo_t, which waitid filled.
+    let child = unsafe { info.as_ref() }.is_none_or(|i| {
+        // SAFETY: waitid filled `si_pid` (the union's child fields).
+        let pid = unsafe { i.si_pid() };
+        pid != 0
+    });
+    waited(i64::from(r == 0 && child));
+    r
 }
 
 #[no_mangle]
