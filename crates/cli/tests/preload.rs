@@ -864,3 +864,28 @@ print(os.stat(p).st_size)
     let o = common::preload::run_cmd(&srv, local.path(), 60, &["python3", "-c", script]);
     assert_eq!(ok(&o), "1 [1] 1\n9 [9] 9\n15\n", "the parent's answers after its child's change");
 }
+
+/// A path longer than the wire carries (70,000 bytes under the mount) is
+/// `ENAMETOOLONG` for every call, as Linux says it, never `EIO` (the
+/// client's encoder was reached by an open before).
+#[test]
+fn a_path_past_every_limit_is_enametoolong() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let script = r#"
+import os
+p = '/remote/' + 'a/' * 35000
+calls = [os.stat, os.lstat, lambda p: os.open(p, os.O_RDONLY), lambda p: os.open(p, os.O_RDWR | os.O_CREAT, 0o644),
+         os.mkdir, os.listdir, os.unlink, os.readlink, os.chdir, lambda p: os.symlink('x', p)]
+out = []
+for f in calls:
+    try:
+        f(p)
+        out.append('ok')
+    except OSError as e:
+        out.append(str(e.errno))
+print(' '.join(out))
+"#;
+    let o = common::preload::run_cmd(&srv, local.path(), 60, &["python3", "-c", script]);
+    assert_eq!(ok(&o), format!("{}\n", vec![libc::ENAMETOOLONG.to_string(); 10].join(" ")));
+}

@@ -79,6 +79,9 @@ impl Request<'_> {
             Request::Open { path: p, .. }
             | Request::OpenId { path: p, .. }
             | Request::OpenRead { path: p, .. }
+            | Request::OpenCached { path: p, .. }
+            | Request::CacheSet { path: p, .. }
+            | Request::CacheGet { path: p }
             | Request::ListDir { path: p, .. }
             | Request::Reopen { path: p, .. }
             | Request::Mkdir { path: p, .. }
@@ -138,6 +141,19 @@ mod tests {
         assert_eq!(deep.len(), crate::MAX_PATH - 1);
         assert_eq!(ok(&deep), Ok(()));
         assert_eq!(ok(&[&deep[..], b"zz"].concat()), Err(Limit::NameTooLong));
+        // Every request that carries a path checks it: one past the wire's
+        // limit would not encode (the encoder panics on it).
+        let over = vec![b'a'; crate::MAX_PATH + 10];
+        let p = &over[..];
+        for r in [
+            Request::OpenCached { path: p, flags: 0, mode: 0, max: 0 },
+            Request::CacheSet { path: p, policy: 0 },
+            Request::CacheGet { path: p },
+            Request::OpenRead { path: p, flags: 0, mode: 0, max: 0 },
+            Request::OpenId { path: p, flags: 0, mode: 0 },
+        ] {
+            assert_eq!(r.check_limits(), Err(Limit::NameTooLong), "{r:?}");
+        }
         assert_eq!(ok(&vec![b'/'; 70_000]), Err(Limit::NameTooLong));
         let big = vec![0u8; 65537];
         let set = Request::SetXattr { target: Target::Handle(1), name: b"user.x", value: &big, flags: 0 };
