@@ -123,7 +123,10 @@ fn dead_port() -> u16 {
 /// Runs `ferry ARGS` with no token anywhere but `token` in FERRY_TOKEN.
 fn ferry_with_token(home: &Path, token: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = Command::new(FERRY);
+    // A server not there is waited for (`FERRY_RECONNECT`, a minute by
+    // default): these tests want the answer a moment later.
     cmd.args(args)
+        .env("FERRY_RECONNECT", "0.3")
         .env_remove("FERRY_TOKEN_FILE")
         .env_remove("FERRY_TOKEN")
         .env_remove("XDG_CONFIG_HOME")
@@ -695,6 +698,7 @@ fn server_not_running() {
         assert!(line.starts_with("ferry: "), "{line}");
         assert!(line.contains(&format!("127.0.0.1:{port}")), "message must name the address: {line}");
         assert!(line.contains("Connection refused"), "{line}");
+        assert!(line.contains("waited 0.3 s for it"), "{line}");
     }
 }
 

@@ -500,3 +500,37 @@ print(open("/remote/new", "w").write("made after the restart"))
     assert_eq!(fs::read(export.path().join("g")).unwrap(), b"FIRST version");
     assert_eq!(fs::read(export.path().join("new")).unwrap(), b"made after the restart");
 }
+
+/// A client started while the server is down waits for it, as one that
+/// lost it does (`FERRY_RECONNECT`): `ferry cp` and a program under
+/// `ferry run` begun during a restart go on once the server is back,
+/// instead of failing with "Connection refused".
+#[test]
+fn clients_started_while_the_server_is_down_wait_for_it() {
+    let (export, state, token, mut server) = fresh("down");
+    let port = server.port;
+    server.kill();
+    let src = state.path().join("src");
+    fs::write(&src, b"copied once the server was back").unwrap();
+    let cp = Command::new(FERRY)
+        .arg("cp")
+        .arg(&src)
+        .arg(format!("ferry://127.0.0.1:{port}/copied"))
+        .env("FERRY_TOKEN_FILE", &token)
+        .env("FERRY_RECONNECT", "30")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let program =
+        python_under_ferry_run(port, &token, "open('/remote/made', 'w').write('made by a program started early')");
+    std::thread::sleep(Duration::from_millis(1500));
+    let _server = Serve::start(export.path(), port, &token);
+    let o = cp.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "ferry cp started while the server was down: {err}");
+    assert!(err.contains("not reachable") && err.contains("reached"), "what it said: {err}");
+    assert_eq!(fs::read(export.path().join("copied")).unwrap(), b"copied once the server was back");
+    let o = program.wait_with_output().unwrap();
+    assert!(o.status.success(), "a program under ferry run: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(fs::read(export.path().join("made")).unwrap(), b"made by a program started early");
+}

@@ -6,6 +6,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use ferry_proto::{caps, Attr, DirEntry, Reply, Request, StatFs, Target, Time};
 
@@ -133,7 +134,10 @@ impl Client {
     /// `Options::reconnect`).
     pub fn connect(addr: &str, opts: &Options) -> Result<Client> {
         let gateways = Gateways::new(addr);
-        let engine = gateways.connect(opts)?;
+        let engine = match opts.reconnect {
+            Some(bound) => first_connect(&gateways, addr, opts, bound)?,
+            None => gateways.connect(opts)?,
+        };
         let redial = opts.reconnect.map(|bound| Redial::new(gateways, opts, bound, &engine));
         let unstable = Arc::new(AtomicUsize::new(0));
         let cache = opts.cache.clone().map(|c| (c, format!("{addr}\0").into_bytes()));
@@ -783,4 +787,73 @@ pub fn join(dir: impl AsRef<Path>, name: impl AsRef<OsStr>) -> PathBuf {
     }
     out.extend_from_slice(name);
     PathBuf::from(OsString::from_vec(out))
+}
+
+/// With `Options::reconnect`, a server not reachable yet is waited for as a
+/// lost one is (a program started while the server restarts, a `ferry cp`
+/// begun a moment too early): for up to `bound`, saying so once on stderr
+/// after the first second, and once more when it answers. A refusal by a server that answers (the
+/// token, TLS, a protocol error) fails at once.
+fn first_connect(gateways: &Gateways, addr: &str, opts: &Options, bound: Duration) -> Result<Engine> {
+    let start = Instant::now();
+    let deadline = start.checked_add(bound);
+    let mut pause = Duration::from_millis(20);
+    let mut said = false;
+    loop {
+        let e = match gateways.connect(opts) {
+            Ok(engine) => {
+                if said {
+                    eprintln!("ferry: {addr}: reached");
+                }
+                return Ok(engine);
+            }
+            Err(e) if !unreachable(&e) => return Err(e),
+            Err(e) => e,
+        };
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            let waited = format!("waited {} s for it", bound.as_secs_f64());
+            return Err(match e {
+                Error::Io { kind, errno, message } => {
+                    Error::Io { kind, errno, message: format!("{message} ({waited})") }
+                }
+                other => other,
+            });
+        }
+        // Said once the wait is more than a hiccup.
+        if !said && now >= start + Duration::from_secs(1) {
+            let until = match deadline {
+                Some(_) => format!("giving up after {} s", bound.as_secs_f64()),
+                None => "for as long as it takes".into(),
+            };
+            eprintln!("ferry: {addr}: not reachable ({e}); waiting for it ({until})");
+            said = true;
+        }
+        std::thread::sleep(deadline.map_or(pause, |d| pause.min(d - now)));
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Whether a connect failed as it does while a server is down or
+/// restarting (or too busy), not because of what it answered.
+fn unreachable(e: &Error) -> bool {
+    const DOWN: [i32; 8] = [
+        libc::ECONNREFUSED,
+        libc::ECONNRESET,
+        libc::ECONNABORTED,
+        libc::ETIMEDOUT,
+        libc::EHOSTUNREACH,
+        libc::ENETUNREACH,
+        libc::EPIPE,
+        // A Unix socket not made yet.
+        libc::ENOENT,
+    ];
+    match e {
+        Error::Io { errno: Some(n), .. } => DOWN.contains(n),
+        Error::Io { kind, .. } => {
+            matches!(kind, std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset)
+        }
+        Error::Remote { errno, .. } => *errno == libc::EBUSY,
+        _ => false,
+    }
 }
