@@ -481,8 +481,10 @@ fn unreachable_server_fails_cleanly() {
     // A port nothing listens on: take one, then free it.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let local = TempDir::new("local");
+    // A server not there is waited for (`--reconnect`, 60 s by default),
+    // then given up on.
     let o = Command::new("timeout")
-        .args(["60", FERRY, "run", "--mount"])
+        .args(["60", FERRY, "run", "--reconnect", "1", "--mount"])
         .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
         .args(["--", "bash", "-c", "cat /remote/x; echo rc=$?; ls /etc >/dev/null && echo local-still-works"])
         .current_dir(local.path())
@@ -492,6 +494,7 @@ fn unreachable_server_fails_cleanly() {
     assert_eq!(stdout(&o), "rc=1\nlocal-still-works\n");
     let err = stderr(&o);
     assert!(err.contains(&format!("ferry: cannot use ferry://127.0.0.1:{port}/")), "{err}");
+    assert!(err.contains("waited 1 s for it"), "{err}");
     assert!(err.contains("Input/output error"), "{err}");
 }
 
