@@ -280,6 +280,17 @@ impl Client {
         Arc::clone(&lock(&self.inner.engine))
     }
 
+    /// The connection in use, unless another thread holds it this instant:
+    /// for a child just forked, where that thread does not exist and never
+    /// lets go (`engine` would wait for ever).
+    pub fn engine_if_free(&self) -> Option<Arc<Engine>> {
+        match self.inner.engine.try_lock() {
+            Ok(g) => Some(Arc::clone(&g)),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(Arc::clone(&e.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Connections made again after one was lost (0 without
     /// `Options::reconnect`).
     pub fn reconnect_count(&self) -> u64 {

@@ -393,8 +393,13 @@ pub fn after_fork_child() {
     // nothing) and the connections forgotten, never dropped.
     let conns = std::mem::replace(&mut *CONNS.lock(), Conns { live: Vec::new(), retired: Vec::new() });
     for c in conns.all() {
-        // SAFETY: our own descriptor, in our own (new) descriptor table.
-        unsafe { crate::real::close(c.engine().raw_fd()) };
+        // A connection another thread was looking up at the fork stays
+        // open here (that thread is not in the child to let go of it); the
+        // parent's copy keeps it open anyway.
+        if let Some(e) = c.engine_if_free() {
+            // SAFETY: our own descriptor, in our own (new) descriptor table.
+            unsafe { crate::real::close(e.raw_fd()) };
+        }
     }
     std::mem::forget(conns);
 }
