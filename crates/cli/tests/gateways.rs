@@ -104,22 +104,35 @@ impl Gateways {
 #[test]
 fn a_client_moves_to_another_gateway_when_its_gateway_dies() {
     let g = Gateways::new("gw-lib");
-    let mut a = g.start(0);
-    let old = random_bytes(3 << 20, 21);
+    let (c, data, _b) = library_client_moves(&g, 0, 21);
+    c.create_dir("/made-after", 0o755).unwrap();
+    let on_b = Client::connect(&format!("127.0.0.1:{}", g.ports[1]), &g.options()).unwrap();
+    drop(common::read_both_ways(&on_b, "/new", &data));
+    assert!(fs::read(g.export().join("new")).unwrap() == data, "the export differs");
+    assert!(g.export().join("made-after").is_dir());
+}
+
+/// A library client on gateway `from` (the other down when it connects)
+/// writes `/new` and reads `/old`; the other gateway comes up and `from`
+/// dies half-way; both finish, and what was read is what was there. The
+/// client, the data written and the gateway serving now, for the caller.
+fn library_client_moves(g: &Gateways, from: usize, seed: u64) -> (Client, Vec<u8>, Serve) {
+    let mut first = g.start(from);
+    let old = random_bytes(3 << 20, seed);
     fs::write(g.export().join("old"), &old).unwrap();
     let c = Client::connect(&g.list(), &g.options()).unwrap();
-    let data = random_bytes(8 << 20, 22);
+    let data = random_bytes(8 << 20, seed + 1);
     let mut w = c.open("/new", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
     let r = c.open("/old", OpenOptions::new().read(true)).unwrap();
     let mut got = vec![0u8; old.len()];
     let half = old.len() / 2;
     assert_eq!(r.read_at(&mut got[..half], 0).unwrap(), half);
     let chunk = 256 << 10;
-    let mut b = None;
+    let mut other = None;
     for (i, piece) in data.chunks(chunk).enumerate() {
         if i == data.len() / chunk / 2 {
-            b = Some(g.start(1));
-            a.kill();
+            other = Some(g.start(1 - from));
+            first.kill();
         }
         w.write_at(piece, (i * chunk) as u64).unwrap_or_else(|e| panic!("write {i} after the move: {e}"));
     }
@@ -127,17 +140,12 @@ fn a_client_moves_to_another_gateway_when_its_gateway_dies() {
     w.close().unwrap();
     let mut at = half;
     while at < old.len() {
-        let n = r.read_at(&mut got[at..], at as u64).unwrap();
+        let n = r.read_at(&mut got[at..], at as u64).unwrap_or_else(|e| panic!("read after the move: {e}"));
         assert!(n > 0, "short read at {at}");
         at += n;
     }
     assert!(got == old, "the file read across the move differs");
-    c.create_dir("/made-after", 0o755).unwrap();
-    assert!(b.is_some());
-    let on_b = Client::connect(&format!("127.0.0.1:{}", g.ports[1]), &g.options()).unwrap();
-    drop(common::read_both_ways(&on_b, "/new", &data));
-    assert!(fs::read(g.export().join("new")).unwrap() == data, "the export differs");
-    assert!(g.export().join("made-after").is_dir());
+    (c, data, other.expect("the other gateway was started"))
 }
 
 /// The CLI takes the first gateway that answers, and when none does says
@@ -147,7 +155,14 @@ fn the_cli_uses_a_gateway_that_answers_and_names_each_that_did_not() {
     let g = Gateways::new("gw-cli");
     fs::write(g.export().join("f"), b"through B").unwrap();
     let ferry = |args: &[&str]| {
-        Command::new(FERRY).args(args).env("FERRY_TOKEN_FILE", &g.tokens[0]).env_remove("FERRY_TOKEN").output().unwrap()
+        // No gateway answering is waited for (`FERRY_RECONNECT`): briefly here.
+        Command::new(FERRY)
+            .args(args)
+            .env("FERRY_TOKEN_FILE", &g.tokens[0])
+            .env("FERRY_RECONNECT", "0.3")
+            .env_remove("FERRY_TOKEN")
+            .output()
+            .unwrap()
     };
     let url = format!("ferry://{}/f", g.list());
     let o = ferry(&["cat", &url]);
@@ -623,36 +638,7 @@ fn glusterfs_mount_writer_moves() {
 #[test]
 fn glusterfs_library_client_moves() {
     let (gl, g) = glusterfs_gateways("gl-lib");
-    let mut b = g.start(1);
-    let old = random_bytes(3 << 20, 31);
-    fs::write(g.export().join("old"), &old).unwrap();
-    // A is down: the client starts on B.
-    let c = Client::connect(&g.list(), &g.options()).unwrap();
-    let data = random_bytes(8 << 20, 32);
-    let mut w = c.open("/new", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
-    let r = c.open("/old", OpenOptions::new().read(true)).unwrap();
-    let mut got = vec![0u8; old.len()];
-    let half = old.len() / 2;
-    assert_eq!(r.read_at(&mut got[..half], 0).unwrap(), half);
-    let chunk = 256 << 10;
-    let mut other = None;
-    for (i, piece) in data.chunks(chunk).enumerate() {
-        if i == data.len() / chunk / 2 {
-            other = Some(g.start(0));
-            b.kill();
-        }
-        w.write_at(piece, (i * chunk) as u64).unwrap_or_else(|e| panic!("write {i} after the move: {e}"));
-    }
-    w.sync_all().unwrap();
-    w.close().unwrap();
-    let mut at = half;
-    while at < old.len() {
-        let n = r.read_at(&mut got[at..], at as u64).unwrap_or_else(|e| panic!("read after the move: {e}"));
-        assert!(n > 0, "short read at {at}");
-        at += n;
-    }
-    assert!(got == old, "the file read across the move differs");
-    assert!(other.is_some());
+    let (_c, data, _a) = library_client_moves(&g, 1, 31);
     assert!(fs::read(gl.nodes()[0].join("new")).unwrap() == data, "the volume differs");
 }
 

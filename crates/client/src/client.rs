@@ -6,7 +6,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferry_proto::{caps, Attr, DirEntry, Reply, Request, StatFs, Target, Time};
 
@@ -806,9 +806,7 @@ pub fn join(dir: impl AsRef<Path>, name: impl AsRef<OsStr>) -> PathBuf {
 /// after the first second, and once more when it answers. A refusal by a server that answers (the
 /// token, TLS, a protocol error) fails at once.
 fn first_connect(gateways: &Gateways, addr: &str, opts: &Options, bound: Duration) -> Result<Engine> {
-    let start = Instant::now();
-    let deadline = start.checked_add(bound);
-    let mut pause = Duration::from_millis(20);
+    let mut patience = crate::redial::Patience::new(bound, Duration::from_millis(500));
     let mut said = false;
     loop {
         let e = match gateways.connect(opts) {
@@ -821,8 +819,7 @@ fn first_connect(gateways: &Gateways, addr: &str, opts: &Options, bound: Duratio
             Err(e) if !unreachable(&e) => return Err(e),
             Err(e) => e,
         };
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
+        if patience.over() {
             let waited = format!("waited {} s for it", bound.as_secs_f64());
             return Err(match e {
                 Error::Io { kind, errno, message } => {
@@ -832,16 +829,11 @@ fn first_connect(gateways: &Gateways, addr: &str, opts: &Options, bound: Duratio
             });
         }
         // Said once the wait is more than a hiccup.
-        if !said && now >= start + Duration::from_secs(1) {
-            let until = match deadline {
-                Some(_) => format!("giving up after {} s", bound.as_secs_f64()),
-                None => "for as long as it takes".into(),
-            };
-            eprintln!("ferry: {addr}: not reachable ({e}); waiting for it ({until})");
+        if !said && patience.waited() >= Duration::from_secs(1) {
+            eprintln!("ferry: {addr}: not reachable ({e}); waiting for it ({})", patience.until(bound));
             said = true;
         }
-        std::thread::sleep(deadline.map_or(pause, |d| pause.min(d - now)));
-        pause = (pause * 2).min(Duration::from_millis(500));
+        patience.pause();
     }
 }
 

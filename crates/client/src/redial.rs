@@ -18,6 +18,45 @@ use crate::engine::{Engine, Options};
 use crate::error::{Error, Result};
 use crate::gateways::Gateways;
 
+/// Waiting for a server up to a bound (`Duration::MAX`: no bound): the
+/// pauses between tries, growing to `cap`, never past the deadline.
+pub(crate) struct Patience {
+    start: Instant,
+    deadline: Option<Instant>,
+    pause: Duration,
+    cap: Duration,
+}
+
+impl Patience {
+    pub(crate) fn new(bound: Duration, cap: Duration) -> Patience {
+        let start = Instant::now();
+        Patience { start, deadline: start.checked_add(bound), pause: Duration::from_millis(20), cap }
+    }
+
+    pub(crate) fn over(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    pub(crate) fn waited(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// How long it waits at most, in words.
+    pub(crate) fn until(&self, bound: Duration) -> String {
+        match self.deadline {
+            Some(_) => format!("giving up after {} s", bound.as_secs_f64()),
+            None => "for as long as it takes".into(),
+        }
+    }
+
+    /// Sleeps until the next try.
+    pub(crate) fn pause(&mut self) {
+        let left = self.deadline.map_or(self.pause, |d| d.saturating_duration_since(Instant::now()));
+        std::thread::sleep(self.pause.min(left));
+        self.pause = (self.pause * 2).min(self.cap);
+    }
+}
+
 pub(crate) struct Redial {
     gateways: Gateways,
     opts: Options,
@@ -116,8 +155,7 @@ impl Redial {
             return Ok(());
         }
         // `Duration::MAX` (a hard mount): no deadline at all.
-        let deadline = Instant::now().checked_add(self.bound);
-        let mut pause = Duration::from_millis(20);
+        let mut patience = Patience::new(self.bound, Duration::from_secs(1));
         let mut said = false;
         loop {
             // A server killed again between the connect and the attach is
@@ -153,8 +191,7 @@ impl Redial {
                 // A server that answers but refuses us will go on refusing.
                 Err(e @ Error::Auth(_)) => return Err(e),
                 Err(e) => {
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
+                    if patience.over() {
                         return Err(Error::Io {
                             kind: io::ErrorKind::TimedOut,
                             errno: Some(libc::EIO),
@@ -166,15 +203,11 @@ impl Redial {
                         });
                     }
                     if !said {
-                        let until = match deadline {
-                            Some(_) => format!("giving up after {} s", self.bound.as_secs_f64()),
-                            None => "for as long as it takes".into(),
-                        };
+                        let until = patience.until(self.bound);
                         eprintln!("ferry: {}: connection lost ({why}); reconnecting ({until})", failed.addr());
                         said = true;
                     }
-                    std::thread::sleep(deadline.map_or(pause, |d| pause.min(d - now)));
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    patience.pause();
                 }
             }
         }
