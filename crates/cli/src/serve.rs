@@ -52,6 +52,11 @@ pub struct ServeArgs {
     /// last connection, so the client can reconnect and go on.
     #[arg(long, default_value_t = 60.0)]
     session_lease: f64,
+    /// Seconds a client's cache lease (what it was answered, kept until the
+    /// server breaks it) holds without word from the client: the longest a
+    /// change waits for a client that does not answer its break.
+    #[arg(long, default_value_t = 2.0)]
+    lease_time: f64,
     /// Directory where sessions (ids, secrets, reply caches) outlive the
     /// server process, so a request in flight when it was killed runs once
     /// after a restart. Default for a directory export:
@@ -121,7 +126,7 @@ pub struct ServeArgs {
     map_gid: Vec<String>,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
     /// sessions, file-ids, replay, open-read, list-dir, caching,
-    /// data-channels, same-host, identity): to serve as an older server would, and to test how
+    /// data-channels, same-host, identity, leases): to serve as an older server would, and to test how
     /// clients degrade. Without identity a root server acts as the anonymous user for everyone.
     #[arg(long, value_delimiter = ',')]
     disable_caps: Vec<String>,
@@ -160,6 +165,10 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
         session_lease: Duration::try_from_secs_f64(a.session_lease)
             .map_err(|_| format!("--session-lease {}: expected seconds >= 0", a.session_lease))?,
+        lease_time: Duration::try_from_secs_f64(a.lease_time)
+            .ok()
+            .filter(|t| *t >= Duration::from_millis(10) && *t <= Duration::from_secs(600))
+            .ok_or_else(|| format!("--lease-time {}: expected seconds from 0.01 to 600", a.lease_time))?,
         ..Config::default()
     };
     for c in &a.disable_caps {
@@ -177,6 +186,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "data-channels" => ferry_proto::caps::DATA_CHANNELS,
             "same-host" => ferry_proto::caps::SAME_HOST,
             "identity" => ferry_proto::caps::IDENTITY,
+            "leases" => ferry_proto::caps::LEASES,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }

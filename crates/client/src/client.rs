@@ -502,6 +502,18 @@ impl Client {
         Ok(true)
     }
 
+    /// Turns on leases (capability `LEASES`): from now on `leases` is told
+    /// of every change another session makes to what this client was
+    /// answered, before that change is acknowledged, and again whenever the
+    /// connection is replaced. Returns the lease time; `ENOSYS` from a
+    /// server without leases.
+    pub fn leases_on(&self, leases: Arc<crate::leases::Leases>) -> Result<std::time::Duration> {
+        if let Some(r) = &self.inner.redial {
+            *lock(&r.leases) = Some(Arc::clone(&leases));
+        }
+        self.engine().leases_on(leases)
+    }
+
     /// Makes this connection's state (open files, offsets, locks) a session
     /// that outlives the connection for the server's lease, and returns the
     /// ticket another connection joins it with. Needs the `SESSIONS`

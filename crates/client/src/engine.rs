@@ -272,6 +272,9 @@ pub struct Engine {
     /// reader, or before it asked) and copied later: zero for one reader
     /// collecting in order, the case every read path keeps to.
     aside: AtomicU64,
+    /// The session's leases, once this connection turned them on
+    /// (`leases_on`): its breaks come here.
+    leases: std::sync::OnceLock<Arc<crate::leases::Leases>>,
 }
 
 /// A random first request id in [2^32, 2^62): far from the handshake's ids
@@ -397,6 +400,7 @@ impl Engine {
             token: opts.token.clone(),
             pid: rustix::process::getpid(),
             aside: AtomicU64::new(0),
+            leases: std::sync::OnceLock::new(),
         })
     }
 
@@ -575,7 +579,7 @@ impl Engine {
                 st.next_id - 1
             });
             st.outstanding.insert(id, cost);
-            if self.metrics.is_some() {
+            if self.metrics.is_some() || self.leases.get().is_some() {
                 st.started.insert(id, (Instant::now(), req.bulk().len() as u64));
             }
             st.bytes_outstanding += cost;
@@ -733,18 +737,23 @@ impl Engine {
                 }
                 Err(e)
             }
+            Ok((_, _, Got::Notice)) => Ok((st, None)),
             Ok((h, cost, what)) => {
                 let id = h.id;
                 st.outstanding.remove(&id);
                 st.ahead.remove(&id);
                 st.bytes_outstanding -= cost;
-                if let Some(m) = &self.metrics {
-                    if let Some((t0, sent)) = st.started.remove(&id) {
+                if let Some((t0, sent)) = st.started.remove(&id) {
+                    if let Some(l) = self.leases.get() {
+                        l.renew(t0);
+                    }
+                    if let Some(m) = &self.metrics {
                         let data = if !h.is_error() && matches!(h.op, op::READ | op::PREAD) { h.len } else { 0 };
                         m.request(h.op, t0.elapsed(), h.is_error(), sent, u64::from(data));
                     }
                 }
                 match what {
+                    Got::Notice => Ok((st, None)),
                     Got::Mine(f) => Ok((st, Some(f))),
                     Got::Other(s) => {
                         if !st.discard.remove(&id) {
@@ -757,6 +766,144 @@ impl Engine {
         }
     }
 
+    /// Turns on leases for the session (capability `LEASES`): breaks come
+    /// on this connection, to `leases`, and a thread reads them while no
+    /// caller waits for a reply. Returns the lease time; `ENOSYS` from a
+    /// server without leases.
+    pub fn leases_on(self: &Arc<Self>, leases: Arc<crate::leases::Leases>) -> Result<Duration> {
+        if !self.has_cap(ferry_proto::caps::LEASES) {
+            return Err(Error::remote(libc::ENOSYS));
+        }
+        if self.leases.set(Arc::clone(&leases)).is_err() {
+            return Err(Error::remote(libc::EALREADY));
+        }
+        let asked = Instant::now();
+        let time = match self.call(&Request::LeaseOn)?.reply()? {
+            Reply::LeaseTime { ms } => Duration::from_millis(ms.into()),
+            r => return Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+        };
+        crate::leases::watch(self).map_err(Error::from_io)?;
+        leases.start(time, asked, self.conn_id());
+        Ok(time)
+    }
+
+    /// A number no other live connection of this process has.
+    fn conn_id(&self) -> u64 {
+        self as *const Engine as u64
+    }
+
+    /// This connection's leases, if it turned them on.
+    pub fn leases(&self) -> Option<&Arc<crate::leases::Leases>> {
+        self.leases.get()
+    }
+
+    /// The connection is gone: its leases with it.
+    pub(crate) fn leases_lost(&self) {
+        if let Some(l) = self.leases.get() {
+            l.lost(self.conn_id());
+        }
+    }
+
+    /// Input already read off the socket waits in a buffer (a poll on the
+    /// descriptor would not see it).
+    pub(crate) fn buffered(&self) -> bool {
+        let Ok(rx) = self.rx.try_lock() else { return false };
+        !rx.buffer().is_empty() || rx.get_ref().0.tls().is_some_and(|t| t.pending())
+    }
+
+    /// For the lease watcher, woken by input: reads what is there if no
+    /// caller is reading (a caller reads breaks in order with its replies;
+    /// nobody reads while no caller waits: a break, or the reply to a
+    /// request nobody waits for, such as a `Close` sent behind). Replies
+    /// go to their callers as a reader's do. Returns false if it left the
+    /// socket to a caller.
+    pub(crate) fn watch_once(&self) -> bool {
+        let mut st = lock(&self.st);
+        if st.dead.is_some() {
+            return true;
+        }
+        if st.reader_busy {
+            return false;
+        }
+        st.reader_busy = true;
+        drop(st);
+        let mut failed = None;
+        loop {
+            let got = self.read_one(None, None);
+            let mut st = lock(&self.st);
+            match got {
+                Ok((_, _, Got::Notice)) => {}
+                Ok((h, cost, Got::Other(s))) => {
+                    st.outstanding.remove(&h.id);
+                    st.ahead.remove(&h.id);
+                    st.bytes_outstanding -= cost;
+                    if let Some((t0, _)) = st.started.remove(&h.id) {
+                        if let Some(l) = self.leases.get() {
+                            l.renew(t0);
+                        }
+                    }
+                    if !st.discard.remove(&h.id) {
+                        st.stored.insert(h.id, s);
+                    }
+                    if st.waiters > 0 {
+                        self.cv.notify_all();
+                    }
+                }
+                Ok((_, _, Got::Mine(_))) => {}
+                Err(e) => {
+                    if st.dead.is_none() {
+                        st.dead = Some(e.clone());
+                    }
+                    failed = Some(e);
+                }
+            }
+            drop(st);
+            if failed.is_some() || !(self.buffered() || self.readable_now()) {
+                break;
+            }
+        }
+        let mut st = lock(&self.st);
+        st.reader_busy = false;
+        if st.waiters > 0 || failed.is_some() {
+            self.cv.notify_all();
+        }
+        drop(st);
+        if failed.is_some() {
+            self.leases_lost();
+        }
+        true
+    }
+
+    /// A caller holds the reader's role now.
+    pub(crate) fn reader_busy(&self) -> bool {
+        lock(&self.st).reader_busy
+    }
+
+    /// Input waits on the socket now (one poll that does not wait).
+    fn readable_now(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        // SAFETY: the descriptor is this engine's own, open while it lives.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.raw_fd()) };
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+    }
+
+    /// A notice from the server: a lease break is handed to the leases,
+    /// then returned. Anything else is a protocol error.
+    fn notice(&self, op: u16, body: &[u8]) -> Result<()> {
+        let (op::LEASE_BREAK, Some(leases)) = (op, self.leases.get()) else {
+            return Err(Error::Protocol(format!("unexpected notice {}", op::name(op))));
+        };
+        let b = ferry_proto::LeaseBreak::decode(body).map_err(|e| Error::Protocol(e.to_string()))?;
+        leases.handle(&b);
+        let mut tx = lock(&self.tx);
+        let (sock, head) = &mut *tx;
+        head.clear();
+        Request::LeaseReturn { seq: b.seq }.encode(0, head);
+        send_request(sock, head, &[]).map_err(Error::from_io)
+    }
+
     /// Reads exactly one reply frame. Called only by the reader.
     fn read_one(&self, want: Option<u64>, dest: Option<&mut [u8]>) -> Result<(Header, u64, Got)> {
         let mut rx = lock(&self.rx);
@@ -764,6 +911,13 @@ impl Engine {
         read_reply(&mut rx, &mut hb).map_err(|e| lost(e, "server closed the connection"))?;
         let h = Header::decode(&hb);
         h.check_len(self.max_frame).map_err(|e| Error::Protocol(e.to_string()))?;
+        if h.is_notice() {
+            let mut body = vec![0u8; h.len as usize];
+            read_reply(&mut rx, &mut body).map_err(|e| lost(e, MID_REPLY))?;
+            drop(rx);
+            self.notice(h.op, &body)?;
+            return Ok((h, 0, Got::Notice));
+        }
         let cost = lock(&self.st)
             .outstanding
             .get(&h.id)
@@ -809,6 +963,8 @@ fn lost(e: io::Error, what: &str) -> Error {
 enum Got {
     Mine(Result<Frame>),
     Other(Stored),
+    /// A notice the server sent unasked (a lease break), dealt with.
+    Notice,
 }
 
 /// Turns a stored reply into the caller's result, copying data into `dest`.

@@ -70,6 +70,8 @@ pub(crate) struct Redial {
     lost: AtomicU64,
     /// Reconnects made.
     made: AtomicU64,
+    /// The client's leases, turned on again on every new connection.
+    pub(crate) leases: Mutex<Option<Arc<crate::leases::Leases>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -125,6 +127,7 @@ impl Redial {
             epoch: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             made: AtomicU64::new(0),
+            leases: Mutex::new(None),
         }
     }
 
@@ -166,6 +169,13 @@ impl Redial {
                 Ok(((resumed, same_instance), e)) => {
                     let e_addr = e.addr().to_string();
                     *cur = Arc::new(e);
+                    if let Some(l) = lock(&self.leases).clone() {
+                        // Nothing the old connection promised holds now.
+                        failed.leases_lost();
+                        if let Err(err) = cur.leases_on(l) {
+                            eprintln!("ferry: {e_addr}: leases not turned on again ({err}); caching less");
+                        }
+                    }
                     self.made.fetch_add(1, Relaxed);
                     if !resumed {
                         self.lost.fetch_add(1, Relaxed);

@@ -4,16 +4,23 @@
 //! 1 s by default, 0: off), so `ls -l`, `find`, `du` and builds cost one
 //! request per directory instead of one per entry.
 //!
-//! Coherence, as NFS's attribute cache: another client's change shows
-//! within the timeout. This process's own changes show at once: any call
-//! that may change a file or the name space (a write, a `chmod`, a rename,
-//! an open that creates or truncates, ...) empties the cache.
+//! Coherence: this process's own changes show at once: any call that may
+//! change a file or the name space (a write, a `chmod`, a rename, an open
+//! that creates or truncates, ...) empties the cache. Another ferry
+//! client's change (another process, its own children included) shows at
+//! once too, from a server that grants leases: the server breaks this
+//! process's lease before it acknowledges that change, and a break empties
+//! the cache; what is kept is answered only while the lease holds. A change
+//! made on the server's disk by a program outside ferry shows within the
+//! timeout, as with NFS's attribute cache.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use ferry_client::Attr;
+use std::sync::Arc;
+
+use ferry_client::{Attr, Leases};
 
 use crate::sync::Mutex;
 
@@ -81,6 +88,9 @@ struct Cache {
     mounts: Vec<Mount>,
     /// Entries in all listings.
     listed: usize,
+    /// The leases of each mount's connection, where the server grants
+    /// them: what is kept of a mount is answered only while they hold.
+    leases: Vec<(usize, Arc<Leases>)>,
 }
 
 impl Cache {
@@ -182,7 +192,13 @@ pub fn get(mount: usize, path: &[u8], follow: bool) -> Option<Attr> {
         return None;
     }
     let mut c = CACHE.lock();
-    let m = c.as_mut()?.mounts.iter_mut().find(|m| m.mount == mount)?;
+    let c = c.as_mut()?;
+    if let Some((_, l)) = c.leases.iter().find(|(m, _)| *m == mount) {
+        if !l.held() {
+            return None;
+        }
+    }
+    let m = c.mounts.iter_mut().find(|m| m.mount == mount)?;
     let answer = |m: &Mount, follow: bool| {
         let (a, at) = m.answers[usize::from(follow)].get(path)?;
         (at.elapsed() < ttl).then_some((*a, *at))
@@ -206,11 +222,41 @@ pub fn get(mount: usize, path: &[u8], follow: bool) -> Option<Attr> {
     }
 }
 
-/// This process changed something: forget everything.
+/// This process changed something, or a lease broke: forget everything.
 pub fn changed() {
     GENERATION.fetch_add(1, Relaxed);
     if FILLED.swap(false, Relaxed) {
-        *CACHE.lock() = None;
+        if let Some(c) = CACHE.lock().as_mut() {
+            c.mounts.clear();
+            c.listed = 0;
+        }
+    }
+}
+
+/// From now on what is kept of `mounts` holds only while `leases` do
+/// (their connection turned them on); their breaks empty the cache.
+pub fn set_leases(mounts: &[usize], leases: &Arc<Leases>) {
+    let mut c = CACHE.lock();
+    let c = c.get_or_insert_with(Cache::default);
+    c.leases.retain(|(m, _)| !mounts.contains(m));
+    c.leases.extend(mounts.iter().map(|&m| (m, Arc::clone(leases))));
+}
+
+/// The break handler of a connection's leases.
+pub fn on_break() -> Box<ferry_client::leases::OnBreak> {
+    Box::new(|_| changed())
+}
+
+/// In a child just forked: nothing the parent's connections were promised
+/// holds here (their breaks go to the parent), so the cache starts empty
+/// and answers nothing by lease until the child's own connections do.
+pub fn forget_after_fork() {
+    GENERATION.fetch_add(1, Relaxed);
+    FILLED.store(false, Relaxed);
+    if let Some(c) = CACHE.lock().as_mut() {
+        c.mounts.clear();
+        c.listed = 0;
+        c.leases.clear();
     }
 }
 

@@ -147,7 +147,12 @@ pub fn all_opens() -> Vec<(i32, Arc<Open>)> {
 
 /// The connection for a mount, made on first use.
 pub fn client(mount: usize) -> Result<Client, i32> {
-    let addr = MOUNTS.read().get(mount).map(|m| m.url.addr.clone()).ok_or(libc::EIO)?;
+    let (addr, same) = {
+        let mounts = MOUNTS.read();
+        let addr = mounts.get(mount).map(|m| m.url.addr.clone()).ok_or(libc::EIO)?;
+        let same: Vec<usize> = (0..mounts.len()).filter(|&i| mounts[i].url.addr == addr).collect();
+        (addr, same)
+    };
     let mut conns = CONNS.lock();
     if let Some((_, c)) = conns.live.iter().find(|(a, _)| *a == addr) {
         return Ok(c.clone());
@@ -156,6 +161,12 @@ pub fn client(mount: usize) -> Result<Client, i32> {
     match Client::connect(&addr, &opts) {
         Ok(c) => {
             LOWEST_INTERNAL.fetch_min(c.engine().raw_fd(), Relaxed);
+            // Caching by lease where the server grants them; else by the
+            // attribute timeout alone.
+            let leases = ferry_client::Leases::new(crate::attrs::on_break());
+            if c.leases_on(std::sync::Arc::clone(&leases)).is_ok() {
+                crate::attrs::set_leases(&same, &leases);
+            }
             conns.live.push((addr, c.clone()));
             Ok(c)
         }
@@ -385,6 +396,7 @@ pub fn after_fork_parent() {
 
 pub fn after_fork_child() {
     release_after_fork();
+    crate::attrs::forget_after_fork();
     crate::maps::after_fork_child();
     OWNER.store(getpid(), Relaxed);
     EPOCH.fetch_add(1, Relaxed);

@@ -8,6 +8,11 @@ pub const HEADER_LEN: usize = 16;
 /// Set in a reply's flags when the body is an error (errno + message).
 pub const FLAG_ERROR: u16 = 1;
 
+/// Set in a server frame that answers no request (a notice such as
+/// `LeaseBreak`; its id is 0). Clients that never turned on what sends
+/// notices never see one.
+pub const FLAG_NOTIFY: u16 = 2;
+
 /// Writes `slot` into the `flags` of the request frame starting at
 /// `frame[0]`: the caller the request is made for (capability `IDENTITY`;
 /// request flags carry nothing else).
@@ -51,6 +56,10 @@ impl Header {
         } else {
             Ok(())
         }
+    }
+
+    pub fn is_notice(&self) -> bool {
+        self.flags & FLAG_NOTIFY != 0
     }
 
     pub fn is_error(&self) -> bool {

@@ -16,7 +16,7 @@ mod types;
 mod wire;
 
 pub use auth::{attach_proof, client_proof, proofs_equal, server_proof, session_secret, Nonce};
-pub use frame::{set_caller_slot, Header, FLAG_ERROR, HEADER_LEN};
+pub use frame::{set_caller_slot, Header, FLAG_ERROR, FLAG_NOTIFY, HEADER_LEN};
 pub use limits::{Limit, NAME_MAX, PATH_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 pub use msg::*;
 pub use types::{Attr, DirEntry, StatFs, Target, Time, UTIME_NOW, UTIME_OMIT};
@@ -101,6 +101,10 @@ pub mod caps {
     /// request as its caller (PROTOCOL.md 8.8). Offered only by servers
     /// that do.
     pub const IDENTITY: u64 = 1 << 12;
+    /// `LeaseOn`, `LeaseBreak`, `LeaseReturn`: replies that carry
+    /// attributes or entries are promised until the server breaks them
+    /// (PROTOCOL.md 8.9). Needs `SESSIONS`.
+    pub const LEASES: u64 = 1 << 13;
     /// Everything this implementation offers.
     pub const ALL: u64 = READDIRPLUS
         | XATTR
@@ -114,7 +118,8 @@ pub mod caps {
         | CACHING
         | DATA_CHANNELS
         | SAME_HOST
-        | IDENTITY;
+        | IDENTITY
+        | LEASES;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

@@ -61,6 +61,14 @@ pub mod op {
     /// Names a caller (user, group, groups) for the requests that carry
     /// its slot in their header (capability `IDENTITY`).
     pub const CALLER: u16 = 52;
+    /// Turns on leases for the session and names this connection the one
+    /// its lease breaks come on (capability `LEASES`).
+    pub const LEASE_ON: u16 = 53;
+    /// The server's message that leases are broken (a notice: flags
+    /// `FLAG_NOTIFY`, id 0, no request answered).
+    pub const LEASE_BREAK: u16 = 54;
+    /// The client's answer to a `LeaseBreak` (no reply comes back).
+    pub const LEASE_RETURN: u16 = 55;
 
     /// The operation's name (lower case, as in `PROTOCOL.md`), or
     /// `"unknown"`: for logs and metrics.
@@ -112,6 +120,9 @@ pub mod op {
             LOCAL_ADDR => "local_addr",
             FILE_FD => "file_fd",
             CALLER => "caller",
+            LEASE_ON => "lease_on",
+            LEASE_BREAK => "lease_break",
+            LEASE_RETURN => "lease_return",
             _ => "unknown",
         }
     }
@@ -395,6 +406,16 @@ pub enum Request<'a> {
         gid: u32,
         groups: &'a [u8],
     },
+    /// Turns leases on for the session (capability `LEASES`): from now on
+    /// the replies that carry attributes or entries promise them until a
+    /// `LeaseBreak`, which comes on this connection. Answered with
+    /// `Reply::LeaseTime`.
+    LeaseOn,
+    /// The client dropped what a `LeaseBreak` numbered `seq` named. Never
+    /// answered (its header `id` is 0).
+    LeaseReturn {
+        seq: u64,
+    },
     /// Joins this connection to an existing session: its handles, offsets
     /// and locks become this connection's too. `proof` is
     /// [`attach_proof`](crate::attach_proof) of the session's secret.
@@ -522,6 +543,8 @@ impl<'a> Request<'a> {
             Request::SessionNewVolatile => op::SESSION_NEW_VOLATILE,
             Request::SessionAttach { .. } => op::SESSION_ATTACH,
             Request::Caller { .. } => op::CALLER,
+            Request::LeaseOn => op::LEASE_ON,
+            Request::LeaseReturn { .. } => op::LEASE_RETURN,
         }
     }
 
@@ -556,7 +579,12 @@ impl<'a> Request<'a> {
                 w.raw(nonce);
             }
             Request::Auth { proof } => w.raw(proof),
-            Request::Ping | Request::SessionNew | Request::SessionNewVolatile | Request::LocalAddr => {}
+            Request::Ping
+            | Request::SessionNew
+            | Request::SessionNewVolatile
+            | Request::LocalAddr
+            | Request::LeaseOn => {}
+            Request::LeaseReturn { seq } => w.u64(*seq),
             Request::FileFd { handle } => w.u64(*handle),
             Request::Caller { slot, uid, gid, groups } => {
                 w.u16(*slot);
@@ -750,6 +778,8 @@ impl<'a> Request<'a> {
             }
             op::CACHE_GET => Request::CacheGet { path: r.name("cache_get.path")? },
             op::LOCAL_ADDR => Request::LocalAddr,
+            op::LEASE_ON => Request::LeaseOn,
+            op::LEASE_RETURN => Request::LeaseReturn { seq: r.u64("lease_return.seq")? },
             op::FILE_FD => Request::FileFd { handle: r.u64("file_fd.handle")? },
             op::CALLER => {
                 let slot = r.u16("caller.slot")?;
@@ -1003,6 +1033,12 @@ pub enum Reply<'a> {
         id: u64,
         lease_ms: u32,
     },
+    /// Answer to `LeaseOn`: how long a lease holds after the request that
+    /// renewed it was sent, unless broken sooner. A client that has not
+    /// heard from the server for this long drops what it holds.
+    LeaseTime {
+        ms: u32,
+    },
     /// Answer to `GetLock`: the conflicting lock, or `typ` = `UNLCK` (and
     /// zeros) when there is none. `len` 0 reaches the end of the file.
     Lock {
@@ -1106,6 +1142,7 @@ impl<'a> Reply<'a> {
                 w.u64(*id);
                 w.u32(*lease_ms);
             }
+            Reply::LeaseTime { ms } => w.u32(*ms),
             Reply::Lock { typ, start, len, pid } => {
                 w.u8(*typ);
                 w.u64(*start);
@@ -1190,6 +1227,7 @@ impl<'a> Reply<'a> {
             | op::CACHE_SET
             | op::LOCK
             | op::CALLER => Reply::Empty,
+            op::LEASE_ON => Reply::LeaseTime { ms: r.u32("lease_time.ms")? },
             op::SESSION_NEW | op::SESSION_NEW_VOLATILE | op::SESSION_ATTACH => {
                 Reply::Session { id: r.u64("session.id")?, lease_ms: r.u32("session.lease_ms")? }
             }
@@ -1242,4 +1280,75 @@ fn truncate_utf8(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// One object a `LeaseBreak` takes back: a file's attributes and data, or
+/// a directory's entries and their attributes; with `name`, only the entry
+/// of that name in directory `(dev, ino)` (and what the client knows of
+/// the directory itself). `(0, 0)` is every object: what the client keeps
+/// by path is wrong (a directory or a symlink was renamed or removed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken<'a> {
+    pub dev: u64,
+    pub ino: u64,
+    pub name: &'a [u8],
+}
+
+impl Broken<'_> {
+    /// The break of everything a client holds.
+    pub const ALL: Broken<'static> = Broken { dev: 0, ino: 0, name: b"" };
+
+    pub fn is_all(&self) -> bool {
+        self.dev == 0 && self.ino == 0
+    }
+}
+
+/// The server's notice that leases are broken (capability `LEASES`): sent
+/// on the connection that turned them on, header op `LEASE_BREAK`, flags
+/// `FLAG_NOTIFY`, id 0. The client drops what it holds of each object, then
+/// answers `LeaseReturn { seq }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseBreak<'a> {
+    pub seq: u64,
+    pub objects: Vec<Broken<'a>>,
+}
+
+impl<'a> LeaseBreak<'a> {
+    /// Objects one notice carries at most (a change breaks a handful; a
+    /// longer list goes as several notices).
+    pub const MAX_OBJECTS: usize = 1024;
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; HEADER_LEN]);
+        let mut w = Writer { out };
+        w.u64(self.seq);
+        w.u32(u32::try_from(self.objects.len()).expect("object count"));
+        for b in &self.objects {
+            w.u64(b.dev);
+            w.u64(b.ino);
+            w.name(b.name);
+        }
+        let len = (out.len() - start - HEADER_LEN) as u32;
+        let h = Header { len, op: op::LEASE_BREAK, flags: crate::frame::FLAG_NOTIFY, id: 0 };
+        out[start..start + HEADER_LEN].copy_from_slice(&h.encode());
+    }
+
+    pub fn decode(body: &'a [u8]) -> Result<LeaseBreak<'a>, DecodeError> {
+        let mut r = Reader::new(body);
+        let seq = r.u64("lease_break.seq")?;
+        let n = r.u32("lease_break.count")? as usize;
+        if n > Self::MAX_OBJECTS {
+            return Err(DecodeError::Invalid("lease_break.count"));
+        }
+        let mut objects = Vec::with_capacity(n);
+        for _ in 0..n {
+            let dev = r.u64("lease_break.dev")?;
+            let ino = r.u64("lease_break.ino")?;
+            let name = r.name("lease_break.name")?;
+            objects.push(Broken { dev, ino, name });
+        }
+        r.finish("lease_break")?;
+        Ok(LeaseBreak { seq, objects })
+    }
 }

@@ -64,7 +64,7 @@ const ALL_OPS: [u16; 46] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 46;
+const REQUEST_VARIANTS: usize = 48;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -116,6 +116,8 @@ fn request_index(r: &Request) -> usize {
         Request::LocalAddr => 43,
         Request::FileFd { .. } => 44,
         Request::Caller { .. } => 45,
+        Request::LeaseOn => 46,
+        Request::LeaseReturn { .. } => 47,
     }
 }
 
@@ -230,6 +232,8 @@ fn build_request(r: &RawRequest) -> Request<'_> {
             gid: r.d,
             groups: &r.data[..(r.data.len() / 4 * 4).min(4 * ferry_proto::MAX_GROUPS)],
         },
+        46 => Request::LeaseOn,
+        47 => Request::LeaseReturn { seq: r.a },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -318,7 +322,7 @@ fn split(frame: &[u8]) -> (Header, &[u8]) {
 // ---------------------------------------------------------------------------
 // Replies.
 
-const REPLY_VARIANTS: usize = 20;
+const REPLY_VARIANTS: usize = 21;
 
 /// Index of a reply's variant; no wildcard, as for `request_index`.
 fn reply_index(r: &Reply) -> usize {
@@ -343,6 +347,7 @@ fn reply_index(r: &Reply) -> usize {
         Reply::CachePolicy { .. } => 17,
         Reply::LocalAddr { .. } => 18,
         Reply::FileFd { .. } => 19,
+        Reply::LeaseTime { .. } => 20,
     }
 }
 
@@ -382,6 +387,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
         17 => &[op::CACHE_GET],
         18 => &[op::LOCAL_ADDR],
         19 => &[op::FILE_FD],
+        20 => &[op::LEASE_ON],
         n => unreachable!("reply variant {n}"),
     }
 }
@@ -435,6 +441,7 @@ fn build_reply(r: &RawReply) -> (u16, Reply<'_>) {
         17 => Reply::CachePolicy { policy: (r.c % 3) as u8, from: &r.name },
         18 => Reply::LocalAddr { pid: r.c, addr: &r.name },
         19 => Reply::FileFd { seq: r.a, writable: r.flag },
+        20 => Reply::LeaseTime { ms: r.c },
         n => unreachable!("reply variant {n}"),
     };
     (op, reply)
@@ -775,4 +782,22 @@ fn lock_kind_and_type_are_checked() {
     assert!(Request::decode(op::LOCK, &body(&lock(0, 3))).is_err());
     assert!(Request::decode(op::GETLOCK, &good).is_err());
     assert!(Reply::decode(op::GETLOCK, &[3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+}
+
+proptest! {
+    /// A lease break decodes to what was encoded, whatever the names.
+    #[test]
+    fn lease_breaks_round_trip(seq in any::<u64>(), objs in prop::collection::vec((any::<u64>(), any::<u64>(), prop::collection::vec(any::<u8>(), 0..64)), 0..20)) {
+        let b = ferry_proto::LeaseBreak {
+            seq,
+            objects: objs.iter().map(|(d, i, n)| ferry_proto::Broken { dev: *d, ino: *i, name: n }).collect(),
+        };
+        let mut out = Vec::new();
+        b.encode(&mut out);
+        let (h, body) = split(&out);
+        prop_assert!(h.is_notice());
+        prop_assert_eq!(h.op, op::LEASE_BREAK);
+        prop_assert_eq!(h.id, 0);
+        prop_assert_eq!(ferry_proto::LeaseBreak::decode(body).unwrap(), b);
+    }
 }

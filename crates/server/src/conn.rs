@@ -7,7 +7,7 @@
 use ferry_sock::Socket;
 use std::io::{self, BufReader, Read, Write};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -19,8 +19,8 @@ use crate::sessions::{Sessions, Shared};
 
 use ferry_proto::handshake::{Refusal, ServerHandshake, ServerOffer, HANDSHAKE_MAX_FRAME};
 use ferry_proto::{
-    attach_proof, caps, op, proofs_equal, session_secret, DecodeError, ErrorReply, Header, Nonce, Reply, Request,
-    HEADER_LEN,
+    attach_proof, caps, op, proofs_equal, session_secret, Broken, DecodeError, ErrorReply, Header, LeaseBreak, Nonce,
+    Reply, Request, HEADER_LEN,
 };
 
 use crate::backend::{Backend, Errno, ReadData};
@@ -97,6 +97,9 @@ pub struct Conn<B: Backend> {
     pub ticket: Option<crate::gate::Ticket>,
     /// Whom its fair shares count it as.
     from: crate::peer::Peer,
+    /// This connection turned leases on (`LeaseOn`): its replies grant
+    /// them, and its session's breaks come on it.
+    leases_here: Arc<AtomicBool>,
 }
 
 /// What every connection of a server shares.
@@ -107,6 +110,7 @@ pub struct Common<B: Backend> {
     pub pool: Arc<BufPool>,
     pub locks: Arc<LockTable>,
     pub changes: Arc<crate::changes::Changes>,
+    pub leases: Arc<crate::leases::Leases>,
     pub dirs: Arc<crate::dirpolicy::DirPolicies>,
     pub seals: Arc<crate::fileseal::Seals>,
     pub sessions: Arc<Sessions<B>>,
@@ -123,6 +127,7 @@ impl<B: Backend> Clone for Common<B> {
             pool: Arc::clone(&self.pool),
             locks: Arc::clone(&self.locks),
             changes: Arc::clone(&self.changes),
+            leases: Arc::clone(&self.leases),
             metrics: Arc::clone(&self.metrics),
             dirs: Arc::clone(&self.dirs),
             seals: Arc::clone(&self.seals),
@@ -177,6 +182,7 @@ impl<B: Backend> Conn<B> {
             grants: None,
             ticket: None,
             from,
+            leases_here: Arc::default(),
         })
     }
 
@@ -214,6 +220,7 @@ impl<B: Backend> Conn<B> {
             grants: None,
             ticket: None,
             from: self.from,
+            leases_here: Arc::clone(&self.leases_here),
         })
     }
 
@@ -255,6 +262,12 @@ impl<B: Backend> Conn<B> {
         let _ = self.tx.shutdown_both();
         self.turns.close();
         let end = lock(&self.ended).take().unwrap_or(End::Closed);
+        if self.leases_here.load(Relaxed) {
+            let holder = lock(&self.joined).session.as_ref().and_then(|s| s.lease.get().cloned());
+            if let Some(h) = holder {
+                h.line_ended(&self.tx, matches!(end, End::Closed));
+            }
+        }
         // A registered session lives on for its lease; an unregistered one
         // ends here with the connection (its handles close, locks go).
         if let Some(id) = lock(&self.joined).id {
@@ -569,6 +582,16 @@ impl<B: Backend> Conn<B> {
                 return self.queue_error(h, Errno::BADMSG, &e.to_string());
             }
         };
+        if let Request::LeaseReturn { seq } = req {
+            // Answered at once, beside anything running: a change of
+            // another session waits for it.
+            self.turns.reading(false);
+            drop(reader);
+            if let Some(h) = lock(&self.joined).session.as_ref().and_then(|s| s.lease.get().cloned()) {
+                h.returned(seq);
+            }
+            return Ok(());
+        }
         // Started in the order sent, once nothing it must follow runs; the
         // socket is free for the next request from then on.
         let kind = Kind::of(&req);
@@ -618,12 +641,24 @@ impl<B: Backend> Conn<B> {
                 s
             }
         };
+        let holder = session.lease.get().cloned();
+        if let Some(l) = &holder {
+            l.heard(&self.common.leases);
+        }
+        if let Request::LeaseOn = req {
+            return self.lease_on(h, caps, &session);
+        }
         match req {
             Request::LocalAddr => return self.local_addr(h, caps),
             Request::FileFd { handle } => return self.lend_fd(h, caps, &session, handle),
             _ => {}
         }
+        let leases = Arc::clone(&self.common.leases);
         if let Some(got) = session.bulk_file(&req) {
+            let touched = match req {
+                Request::Pwrite { .. } if leases.active() => crate::touches::before(&session, &req),
+                _ => Vec::new(),
+            };
             // A write is its caller's (or the anonymous user's): the kernel
             // clears set-id bits for anyone but root. A read checks nothing.
             if let Ok(Some(c)) = self.creds_for(&session, caps, h.flags, &req) {
@@ -648,7 +683,10 @@ impl<B: Backend> Conn<B> {
                     encode_data_header(h.op, h.id, data.len(), &mut self.out);
                     self.send_data(data)
                 }
-                Ok(None) => self.maybe_flush(),
+                Ok(None) => {
+                    leases.changed(holder.as_ref(), &touched);
+                    self.maybe_flush()
+                }
                 Err(e) => {
                     encode_errno(e, h.op, h.id, &mut self.out);
                     self.maybe_flush()
@@ -739,6 +777,11 @@ impl<B: Backend> Conn<B> {
         if let Some(c) = &creds {
             self.creds.wear(c).map_err(End::Io)?;
         }
+        // Leases: the sequence before it runs (a grant for something
+        // changed meanwhile is refused), and what it will change, looked
+        // up as its caller before it does.
+        let seen = holder.as_ref().filter(|_| self.leases_here.load(Relaxed)).map(|_| leases.seq());
+        let mut touched = if leases.active() { crate::touches::before(&session, &req) } else { Vec::new() };
         let first = match &req {
             Request::Reopen { .. } => session.reopen(&req, found),
             _ => session.execute(run.as_ref().unwrap_or(&req)),
@@ -771,6 +814,22 @@ impl<B: Backend> Conn<B> {
             }
         }
         let mut out = std::mem::take(&mut self.out);
+        if let Ok(a) = &answer {
+            if leases.active() {
+                touched.extend(crate::touches::changed_in(&req, a).map(crate::leases::Touched::Object));
+                leases.changed(holder.as_ref(), &touched);
+            }
+            if let (Some(seen), Some(l)) = (seen, &holder) {
+                let keys = crate::touches::granted(a);
+                let refused = if keys.is_empty() { Vec::new() } else { leases.grant(l, &keys, seen) };
+                if !refused.is_empty() {
+                    // Changed while it was read: the client drops it
+                    // before it sees the reply.
+                    let objects = refused.iter().map(|k| Broken { dev: k.0, ino: k.1, name: b"" }).collect();
+                    LeaseBreak { seq: leases.seq(), objects }.encode(&mut out);
+                }
+            }
+        }
         let start = out.len();
         match answer {
             Ok(Answer::Read(cursor, n)) => match self.common.backend.read(cursor.file(), cursor.offset(), n) {
@@ -831,6 +890,20 @@ impl<B: Backend> Conn<B> {
         }
     }
 
+    /// `LeaseOn`: leases for the session, their breaks on this connection.
+    fn lease_on(&mut self, h: Header, caps: u64, session: &Shared<B>) -> Result<(), End> {
+        if caps & caps::LEASES == 0 {
+            return self.queue_error(h, Errno::NOSYS, "leases are not offered");
+        }
+        let tx = self.tx.try_clone().map_err(End::Io)?;
+        let leases = &self.common.leases;
+        leases.turn_on(&session.lease, tx, Arc::clone(&self.wlock));
+        self.leases_here.store(true, Relaxed);
+        let ms = u32::try_from(leases.time().as_millis()).unwrap_or(u32::MAX);
+        Reply::LeaseTime { ms }.encode(h.op, h.id, &mut self.out);
+        self.maybe_flush()
+    }
+
     /// `LocalAddr`: where a client on this host finds the server without
     /// the network, and the process id it will see there.
     fn local_addr(&mut self, h: Header, caps: u64) -> Result<(), End> {
@@ -861,9 +934,16 @@ impl<B: Backend> Conn<B> {
             }
             None => return self.queue_refusal(h, Errno::OPNOTSUPP, "descriptors are passed on a Unix socket only"),
         }
-        let lent = session.lend(handle);
+        let lent = session.lend(handle, &self.common.leases);
         let (file, writable) = match lent {
-            Ok(x) => x,
+            Ok((file, writable, key)) => {
+                if writable {
+                    // What it is written through from now on is not seen.
+                    let holder = session.lease.get().cloned();
+                    self.common.leases.changed(holder.as_ref(), &[crate::leases::Touched::Object(key)]);
+                }
+                (file, writable)
+            }
             Err(e) => {
                 encode_errno(e, h.op, h.id, &mut self.out);
                 return self.maybe_flush();

@@ -111,7 +111,7 @@ pub enum ActsAs {
 
 pub fn acts_as(req: &Request<'_>) -> ActsAs {
     match req {
-        Request::Pread { .. } | Request::Ping => ActsAs::Any,
+        Request::Pread { .. } | Request::Ping | Request::LeaseOn | Request::LeaseReturn { .. } => ActsAs::Any,
         Request::Close { .. }
         | Request::Read { .. }
         | Request::Write { .. }

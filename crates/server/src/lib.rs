@@ -21,6 +21,7 @@ pub mod fuzz;
 mod gate;
 pub mod identity;
 mod journal;
+mod leases;
 mod locks;
 pub mod memory;
 pub mod metrics;
@@ -31,6 +32,7 @@ mod replay;
 mod session;
 mod sessions;
 pub mod tls;
+mod touches;
 mod turns;
 pub mod volume;
 
@@ -72,6 +74,9 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long a session outlives its last connection.
     pub session_lease: Duration,
+    /// How long a lease holds without word from its holder: the longest a
+    /// change waits for a client that does not answer its break.
+    pub lease_time: Duration,
     /// Time allowed for the whole handshake, authentication included.
     pub handshake_timeout: Duration,
     /// Capabilities offered (tests turn some off to check degradation).
@@ -120,6 +125,7 @@ impl Default for Config {
             idle_timeout: Duration::from_secs(3600),
             handshake_timeout: Duration::from_secs(5),
             session_lease: Duration::from_secs(60),
+            lease_time: leases::DEFAULT_TIME,
             caps: ferry_proto::caps::ALL,
             boot_id: u64::from_le_bytes(id),
             state_dir: None,
@@ -183,6 +189,7 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
         pool: Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes)),
         locks: Arc::new(locks::LockTable::default()),
         changes: Arc::default(),
+        leases: Arc::new(leases::Leases::new(cfg.lease_time)),
         dirs: Arc::default(),
         seals: Arc::new(match &cfg.id_key {
             Some(k) => fileseal::Seals::with_key(k),

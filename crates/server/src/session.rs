@@ -111,6 +111,8 @@ struct Handle<F> {
     /// Its descriptor went to a client on this host (`FileFd`), whose
     /// writes through it this server does not see: its close counts one.
     lent: AtomicBool,
+    /// While it lives, nobody is granted a lease on the file (`lend`).
+    lent_mark: std::sync::OnceLock<crate::leases::LentMark>,
 }
 
 /// A handle's file and offset, for a `Read` the connection makes outside
@@ -157,6 +159,8 @@ pub struct Session<B: Backend> {
     /// from the look into the reply cache to the reply kept: a request
     /// sent again (after a lost connection) finds its first run finished.
     pub once: Mutex<Once>,
+    /// Its leases, once a connection of it turned them on (`LeaseOn`).
+    pub lease: std::sync::OnceLock<Arc<crate::leases::Holder>>,
 }
 
 struct Table<F> {
@@ -251,6 +255,33 @@ impl<B: Backend> Session<B> {
             conn: locks::new_conn_id(),
             locked: AtomicBool::new(false),
             once: Mutex::default(),
+            lease: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// `(dev, ino)` and file type of what `path` names, not following a
+    /// final symlink (for leases: what a change touches).
+    pub fn lstat_key(&self, path: &[u8]) -> Option<(FileKey, u32)> {
+        let a = self.backend.getattr(Node::PathNoFollow(path)).ok()?;
+        Some(((a.dev, a.ino), a.mode & libc::S_IFMT))
+    }
+
+    /// `(dev, ino)` of a handle whose descriptor was lent for writing.
+    pub fn lent_key(&self, handle: u64) -> Option<FileKey> {
+        self.handle(handle).ok().filter(|h| h.lent.load(Ordering::Relaxed)).map(|h| h.key)
+    }
+
+    /// `(dev, ino)` of an open handle's file.
+    pub fn handle_key(&self, handle: u64) -> Option<FileKey> {
+        self.handle(handle).ok().map(|h| h.key)
+    }
+
+    /// `(dev, ino)` of what a target names.
+    pub fn target_key(&self, t: &Target<'_>) -> Option<FileKey> {
+        match *t {
+            Target::Handle(h) => self.handle_key(h),
+            Target::Path(p) => self.backend.getattr(Node::Path(p)).ok().map(|a| (a.dev, a.ino)),
+            Target::PathNoFollow(p) => self.lstat_key(p).map(|(k, _)| k),
         }
     }
 
@@ -395,7 +426,7 @@ impl<B: Backend> Session<B> {
     /// `FileFd`: the open file of `handle`, to pass to a client on this
     /// host, and whether it was opened for writing. A change is counted now
     /// and at its close: the writes between go past the server.
-    pub fn lend(&self, handle: u64) -> Result<(Arc<B::File>, bool)> {
+    pub fn lend(&self, handle: u64, leases: &Arc<crate::leases::Leases>) -> Result<(Arc<B::File>, bool, FileKey)> {
         let h = self.handle(handle)?;
         if h.is_dir {
             return Err(Errno::ISDIR);
@@ -405,8 +436,9 @@ impl<B: Backend> Session<B> {
             self.writable()?;
             h.changed();
             h.lent.store(true, Ordering::Relaxed);
+            h.lent_mark.get_or_init(|| leases.lend(h.key));
         }
-        Ok((Arc::clone(&h.file), writable))
+        Ok((Arc::clone(&h.file), writable, h.key))
     }
 
     fn clamp(&self, count: u32) -> usize {
@@ -425,6 +457,8 @@ impl<B: Backend> Session<B> {
             | Request::SessionNewVolatile
             | Request::SessionAttach { .. }
             | Request::LocalAddr
+            | Request::LeaseOn
+            | Request::LeaseReturn { .. }
             | Request::Caller { .. }
             | Request::FileFd { .. } => Err(Errno::INVAL),
             Request::Ping => Ok(Answer::Empty),
@@ -743,6 +777,7 @@ impl<B: Backend> Session<B> {
             locked: AtomicBool::new(false),
             gen,
             lent: AtomicBool::new(false),
+            lent_mark: std::sync::OnceLock::new(),
         });
         let mut t = self.table();
         // Checked again: opens of the session run side by side.

@@ -174,6 +174,13 @@ impl Records {
         Ok(())
     }
 
+    /// Whether plaintext already opened waits to be read: a poll on the
+    /// socket cannot see it.
+    pub fn pending(&self) -> bool {
+        let o = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        o.from < o.to
+    }
+
     /// Reads plaintext into `out` from the records arriving on `fd` (0 at
     /// the peer's close). A timeout or interruption keeps the part of a
     /// record read so far.

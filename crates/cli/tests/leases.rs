@@ -1,0 +1,342 @@
+//! Leases (PROTOCOL.md 8.9): a cache keeps what it was answered until the
+//! server breaks it, so a change another client made and told of is seen at
+//! once — zero stale answers with default options — and a client that
+//! stops answering delays a change by at most the lease time.
+//!
+//! The pairs are coordinated through pipes: A changes, then tells B; B
+//! looks at once. A is the library (a separate client), or a child of B
+//! under `ferry run` (the `make` case); B is a program under `ferry run`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::preload::{ok, run_cmd};
+use common::{Rng, Server, TempDir, FERRY};
+use ferry_client::{Client, OpenOptions, Options, Target};
+
+/// The observer: answers `lstat`s of the paths it is sent, one line each,
+/// as the program sees them (through its caches). `fill` first reads the
+/// directory with attributes, as `ls -l` does, so listings are cached too.
+const OBSERVER: &str = r#"
+import os, sys
+def show(p):
+    try:
+        st = os.lstat(p)
+        return f"{st.st_size} {st.st_mode:o} {st.st_nlink}"
+    except FileNotFoundError:
+        return "ENOENT"
+for line in sys.stdin:
+    cmd, p = line.split()
+    if cmd == "fill":
+        for e in os.scandir(p):
+            e.stat(follow_symlinks=False)
+        print("ok", flush=True)
+    else:
+        print(show(p), flush=True)
+"#;
+
+/// What the server's own disk says of `p` (the truth), in the observer's
+/// words.
+fn truth(p: &Path) -> String {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) => format!("{} {:o} {}", m.len(), m.mode(), m.nlink()),
+        Err(_) => "ENOENT".into(),
+    }
+}
+
+struct Observer {
+    child: std::process::Child,
+    to: std::process::ChildStdin,
+    from: BufReader<std::process::ChildStdout>,
+}
+
+impl Observer {
+    fn start(srv: &Server, cwd: &Path) -> Observer {
+        Observer::start_at(&srv.url("/"), &srv.token_file, cwd)
+    }
+
+    fn start_at(url: &str, token_file: &Path, cwd: &Path) -> Observer {
+        let mut child = Command::new("timeout")
+            .args(["300", FERRY, "run", "--mount"])
+            .arg(format!("/remote={url}"))
+            .args(["--", "python3", "-c", OBSERVER])
+            .current_dir(cwd)
+            .env("FERRY_TOKEN_FILE", token_file)
+            .env_remove("FERRY_TOKEN")
+            .env_remove("FERRY_MOUNTS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("ferry run");
+        let to = child.stdin.take().unwrap();
+        let from = BufReader::new(child.stdout.take().unwrap());
+        Observer { child, to, from }
+    }
+
+    fn ask(&mut self, cmd: &str, p: &str) -> String {
+        writeln!(self.to, "{cmd} {p}").unwrap();
+        let mut line = String::new();
+        self.from.read_line(&mut line).unwrap();
+        assert!(!line.is_empty(), "the observer ended");
+        line.trim_end().to_string()
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Another client (the library) creates, appends, renames, removes,
+/// chmods and truncates; after each change the program under `ferry run`,
+/// which had just looked (its caches full), sees exactly what the server's
+/// disk holds. Without leases this program's caches answered stale.
+#[test]
+fn a_program_sees_another_clients_change_at_once() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let dir = srv.export.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    let c = srv.client();
+    let mut b = Observer::start(&srv, local.path());
+    let names = ["a", "b", "c"];
+    let mut rng = Rng::new(30);
+    let (mut stale, rounds) = (Vec::new(), 3000);
+    for round in 0..rounds {
+        let n = names[rng.index(names.len())];
+        let (p, local_p) = (format!("/d/{n}"), dir.join(n));
+        // B looks first: its caches hold the state before the change.
+        assert_eq!(b.ask("fill", "/remote/d"), "ok");
+        let before = b.ask("stat", &format!("/remote{p}"));
+        assert_eq!(before, truth(&local_p), "round {round}: before any change");
+        let what = match (local_p.exists(), rng.below(6)) {
+            (false, _) => {
+                let f = c.open(&p, OpenOptions::new().write(true).create(true)).unwrap();
+                f.write_at(b"x", 0).unwrap();
+                f.close().unwrap();
+                "create"
+            }
+            (true, 0) => {
+                let mut f = c.open(&p, OpenOptions::new().write(true)).unwrap();
+                let size = f.metadata().unwrap().size;
+                f.write_at(&[b'y'; 3], size).unwrap();
+                f.close().unwrap();
+                "append"
+            }
+            (true, 1) => {
+                let to = names[rng.index(names.len())];
+                c.rename(&p, format!("/d/{to}")).unwrap();
+                "rename"
+            }
+            (true, 2) => {
+                c.remove_file(&p).unwrap();
+                "unlink"
+            }
+            (true, 3) => {
+                c.set_permissions(Target::Path(p.as_bytes()), 0o600 + rng.below(0o100) as u32).unwrap();
+                "chmod"
+            }
+            (true, _) => {
+                c.truncate(Target::Path(p.as_bytes()), rng.below(5)).unwrap();
+                "truncate"
+            }
+        };
+        // A told B (this thread is both): B looks at once.
+        for m in names {
+            let seen = b.ask("stat", &format!("/remote/d/{m}"));
+            let want = truth(&dir.join(m));
+            if seen != want {
+                stale.push(format!("round {round} after {what} {p}: /d/{m} seen {seen}, is {want}"));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "{} stale answers of {}:\n{}",
+        stale.len(),
+        rounds * 3,
+        stale[..stale.len().min(20)].join("\n")
+    );
+}
+
+/// The `make` case: a child under `ferry run` changes files its parent
+/// looked at a moment before and tells it through a pipe (no `wait`
+/// between); the parent's next look sees the change.
+#[test]
+fn a_parent_sees_its_running_childs_change_at_once() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::create_dir(srv.export.path().join("d")).unwrap();
+    std::fs::write(srv.export.path().join("d/f"), "").unwrap();
+    let script = r#"
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, '-c', '''
+import os, sys
+for line in sys.stdin:
+    op = line.strip()
+    if op == "append":
+        with open("/remote/d/f", "a") as f: f.write("x")
+    elif op == "chmod":
+        os.chmod("/remote/d/f", 0o600 if os.stat("/remote/d/f").st_mode & 0o7 else 0o644)
+    elif op == "touch":
+        os.utime("/remote/d/f", (1, os.stat("/remote/d/f").st_mtime + 1))
+    elif op == "rename":
+        os.rename("/remote/d/f", "/remote/d/g"); os.rename("/remote/d/g", "/remote/d/f")
+    print("done", flush=True)
+'''], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+stale = 0
+ops = ["append", "chmod", "touch", "rename"]
+for i in range(2000):
+    op = ops[i % 4]
+    [e.stat() for e in os.scandir('/remote/d')]
+    a = os.stat('/remote/d/f')
+    child.stdin.write(op + "\n"); child.stdin.flush()
+    assert child.stdout.readline() == "done\n"
+    b = os.stat('/remote/d/f')
+    changed = {"append": b.st_size != a.st_size, "chmod": b.st_mode != a.st_mode,
+               "touch": b.st_mtime != a.st_mtime, "rename": b.st_ctime_ns != a.st_ctime_ns}[op]
+    stale += not changed
+child.stdin.close(); child.wait()
+print("stale", stale)
+"#;
+    let o = run_cmd(&srv, local.path(), 240, &["python3", "-c", script]);
+    assert_eq!(ok(&o), "stale 0\n");
+}
+
+/// `make -j2` of a small C project under `ferry run`: after `touch b.h`
+/// the objects are rebuilt and the program relinked, every time (the
+/// parent `make` sees its children's new objects at once).
+#[test]
+fn make_relinks_after_a_header_changes() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let p = srv.export.path().join("proj");
+    std::fs::create_dir(&p).unwrap();
+    std::fs::write(p.join("b.h"), "#define N 1\n").unwrap();
+    std::fs::write(
+        p.join("a.c"),
+        "#include <stdio.h>\n#include \"b.h\"\nint f(void);\nint main(void){printf(\"%d %d\\n\", N, f());return 0;}\n",
+    )
+    .unwrap();
+    std::fs::write(p.join("b.c"), "#include \"b.h\"\nint f(void){return N*10;}\n").unwrap();
+    std::fs::write(p.join("Makefile"), "prog: a.o b.o\n\tcc -o prog a.o b.o\n%.o: %.c b.h\n\tcc -c -o $@ $<\n")
+        .unwrap();
+    let script = r##"set -e
+cd /remote/proj
+make -s -j2 prog
+for n in 2 3 4 5 6 7; do
+  echo "#define N $n" > b.h
+  make -s -j2 prog
+  ./prog
+done
+"##;
+    let o = run_cmd(&srv, local.path(), 240, &["bash", "-c", script]);
+    assert_eq!(ok(&o), "2 20\n3 30\n4 40\n5 50\n6 60\n7 70\n", "stderr: {}", common::stderr(&o));
+}
+
+/// A holder that stops answering (SIGSTOP: its break is never returned)
+/// delays another client's change by about the lease time, not longer;
+/// once woken it has dropped what it held.
+#[test]
+fn a_stopped_holder_delays_a_change_by_its_lease_time_at_most() {
+    let srv = Server::start(&["--lease-time", "1.5"]);
+    let local = TempDir::new("local");
+    std::fs::write(srv.export.path().join("f"), "1").unwrap();
+    let script = r#"
+import os, signal
+a = os.stat('/remote/f').st_size
+print(a, flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+print(os.stat('/remote/f').st_size, flush=True)
+"#;
+    let mut b = Command::new("timeout")
+        .args(["60", FERRY, "run", "--mount"])
+        .arg(format!("/remote={}", srv.url("/")))
+        .args(["--", "python3", "-c", script])
+        .current_dir(local.path())
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .env_remove("FERRY_MOUNTS")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(b.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "1\n");
+    // The python process (the `timeout`'s grandchild) stops itself.
+    let pid = find_stopped_python(b.id());
+    let c = srv.client();
+    let t = Instant::now();
+    c.truncate(Target::Path(b"/f"), 5).unwrap();
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(500), "the change did not wait for the holder ({waited:?})");
+    assert!(waited < Duration::from_millis(1500 + 2000), "waited {waited:?} for a lease time of 1.5 s");
+    // A second change does not wait again: the silent holder holds nothing.
+    let t = Instant::now();
+    c.truncate(Target::Path(b"/f"), 6).unwrap();
+    assert!(t.elapsed() < Duration::from_millis(500), "{:?}", t.elapsed());
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::CONT).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "6\n", "the woken holder answered from a broken lease");
+    assert!(b.wait().unwrap().success());
+}
+
+/// The python process under `ferry run` (pid `root` is `timeout`), once it
+/// has stopped itself.
+fn find_stopped_python(root: u32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r.to_string()) else { continue };
+            let f: Vec<&str> = rest.split(' ').collect();
+            let (state, ppid) = (f[0], f[1].parse::<u32>().unwrap_or(0));
+            let parent_is_ours = ppid == root
+                || std::fs::read_to_string(format!("/proc/{ppid}/stat"))
+                    .ok()
+                    .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.split(' ').nth(1) == Some(&root.to_string())))
+                    .unwrap_or(false);
+            if state == "T" && parent_is_ours && stat.contains("(python3)") {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "the observer never stopped itself");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A server restarted: leases start over. A program that had looked sees,
+/// after the restart, a change another client made.
+#[test]
+fn leases_start_over_after_a_server_restart() {
+    let local = TempDir::new("local");
+    let export = TempDir::new("export");
+    let state = TempDir::new("state");
+    let token = state.path().join("token");
+    let f = export.path().join("f");
+    std::fs::write(&f, "1").unwrap();
+    let mut srv = common::restart::Serve::start(export.path(), 0, &token);
+    let port = srv.port;
+    let url = format!("ferry://127.0.0.1:{port}/");
+    let mut b = Observer::start_at(&url, &token, local.path());
+    assert_eq!(b.ask("stat", "/remote/f"), truth(&f));
+    srv.kill();
+    let _srv = common::restart::Serve::start(export.path(), port, &token);
+    let opts = Options {
+        token: Some(std::fs::read_to_string(&token).unwrap().trim().as_bytes().to_vec()),
+        ..Options::default()
+    };
+    let c = Client::connect(&format!("127.0.0.1:{port}"), &opts).unwrap();
+    c.truncate(Target::Path(b"/f"), 3).unwrap();
+    assert_eq!(b.ask("stat", "/remote/f"), truth(&f));
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 3);
+}

@@ -1,0 +1,577 @@
+//! Leases (capability `LEASES`, PROTOCOL.md 8.9): the server remembers
+//! which sessions were answered what, and takes it back before a change.
+//!
+//! A session turns leases on with `LeaseOn`; from then every successful
+//! reply that carries attributes (a `Stat`, an open, a listing's entries)
+//! grants it a lease on those objects, keyed by `(dev, ino)`. Before the
+//! server acknowledges a change another session made to a leased object,
+//! it sends each holder a `LeaseBreak` and waits until the holder returned
+//! it or the holder's lease time ran out (counted from the holder's last
+//! request; so a client that stops answering delays a change by at most
+//! that). The changing session's own leases are not broken: it knows.
+//!
+//! The race of a read with a change is settled by a sequence: a request
+//! notes the table's sequence before it runs; a change stamps the objects
+//! it touched with a new sequence after it ran. A grant for an object
+//! stamped after the read began is refused, and the reply goes behind a
+//! break on its own connection, so the client never keeps it.
+//!
+//! Bounded: at most `MAX_PER_HOLDER` objects per session and `MAX_OBJECTS`
+//! in all; past either, the session (or every session) gets a break of
+//! everything and starts again. Leases live in memory only: a restarted
+//! server holds none, and its clients drop theirs with their connection.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ferry_proto::{Broken, LeaseBreak};
+use ferry_sock::Socket;
+
+use crate::locks::FileKey;
+
+/// Objects one session may hold leases on; past it all its leases break.
+pub const MAX_PER_HOLDER: usize = 1 << 16;
+/// Objects in the table at most; past it, leases no one holds any more are
+/// forgotten, and if that is not enough all leases break.
+pub const MAX_OBJECTS: usize = 1 << 18;
+
+/// The lease time when none is configured.
+pub const DEFAULT_TIME: Duration = Duration::from_secs(2);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a change touched: an object (its attributes or data), a name in a
+/// directory, or everything kept by path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Touched {
+    Object(FileKey),
+    Entry(FileKey, Vec<u8>),
+    All,
+}
+
+/// The connection a holder's breaks go on.
+struct Line {
+    tx: Socket,
+    wlock: Arc<Mutex<()>>,
+}
+
+/// One session with leases on.
+pub struct Holder {
+    /// Bumped each time its leases all end (`LeaseOn` again, a cap
+    /// reached): table entries of an older epoch hold nothing.
+    epoch: AtomicU64,
+    /// Objects granted in this epoch.
+    count: AtomicUsize,
+    line: Mutex<Option<Line>>,
+    /// Its connection closed from its side: nothing of it is cached
+    /// anywhere, no break needs an answer.
+    gone: AtomicBool,
+    /// When its last request came, µs since the table's `base`.
+    heard_us: AtomicU64,
+    /// The highest break sequence it returned.
+    returned: Mutex<u64>,
+    answered: Condvar,
+}
+
+impl Holder {
+    /// A request of the session arrived: its leases hold a lease time more.
+    pub fn heard(&self, leases: &Leases) {
+        self.heard_us.store(leases.now_us(), Relaxed);
+    }
+
+    /// `LeaseReturn`: the client dropped what break `seq` named.
+    pub fn returned(&self, seq: u64) {
+        let mut r = lock(&self.returned);
+        if seq > *r {
+            *r = seq;
+            self.answered.notify_all();
+        }
+    }
+
+    /// The connection that carries its breaks ended; `by_client`: closed by
+    /// the client (the process is gone or dropped its leases with it).
+    pub fn line_ended(&self, tx: &Socket, by_client: bool) {
+        let mut line = lock(&self.line);
+        if line.as_ref().is_some_and(|l| same_socket(&l.tx, tx)) {
+            *line = None;
+            if by_client {
+                self.gone.store(true, Relaxed);
+            }
+        }
+    }
+}
+
+fn same_socket(a: &Socket, b: &Socket) -> bool {
+    use std::os::fd::{AsFd, AsRawFd};
+    let (Ok(sa), Ok(sb)) = (rustix::fs::fstat(a), rustix::fs::fstat(b)) else {
+        return a.as_fd().as_raw_fd() == b.as_fd().as_raw_fd();
+    };
+    (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+}
+
+struct Obj {
+    /// The sequence of the last change that touched it.
+    changed: u64,
+    holders: Vec<(Arc<Holder>, u64)>,
+}
+
+struct Table {
+    seq: u64,
+    objects: HashMap<FileKey, Obj>,
+    /// The latest `changed` of the objects forgotten: a read that began
+    /// before it gets no lease on an object the table no longer knows.
+    forgot: u64,
+    holders: Vec<std::sync::Weak<Holder>>,
+    /// Entries made since the last prune.
+    added: usize,
+    /// Files whose descriptor a client on this host writes through
+    /// (`FileFd`): the server does not see those changes, so nobody gets
+    /// a lease on them while one is lent.
+    lent: HashMap<FileKey, usize>,
+}
+
+/// Entries made between two prunes of those no lease needs.
+const PRUNE_EVERY: usize = 1 << 14;
+
+/// What the metrics count of leases.
+#[derive(Default)]
+pub struct Counts {
+    pub granted: AtomicU64,
+    pub refused: AtomicU64,
+    pub breaks: AtomicU64,
+    pub waits: AtomicU64,
+    pub waited_us: AtomicU64,
+    pub timeouts: AtomicU64,
+}
+
+pub struct Leases {
+    time: Duration,
+    base: Instant,
+    table: Mutex<Table>,
+    /// Sessions that turned leases on and may hold some: none, and a
+    /// change skips the table.
+    active: AtomicUsize,
+    pub counts: Counts,
+}
+
+impl Leases {
+    pub fn new(time: Duration) -> Leases {
+        Leases {
+            time,
+            base: Instant::now(),
+            table: Mutex::new(Table {
+                seq: 1,
+                objects: HashMap::new(),
+                forgot: 0,
+                holders: Vec::new(),
+                added: 0,
+                lent: HashMap::new(),
+            }),
+            active: AtomicUsize::new(0),
+            counts: Counts::default(),
+        }
+    }
+
+    pub fn time(&self) -> Duration {
+        self.time
+    }
+
+    fn now_us(&self) -> u64 {
+        self.base.elapsed().as_micros() as u64
+    }
+
+    /// Whether any session may hold a lease (else changes skip the work).
+    pub fn active(&self) -> bool {
+        self.active.load(Relaxed) > 0
+    }
+
+    /// Objects leased now (for the metrics).
+    #[cfg(test)]
+    pub fn objects(&self) -> usize {
+        lock(&self.table).objects.len()
+    }
+
+    /// `LeaseOn` on connection `tx` (write lock `wlock`) of a session whose
+    /// holder is `slot` (made here the first time). Whatever the session
+    /// held before ends: its client starts with an empty cache.
+    pub fn turn_on(&self, slot: &std::sync::OnceLock<Arc<Holder>>, tx: Socket, wlock: Arc<Mutex<()>>) -> Arc<Holder> {
+        let h = slot.get_or_init(|| {
+            let h = Arc::new(Holder {
+                epoch: AtomicU64::new(0),
+                count: AtomicUsize::new(0),
+                line: Mutex::new(None),
+                gone: AtomicBool::new(false),
+                heard_us: AtomicU64::new(0),
+                returned: Mutex::new(0),
+                answered: Condvar::new(),
+            });
+            let mut t = lock(&self.table);
+            t.holders.retain(|w| w.strong_count() > 0);
+            t.holders.push(Arc::downgrade(&h));
+            self.active.store(t.holders.len(), Relaxed);
+            h
+        });
+        h.epoch.fetch_add(1, Relaxed);
+        h.count.store(0, Relaxed);
+        h.gone.store(false, Relaxed);
+        *lock(&h.line) = Some(Line { tx, wlock });
+        h.heard(self);
+        Arc::clone(h)
+    }
+
+    /// The sequence a request notes before it runs (see the module text).
+    pub fn seq(&self) -> u64 {
+        lock(&self.table).seq
+    }
+
+    /// Grants `holder` leases on `keys`, read by a request that began at
+    /// `seen`. Returns the keys refused (changed since): the caller puts a
+    /// break of them before the reply.
+    pub fn grant(&self, holder: &Arc<Holder>, keys: &[FileKey], seen: u64) -> Vec<FileKey> {
+        let epoch = holder.epoch.load(Relaxed);
+        let mut refused = Vec::new();
+        let mut reset = false;
+        {
+            let mut t = lock(&self.table);
+            let forgot = t.forgot;
+            for &key in keys {
+                let obj = t.objects.get(&key);
+                if obj.map_or(forgot, |o| o.changed) > seen || t.lent.contains_key(&key) {
+                    refused.push(key);
+                    continue;
+                }
+                if !t.objects.contains_key(&key) {
+                    t.added += 1;
+                }
+                let obj =
+                    t.objects.entry(key).or_insert_with(|| Obj { changed: forgot.min(seen), holders: Vec::new() });
+                match obj.holders.iter_mut().find(|(h, _)| Arc::ptr_eq(h, holder)) {
+                    Some((_, e)) if *e == epoch => continue,
+                    Some((_, e)) => *e = epoch,
+                    None => obj.holders.push((Arc::clone(holder), epoch)),
+                }
+                if holder.count.fetch_add(1, Relaxed) + 1 > MAX_PER_HOLDER {
+                    reset = true;
+                }
+            }
+            if t.added > PRUNE_EVERY || t.objects.len() > MAX_OBJECTS {
+                self.prune(&mut t);
+            }
+        }
+        self.counts.granted.fetch_add((keys.len() - refused.len()) as u64, Relaxed);
+        self.counts.refused.fetch_add(refused.len() as u64, Relaxed);
+        if reset {
+            // The oldest of its leases are not known apart from the rest:
+            // all go, unasked for (nobody waits on this break).
+            holder.epoch.fetch_add(1, Relaxed);
+            holder.count.store(0, Relaxed);
+            let seq = self.next_seq();
+            self.send(holder, seq, &[Broken::ALL], Instant::now() + self.time);
+        }
+        refused
+    }
+
+    fn next_seq(&self) -> u64 {
+        let mut t = lock(&self.table);
+        t.seq += 1;
+        t.seq
+    }
+
+    /// Forgets entries no live lease needs; if the table is still too big,
+    /// every holder loses everything (a break of all, unasked for).
+    fn prune(&self, t: &mut Table) {
+        t.added = 0;
+        let mut forgot = t.forgot;
+        t.objects.retain(|_, o| {
+            o.holders.retain(|(h, e)| !h.gone.load(Relaxed) && h.epoch.load(Relaxed) == *e);
+            let keep = !o.holders.is_empty();
+            if !keep {
+                forgot = forgot.max(o.changed);
+            }
+            keep
+        });
+        if t.objects.len() > MAX_OBJECTS / 2 {
+            for o in t.objects.values() {
+                forgot = forgot.max(o.changed);
+            }
+            t.objects.clear();
+            t.seq += 1;
+            let seq = t.seq;
+            for h in t.holders.iter().filter_map(std::sync::Weak::upgrade) {
+                h.epoch.fetch_add(1, Relaxed);
+                h.count.store(0, Relaxed);
+                self.send(&h, seq, &[Broken::ALL], Instant::now());
+            }
+        }
+        t.forgot = forgot;
+    }
+
+    /// A descriptor of `key` is lent for writing: no lease on it until the
+    /// mark is dropped (with the handle that lent it).
+    pub fn lend(self: &Arc<Self>, key: FileKey) -> LentMark {
+        *lock(&self.table).lent.entry(key).or_default() += 1;
+        LentMark { leases: Arc::clone(self), key }
+    }
+
+    /// A change of `touched` by the session of `mine` has been made: breaks
+    /// every other holder's leases on them, and returns once each returned
+    /// them or its lease time ran out.
+    pub fn changed(&self, mine: Option<&Arc<Holder>>, touched: &[Touched]) {
+        if touched.is_empty() || !self.active() {
+            return;
+        }
+        // Per holder, what it loses.
+        let mut breaks: Vec<(Arc<Holder>, Vec<Broken<'_>>)> = Vec::new();
+        let seq = {
+            let mut t = lock(&self.table);
+            t.seq += 1;
+            let seq = t.seq;
+            let mut add = |h: &Arc<Holder>, b: Broken<'static>| match breaks.iter_mut().find(|(x, _)| Arc::ptr_eq(x, h))
+            {
+                Some((_, v)) => v.push(b),
+                None => breaks.push((Arc::clone(h), vec![b])),
+            };
+            for c in touched {
+                let key = match c {
+                    Touched::All => {
+                        for h in t.holders.iter().filter_map(std::sync::Weak::upgrade) {
+                            if mine.is_some_and(|m| Arc::ptr_eq(m, &h)) || h.gone.load(Relaxed) {
+                                continue;
+                            }
+                            h.epoch.fetch_add(1, Relaxed);
+                            h.count.store(0, Relaxed);
+                            add(&h, Broken::ALL);
+                        }
+                        // Nothing the table knows holds now.
+                        let forgot = t.objects.values().map(|o| o.changed).max().unwrap_or(0);
+                        t.forgot = t.forgot.max(forgot).max(seq);
+                        t.objects.clear();
+                        continue;
+                    }
+                    Touched::Object(k) | Touched::Entry(k, _) => *k,
+                };
+                // Kept even with no holder: a read that began before this
+                // change must not be granted after it (until a prune
+                // forgets it, raising `forgot` instead).
+                if !t.objects.contains_key(&key) {
+                    t.added += 1;
+                }
+                let obj = t.objects.entry(key).or_insert_with(|| Obj { changed: 0, holders: Vec::new() });
+                obj.changed = seq;
+                let mut kept = Vec::new();
+                for (h, e) in obj.holders.drain(..) {
+                    if mine.is_some_and(|m| Arc::ptr_eq(m, &h)) {
+                        kept.push((h, e));
+                        continue;
+                    }
+                    if h.gone.load(Relaxed) || h.epoch.load(Relaxed) != e {
+                        continue;
+                    }
+                    h.count.fetch_sub(1, Relaxed);
+                    let name: &'static [u8] = b"";
+                    add(&h, Broken { dev: key.0, ino: key.1, name });
+                }
+                obj.holders = kept;
+            }
+            if t.added > PRUNE_EVERY {
+                self.prune(&mut t);
+            }
+            seq
+        };
+        if breaks.is_empty() {
+            return;
+        }
+        // Names go in the notice too (a mount drops that entry only).
+        let names: Vec<(FileKey, &[u8])> = touched
+            .iter()
+            .filter_map(|c| match c {
+                Touched::Entry(k, n) => Some((*k, &n[..])),
+                _ => None,
+            })
+            .collect();
+        let start = Instant::now();
+        let mut waiting = Vec::new();
+        for (h, mut objects) in breaks {
+            for o in objects.iter_mut() {
+                if let Some((_, n)) = names.iter().find(|(k, _)| *k == (o.dev, o.ino)) {
+                    o.name = n;
+                }
+            }
+            let heard = self.base + Duration::from_micros(h.heard_us.load(Relaxed));
+            let deadline = heard + self.time;
+            if deadline <= start {
+                continue;
+            }
+            self.counts.breaks.fetch_add(1, Relaxed);
+            self.send(&h, seq, &objects, deadline);
+            waiting.push((h, deadline));
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        self.counts.waits.fetch_add(1, Relaxed);
+        for (h, deadline) in waiting {
+            let mut r = lock(&h.returned);
+            while *r < seq && !h.gone.load(Relaxed) {
+                let now = Instant::now();
+                if now >= deadline {
+                    drop(r);
+                    self.counts.timeouts.fetch_add(1, Relaxed);
+                    // A holder that let a break go unanswered holds
+                    // nothing more: the next change does not wait for it
+                    // again until it is granted something new (and its
+                    // client, when it reads this, forgets all).
+                    h.epoch.fetch_add(1, Relaxed);
+                    h.count.store(0, Relaxed);
+                    self.send(&h, seq, &[Broken::ALL], now);
+                    break;
+                }
+                r = h.answered.wait_timeout(r, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            }
+        }
+        self.counts.waited_us.fetch_add(start.elapsed().as_micros() as u64, Relaxed);
+    }
+
+    /// Sends a break to `h`, giving up at `deadline` (a connection that
+    /// takes nothing in: the holder then keeps nothing after its lease
+    /// time, and a frame cut half-way ends the connection).
+    fn send(&self, h: &Holder, seq: u64, objects: &[Broken<'_>], deadline: Instant) {
+        let mut frame = Vec::with_capacity(64);
+        for chunk in objects.chunks(LeaseBreak::MAX_OBJECTS) {
+            LeaseBreak { seq, objects: chunk.to_vec() }.encode(&mut frame);
+        }
+        let line = lock(&h.line);
+        let Some(l) = line.as_ref() else { return };
+        let _w = loop {
+            match l.wlock.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
+        if !writable(&l.tx, deadline) {
+            return;
+        }
+        if l.tx.write_parts(&[&frame]).is_err() {
+            let _ = l.tx.shutdown_both();
+        }
+    }
+}
+
+/// A file lent for writing (`Leases::lend`), until dropped.
+pub struct LentMark {
+    leases: Arc<Leases>,
+    key: FileKey,
+}
+
+impl Drop for LentMark {
+    fn drop(&mut self) {
+        let mut t = lock(&self.leases.table);
+        if let Some(n) = t.lent.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                t.lent.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Waits until `tx` takes a small frame without blocking, or `deadline`.
+fn writable(tx: &Socket, deadline: Instant) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds = [PollFd::new(tx, PollFlags::OUT)];
+        let t = rustix::event::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: left.subsec_nanos() as i64 };
+        match poll(&mut fds, Some(&t)) {
+            Ok(n) if n > 0 => return fds[0].revents().contains(PollFlags::OUT),
+            Ok(_) => return false,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(l: &Leases) -> Arc<Holder> {
+        let slot = std::sync::OnceLock::new();
+        // A holder with no connection: breaks to it wait out its lease.
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let h = l.turn_on(&slot, Socket::from_fd(a.into(), true), Arc::default());
+        *lock(&h.line) = None;
+        h
+    }
+
+    #[test]
+    fn a_grant_is_refused_for_an_object_changed_since_the_read_began() {
+        let l = Leases::new(Duration::from_millis(50));
+        let (a, b) = (holder(&l), holder(&l));
+        let seen = l.seq();
+        assert!(l.grant(&a, &[(1, 1)], seen).is_empty());
+        let seen = l.seq();
+        // b changes (1, 2) while a's read of it runs.
+        l.changed(Some(&b), &[Touched::Object((1, 2))]);
+        assert_eq!(l.grant(&a, &[(1, 2), (1, 3)], seen), vec![(1, 2)]);
+        // Read again after the change: granted.
+        assert!(l.grant(&a, &[(1, 2)], l.seq()).is_empty());
+    }
+
+    #[test]
+    fn a_change_waits_for_a_silent_holder_at_most_its_lease_time_and_never_for_itself() {
+        let l = Leases::new(Duration::from_millis(300));
+        let (a, b) = (holder(&l), holder(&l));
+        assert!(l.grant(&a, &[(1, 1)], l.seq()).is_empty());
+        let t = Instant::now();
+        l.changed(Some(&a), &[Touched::Object((1, 1))]);
+        assert!(t.elapsed() < Duration::from_millis(100), "its own change: no wait");
+        let t = Instant::now();
+        l.changed(Some(&b), &[Touched::Object((1, 1))]);
+        let waited = t.elapsed();
+        assert!(waited >= Duration::from_millis(150) && waited < Duration::from_secs(2), "{waited:?}");
+        // The break took the lease: the next change does not wait.
+        let t = Instant::now();
+        l.changed(Some(&b), &[Touched::Object((1, 1))]);
+        assert!(t.elapsed() < Duration::from_millis(100));
+        // A returned break ends the wait at once.
+        assert!(l.grant(&a, &[(1, 1)], l.seq()).is_empty());
+        let a2 = Arc::clone(&a);
+        let seq = l.seq() + 1;
+        let r = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            a2.returned(seq);
+        });
+        let t = Instant::now();
+        l.changed(Some(&b), &[Touched::Object((1, 1))]);
+        assert!(t.elapsed() < Duration::from_millis(200), "{:?}", t.elapsed());
+        r.join().unwrap();
+        assert_eq!(l.counts.timeouts.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_holder_past_its_cap_starts_again_and_the_table_stays_bounded() {
+        let l = Leases::new(Duration::from_millis(10));
+        let a = holder(&l);
+        for i in 0..(MAX_PER_HOLDER as u64 + 10) {
+            l.grant(&a, &[(7, i)], l.seq());
+        }
+        assert!(a.count.load(Relaxed) < 100, "the cap reset its count");
+        assert!(l.objects() <= MAX_OBJECTS);
+        // A holder gone (its client closed) is never waited for.
+        let b = holder(&l);
+        assert!(l.grant(&b, &[(9, 9)], l.seq()).is_empty());
+        b.gone.store(true, Relaxed);
+        let t = Instant::now();
+        l.changed(None, &[Touched::Object((9, 9))]);
+        assert!(t.elapsed() < Duration::from_millis(5));
+    }
+}
