@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use common::{random_bytes, Rng, Server};
 use ferry_client::{Client, Options};
 use ferry_proto::{
-    client_proof, op, server_proof, ErrorReply, Header, Reply, Request, Target, Time, Welcome, FLAG_ERROR, HEADER_LEN,
-    MAGIC, MIN_MAX_FRAME,
+    caps, client_proof, op, server_proof, ErrorReply, Header, Reply, Request, Target, Time, Welcome, FLAG_ERROR,
+    HEADER_LEN, MAGIC, MIN_MAX_FRAME,
 };
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -1059,4 +1059,49 @@ fn handle_flood_does_not_lock_out_other_clients() {
     // The flooding connection is still open, holding its handles.
     assert_healthy(&mut server, &format!("one connection opening {n} handles"));
     ping(&mut s, 1, "the flood");
+}
+
+/// Lease frames no ferry client sends: a `LeaseReturn` for a break never
+/// sent (answered by nothing, changes nothing), a `LeaseBreak` sent as a
+/// request (unknown: `ENOSYS`), `LeaseOn` twice; then a raw holder that
+/// never returns its break delays another client's change by at most the
+/// lease time, and the server goes on serving.
+#[test]
+fn lease_frames_from_a_raw_client_change_nothing_and_a_silent_holder_is_bounded() {
+    let mut server = Server::start(&["--lease-time", "1"]);
+    std::fs::write(server.export.path().join("f"), "1").unwrap();
+    let (mut s, w) = handshake(&server);
+    assert!(w.caps & caps::LEASES != 0, "leases offered");
+    send(&mut s, &encode(&Request::LeaseReturn { seq: u64::MAX }, 0));
+    ping(&mut s, 10, "a LeaseReturn nobody asked for");
+    send(&mut s, &frame(op::LEASE_BREAK, 11, &[0; 12]));
+    expect_errno(&mut s, op::LEASE_BREAK, 11, ENOSYS, "a LeaseBreak from a client");
+    for id in [12, 13] {
+        send(&mut s, &encode(&Request::LeaseOn, id));
+        let body = expect_ok(&mut s, op::LEASE_ON, id, "LeaseOn");
+        assert_eq!(Reply::decode(op::LEASE_ON, &body).unwrap(), Reply::LeaseTime { ms: 1000 });
+    }
+    // Granted a lease on /f, then silent: another client's change waits for
+    // the lease time, no longer, and this raw client gets the break.
+    send(&mut s, &encode(&Request::Stat { target: Target::Path(b"/f") }, 14));
+    expect_ok(&mut s, op::STAT, 14, "Stat");
+    let c = server.client();
+    let t = std::time::Instant::now();
+    c.truncate(Target::Path(b"/f"), 3).unwrap();
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3), "{waited:?}");
+    let (h, body) = expect_frame(&mut s, "the break");
+    assert!(h.is_notice() && h.op == op::LEASE_BREAK && h.id == 0, "{h:?}");
+    let b = ferry_proto::LeaseBreak::decode(&body).unwrap();
+    assert!(!b.objects.is_empty());
+    // Unanswered, it took all this holder held (a second notice, of all).
+    send(&mut s, &frame(op::PING, 15, &[]));
+    loop {
+        let (h, _) = expect_frame(&mut s, "a ping after the break");
+        if !h.is_notice() {
+            assert_eq!((h.op, h.id, h.flags), (op::PING, 15, 0));
+            break;
+        }
+    }
+    assert_healthy(&mut server, "lease frames");
 }
