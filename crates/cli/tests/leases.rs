@@ -340,3 +340,142 @@ fn leases_start_over_after_a_server_restart() {
     assert_eq!(b.ask("stat", "/remote/f"), truth(&f));
     assert_eq!(std::fs::metadata(&f).unwrap().len(), 3);
 }
+
+/// What `lstat` of `p` says, in the observer's words.
+fn seen_at(p: &Path) -> String {
+    truth(p)
+}
+
+/// One random change of a name in `dir` (through whatever `dir` is: a
+/// mount, the export), and what it was.
+fn change(dir: &Path, names: &[&str], rng: &mut Rng) -> String {
+    let n = names[rng.index(names.len())];
+    let p = dir.join(n);
+    if std::fs::symlink_metadata(&p).is_err() {
+        std::fs::write(&p, "x").unwrap();
+        return format!("create {n}");
+    }
+    match rng.below(6) {
+        0 => {
+            let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+            f.write_all(b"yyy").unwrap();
+            format!("append {n}")
+        }
+        1 => {
+            let to = names[rng.index(names.len())];
+            std::fs::rename(&p, dir.join(to)).unwrap();
+            format!("rename {n} {to}")
+        }
+        2 => {
+            std::fs::remove_file(&p).unwrap();
+            format!("unlink {n}")
+        }
+        3 => {
+            let mode = 0o600 + rng.below(0o100) as u32;
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+            format!("chmod {n}")
+        }
+        _ => {
+            std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(rng.below(5)).unwrap();
+            format!("truncate {n}")
+        }
+    }
+}
+
+/// Two mounts of one server, default options (1 s attribute and entry
+/// timeouts): a change through one is seen through the other at once —
+/// the break turns into the kernel's invalidations before the change is
+/// acknowledged. Then the mount as the observer of the library's changes.
+#[test]
+fn a_mount_sees_another_mounts_change_at_once() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&[]);
+    std::fs::create_dir(srv.export.path().join("d")).unwrap();
+    let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
+    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
+    let _g2 = common::fuse::Detach(m2.path().to_path_buf());
+    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
+    let _b = common::fuse::mount_url(&srv.url("/"), m2.path(), &srv.token_file, &[]);
+    let names = ["a", "b", "c"];
+    let (a, b, disk) = (m1.path().join("d"), m2.path().join("d"), srv.export.path().join("d"));
+    let mut rng = Rng::new(31);
+    let mut stale = Vec::new();
+    for round in 0..1500 {
+        // B looks (its kernel keeps what it saw for a second), A changes.
+        for n in names {
+            let (seen, want) = (seen_at(&b.join(n)), truth(&disk.join(n)));
+            if seen != want {
+                stale.push(format!("round {round} before the change: {n} seen {seen}, is {want}"));
+            }
+        }
+        let _ = std::fs::read_dir(&b).unwrap().count();
+        let what = change(&a, &names, &mut rng);
+        for n in names {
+            let (seen, want) = (seen_at(&b.join(n)), truth(&disk.join(n)));
+            if seen != want {
+                stale.push(format!("round {round} after {what}: {n} seen {seen}, is {want}"));
+            }
+        }
+    }
+    // The library changes, the mount looks.
+    let c = srv.client();
+    for round in 0..300 {
+        let n = names[round % 3];
+        let _ = seen_at(&b.join(n));
+        let p = format!("/d/{n}");
+        match c.metadata(&p) {
+            Ok(_) => {
+                c.truncate(Target::Path(p.as_bytes()), (round % 7) as u64).unwrap();
+            }
+            Err(_) => {
+                c.open(&p, OpenOptions::new().write(true).create(true)).unwrap().close().unwrap();
+            }
+        }
+        let (seen, want) = (seen_at(&b.join(n)), truth(&disk.join(n)));
+        if seen != want {
+            stale.push(format!("library round {round}: {n} seen {seen}, is {want}"));
+        }
+    }
+    assert!(stale.is_empty(), "{} stale answers:\n{}", stale.len(), stale[..stale.len().min(20)].join("\n"));
+}
+
+/// A program under `ferry run` and a mount: each sees the other's changes
+/// at once.
+#[test]
+fn a_mount_and_ferry_run_see_each_others_changes_at_once() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::create_dir(srv.export.path().join("d")).unwrap();
+    let m = TempDir::new("m");
+    let _g = common::fuse::Detach(m.path().to_path_buf());
+    let _mounted = common::fuse::mount_url(&srv.url("/"), m.path(), &srv.token_file, &[]);
+    let names = ["a", "b", "c"];
+    let (on_mount, disk) = (m.path().join("d"), srv.export.path().join("d"));
+    let mut b = Observer::start(&srv, local.path());
+    let mut rng = Rng::new(32);
+    let mut stale = Vec::new();
+    for round in 0..1000 {
+        assert_eq!(b.ask("fill", "/remote/d"), "ok");
+        let what = change(&on_mount, &names, &mut rng);
+        for n in names {
+            let (seen, want) = (b.ask("stat", &format!("/remote/d/{n}")), truth(&disk.join(n)));
+            if seen != want {
+                stale.push(format!("ferry run, round {round} after {what}: {n} seen {seen}, is {want}"));
+            }
+        }
+    }
+    // ferry run changes (a shell under it), the mount looks.
+    for round in 0..200 {
+        let n = names[round % 3];
+        let _ = seen_at(&on_mount.join(n));
+        let script = format!("echo {round} >> /remote/d/{n}");
+        let o = run_cmd(&srv, local.path(), 30, &["sh", "-c", &script]);
+        ok(&o);
+        let (seen, want) = (seen_at(&on_mount.join(n)), truth(&disk.join(n)));
+        if seen != want {
+            stale.push(format!("mount, round {round}: {n} seen {seen}, is {want}"));
+        }
+    }
+    assert!(stale.is_empty(), "{} stale answers:\n{}", stale.len(), stale[..stale.len().min(20)].join("\n"));
+}

@@ -244,7 +244,7 @@ impl Read for Sock {
 
 pub struct Engine {
     /// The socket and a frame buffer reused for every request's header.
-    tx: Mutex<(Arc<Socket>, Vec<u8>)>,
+    tx: Arc<Mutex<(Arc<Socket>, Vec<u8>)>>,
     rx: Mutex<BufReader<Sock>>,
     passed: Arc<Mutex<Passed>>,
     /// A Unix socket (so the server is on this host).
@@ -368,7 +368,7 @@ impl Engine {
         tx.set_write_timeout(Some(SEND_CHECK)).map_err(Error::from_io)?;
         let window = opts.window.min(welcome.window_requests).max(1);
         Ok(Engine {
-            tx: Mutex::new((tx, Vec::with_capacity(4096))),
+            tx: Arc::new(Mutex::new((tx, Vec::with_capacity(4096)))),
             rx: Mutex::new(rx),
             passed,
             unix,
@@ -896,12 +896,20 @@ impl Engine {
             return Err(Error::Protocol(format!("unexpected notice {}", op::name(op))));
         };
         let b = ferry_proto::LeaseBreak::decode(body).map_err(|e| Error::Protocol(e.to_string()))?;
-        leases.handle(&b);
-        let mut tx = lock(&self.tx);
-        let (sock, head) = &mut *tx;
-        head.clear();
-        Request::LeaseReturn { seq: b.seq }.encode(0, head);
-        send_request(sock, head, &[]).map_err(Error::from_io)
+        // Returned when the handler is done with it, now or later (the
+        // mount's, once the kernel has taken the invalidations).
+        let tx = Arc::clone(&self.tx);
+        let seq = b.seq;
+        let ret = crate::leases::Return::new(Box::new(move || {
+            let mut tx = lock(&tx);
+            let (sock, head) = &mut *tx;
+            head.clear();
+            Request::LeaseReturn { seq }.encode(0, head);
+            // A connection gone meanwhile: its leases are gone with it.
+            let _ = send_request(sock, head, &[]);
+        }));
+        leases.handle(&b, ret);
+        Ok(())
     }
 
     /// Reads exactly one reply frame. Called only by the reader.

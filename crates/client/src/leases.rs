@@ -25,8 +25,32 @@ use ferry_proto::{Broken, LeaseBreak};
 use crate::engine::Engine;
 
 /// What a cache does when leases break: drops what it holds of the
-/// objects named (all of it for [`Broken::ALL`]).
-pub type OnBreak = dyn Fn(&[Broken<'_>]) + Send + Sync;
+/// objects named (all of it for [`Broken::ALL`]), then drops the
+/// [`Return`] — at once, or later from another thread (the server waits
+/// for it, up to the lease time).
+pub type OnBreak = dyn Fn(&[Broken<'_>], Return) + Send + Sync;
+
+/// A break to answer: dropping it sends `LeaseReturn` (nothing for a break
+/// the client made up itself, a lost connection's).
+pub struct Return(Option<Box<dyn FnOnce() + Send>>);
+
+impl Return {
+    pub(crate) fn new(send: Box<dyn FnOnce() + Send>) -> Return {
+        Return(Some(send))
+    }
+
+    fn none() -> Return {
+        Return(None)
+    }
+}
+
+impl Drop for Return {
+    fn drop(&mut self) {
+        if let Some(send) = self.0.take() {
+            send();
+        }
+    }
+}
 
 /// One client's leases: its break handler and how long they hold.
 pub struct Leases {
@@ -97,16 +121,13 @@ impl Leases {
         if self.conn.load(Relaxed) == conn {
             self.time_us.store(0, Relaxed);
         }
-        self.broken(&[Broken::ALL]);
-    }
-
-    pub(crate) fn broken(&self, objects: &[Broken<'_>]) {
         self.breaks.fetch_add(1, Relaxed);
-        (self.on_break)(objects);
+        (self.on_break)(&[Broken::ALL], Return::none());
     }
 
-    pub(crate) fn handle(&self, b: &LeaseBreak<'_>) {
-        self.broken(&b.objects);
+    pub(crate) fn handle(&self, b: &LeaseBreak<'_>, ret: Return) {
+        self.breaks.fetch_add(1, Relaxed);
+        (self.on_break)(&b.objects, ret);
     }
 }
 

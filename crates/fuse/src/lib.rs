@@ -30,9 +30,11 @@ use fuser::{
 };
 
 mod callers;
+mod invalidate;
 mod locks;
 
 pub use fuser::BackgroundSession;
+pub use invalidate::Invalidator;
 pub use null::{spawn_null, NullFs, NULL_FILE};
 
 mod nodes;
@@ -92,6 +94,10 @@ pub struct MountConfig {
 /// Mounts `fs` on `mountpoint` and serves it on background threads until
 /// the returned session is dropped (which unmounts) or the mount goes away.
 pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<BackgroundSession> {
+    // Leases, where the server grants them: its breaks become the kernel's
+    // invalidations (queued until the mount is up).
+    let inval = Invalidator::new(Arc::clone(&fs.nodes), Arc::clone(&fs.recent));
+    let leased = fs.client.leases_on(ferry_client::Leases::new(inval.on_break())).is_ok();
     // Options travel comma-separated (to `fusermount3` too): a URL of
     // several gateways has its commas escaped as `mount.fuse` reads them.
     let mut opts = vec![MountOption::FSName(cfg.fsname.replace(',', "\\,")), MountOption::Subtype("ferry".into())];
@@ -128,7 +134,11 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Ba
     // hold up a `stat`; the client engine pipelines them on one connection.
     config.n_threads = Some(if cfg.threads == 0 { 4 } else { cfg.threads });
     config.clone_fd = true;
-    fuser::spawn_mount(fs, mountpoint, &config)
+    let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+    if leased {
+        inval.start(session.notifier())?;
+    }
+    Ok(session)
 }
 
 fn parse_option(s: &str) -> MountOption {
@@ -314,6 +324,8 @@ struct DirItem {
     name: OsString,
     kind: FileType,
     attr: Option<Attr>,
+    /// `recent`'s generation when the listing was fetched (`ttls_since`).
+    gen: u64,
 }
 
 enum Handle {
@@ -335,11 +347,11 @@ struct SetAttrs {
 pub struct FerryFs {
     client: Client,
     opts: FsOptions,
-    nodes: Mutex<Nodes>,
+    nodes: Arc<Mutex<Nodes>>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     locks: locks::MountLocks,
-    recent: recent::Recent,
+    recent: Arc<recent::Recent>,
     /// Whether the kernel took FUSE passthrough (cached files only).
     passthrough: bool,
     modes: passthrough::IoModes,
@@ -363,11 +375,11 @@ impl FerryFs {
             client,
             opts,
             callers,
-            nodes: Mutex::new(Nodes::new(OsStr::new(root))),
+            nodes: Arc::new(Mutex::new(Nodes::new(OsStr::new(root)))),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             locks: locks::MountLocks::default(),
-            recent: recent::Recent::default(),
+            recent: Arc::default(),
             passthrough: false,
             modes: passthrough::IoModes::default(),
         }
@@ -442,6 +454,24 @@ impl FerryFs {
     fn entry(&self, path: &OsStr, attr: &Attr, reply: ReplyEntry) {
         let ino = lock(&self.nodes).remember(path, attr);
         reply.entry_with_ttls(&self.opts.attr_timeout, &self.opts.entry_timeout, &file_attr(ino, attr), Generation(0));
+    }
+
+    /// The attribute and entry timeouts for an answer fetched since `gen`
+    /// of `recent`: none if a lease broke (or this mount changed something)
+    /// meanwhile — the answer may be from before that change, and the
+    /// kernel must not keep it.
+    fn ttls_since(&self, gen: u64) -> (Duration, Duration) {
+        match self.recent.generation() == gen {
+            true => (self.opts.attr_timeout, self.opts.entry_timeout),
+            false => (Duration::ZERO, Duration::ZERO),
+        }
+    }
+
+    /// `entry` for an answer fetched since `gen` (`ttls_since`).
+    fn entry_since(&self, path: &OsStr, attr: &Attr, gen: u64, reply: ReplyEntry) {
+        let ino = lock(&self.nodes).remember(path, attr);
+        let (a, e) = self.ttls_since(gen);
+        reply.entry_with_ttls(&a, &e, &file_attr(ino, attr), Generation(0));
     }
 
     /// The kernel I/O mode of open `fh` of node `ino`, made with `flags`
@@ -770,14 +800,14 @@ impl Filesystem for FerryFs {
         match self.client.symlink_metadata(&path) {
             Ok(a) => {
                 self.recent.put(gen, [(path.clone(), &a)]);
-                self.entry(&path, &a, reply)
+                self.entry_since(&path, &a, gen, reply)
             }
             // A negative entry with a TTL spares the server repeated misses
             // (a node id of 0 is FUSE's "no such entry, cache that").
             Err(e) if e.errno() == libc::ENOENT && !self.opts.entry_timeout.is_zero() => {
                 let mut a = file_attr(0, &Attr::default());
                 a.ino = INodeNo(0);
-                reply.entry_with_ttls(&Duration::ZERO, &self.opts.entry_timeout, &a, Generation(0));
+                reply.entry_with_ttls(&Duration::ZERO, &self.ttls_since(gen).1, &a, Generation(0));
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -789,6 +819,7 @@ impl Filesystem for FerryFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let _acting = self.callers.acting(req);
+        let gen = self.recent.generation();
         let r = match fh.map(|fh| self.server_handle(fh)) {
             Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
             _ => match self.obj(ino) {
@@ -806,7 +837,8 @@ impl Filesystem for FerryFs {
             },
         };
         let a = tri!(reply, r);
-        reply.attr(&self.opts.attr_timeout, &file_attr(ino.0, &a));
+        lock(&self.nodes).seen(ino.0, &a);
+        reply.attr(&self.ttls_since(gen).0, &file_attr(ino.0, &a));
     }
 
     fn setattr(
@@ -1144,6 +1176,7 @@ impl Filesystem for FerryFs {
                 kind: e.attr.as_ref().map_or_else(|| kind_of_dt(e.kind), |a| kind_of_mode(a.mode)),
                 name: OsString::from_vec(e.name),
                 attr: e.attr,
+                gen,
             })
             .collect();
         reply.opened(self.add_handle(Handle::Dir(Arc::new(items))), FopenFlags::empty());
@@ -1197,6 +1230,7 @@ impl Filesystem for FerryFs {
             let full = match &it.attr {
                 Some(a) => {
                     let ino = nodes.remember(join(&dir_path, &it.name).as_os_str(), a);
+                    let ttl = if self.recent.generation() == it.gen { ttl } else { Duration::ZERO };
                     let full = reply.add(INodeNo(ino), off, &it.name, &ttl, &file_attr(ino, a), Generation(0));
                     if full {
                         nodes.forget(ino, 1);

@@ -52,6 +52,9 @@ pub(crate) struct Nodes {
     pub(crate) by_ino: HashMap<u64, Node>,
     pub(crate) by_path: HashMap<OsString, u64>,
     by_key: HashMap<Key, u64>,
+    /// Directories by the server's `(dev, ino)`, as last seen: what a lease
+    /// break names them by.
+    dirs: HashMap<Key, u64>,
     next: u64,
 }
 
@@ -71,7 +74,13 @@ pub(crate) fn concat(a: &OsStr, b: &[u8]) -> OsString {
 impl Nodes {
     /// `root` is the exported path the mount shows, e.g. `/` or `/sub`.
     pub(crate) fn new(root: &OsStr) -> Nodes {
-        let mut n = Nodes { by_ino: HashMap::new(), by_path: HashMap::new(), by_key: HashMap::new(), next: ROOT + 1 };
+        let mut n = Nodes {
+            by_ino: HashMap::new(),
+            by_path: HashMap::new(),
+            by_key: HashMap::new(),
+            dirs: HashMap::new(),
+            next: ROOT + 1,
+        };
         let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1, former: None };
         n.by_ino.insert(ROOT, node);
         n.by_path.insert(root.into(), ROOT);
@@ -95,6 +104,36 @@ impl Nodes {
     /// else the node of the same `(dev, ino)` (another hard link), else a
     /// new one. Counts one more kernel lookup.
     pub(crate) fn remember(&mut self, path: &OsStr, attr: &Attr) -> u64 {
+        let ino = self.remember_node(path, attr);
+        self.seen(ino, attr);
+        ino
+    }
+
+    /// The server's attributes of node `ino` came back: a directory is
+    /// known by its `(dev, ino)` from now on (for lease breaks).
+    pub(crate) fn seen(&mut self, ino: u64, attr: &Attr) {
+        if attr.mode & libc::S_IFMT == libc::S_IFDIR {
+            self.dirs.insert((attr.dev, attr.ino), ino);
+        }
+    }
+
+    /// The nodes a lease break's `(dev, ino)` names (a file's, or a
+    /// directory's).
+    /// Every node of the file counts, the nameless ones the kernel still
+    /// holds included (a file renamed over, looked up again under a new
+    /// node): one scan of the table per break.
+    pub(crate) fn by_server_id(&self, key: Key) -> Vec<u64> {
+        let mut out: Vec<u64> = self.by_ino.iter().filter(|(_, n)| n.key == Some(key)).map(|(&ino, _)| ino).collect();
+        out.extend(self.dirs.get(&key).copied().filter(|i| self.by_ino.contains_key(i)));
+        out
+    }
+
+    /// Every node the kernel may hold.
+    pub(crate) fn all(&self) -> Vec<u64> {
+        self.by_ino.keys().copied().collect()
+    }
+
+    fn remember_node(&mut self, path: &OsStr, attr: &Attr) -> u64 {
         let key = key_of(attr);
         let fmt = attr.mode & libc::S_IFMT;
         if let Some(&ino) = self.by_path.get(path) {
@@ -163,6 +202,9 @@ impl Nodes {
                 if self.by_key.get(&k) == Some(&ino) {
                     self.by_key.remove(&k);
                 }
+            }
+            if node.fmt == libc::S_IFDIR {
+                self.dirs.retain(|_, i| *i != ino);
             }
         }
     }

@@ -244,7 +244,8 @@ pub fn set_leases(mounts: &[usize], leases: &Arc<Leases>) {
 
 /// The break handler of a connection's leases.
 pub fn on_break() -> Box<ferry_client::leases::OnBreak> {
-    Box::new(|_| changed())
+    // Returned as soon as the cache is empty (the `Return` dropped here).
+    Box::new(|_, _returned| changed())
 }
 
 /// In a child just forked: nothing the parent's connections were promised

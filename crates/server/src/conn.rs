@@ -814,6 +814,14 @@ impl<B: Backend> Conn<B> {
             }
         }
         let mut out = std::mem::take(&mut self.out);
+        if let (Err(Errno::NOENT), Some(seen), Some(l)) = (&answer, seen, &holder) {
+            if let Some(k) = crate::touches::granted_on_miss(&session, &req) {
+                if !leases.grant(l, &[k], seen).is_empty() {
+                    let objects = vec![Broken { dev: k.0, ino: k.1, name: b"" }];
+                    LeaseBreak { seq: leases.seq(), objects }.encode(&mut out);
+                }
+            }
+        }
         if let Ok(a) = &answer {
             if leases.active() {
                 touched.extend(crate::touches::changed_in(&req, a).map(crate::leases::Touched::Object));

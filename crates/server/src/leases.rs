@@ -324,17 +324,15 @@ impl Leases {
         if touched.is_empty() || !self.active() {
             return;
         }
-        // Per holder, what it loses.
+        // Per holder, what it loses: each touched object it held, with the
+        // entry's name for each name touched in a directory it held.
         let mut breaks: Vec<(Arc<Holder>, Vec<Broken<'_>>)> = Vec::new();
         let seq = {
             let mut t = lock(&self.table);
             t.seq += 1;
             let seq = t.seq;
-            let mut add = |h: &Arc<Holder>, b: Broken<'static>| match breaks.iter_mut().find(|(x, _)| Arc::ptr_eq(x, h))
-            {
-                Some((_, v)) => v.push(b),
-                None => breaks.push((Arc::clone(h), vec![b])),
-            };
+            // The holders each touched key had (taken once per key).
+            let mut held: Vec<(FileKey, Vec<Arc<Holder>>)> = Vec::new();
             for c in touched {
                 let key = match c {
                     Touched::All => {
@@ -344,7 +342,7 @@ impl Leases {
                             }
                             h.epoch.fetch_add(1, Relaxed);
                             h.count.store(0, Relaxed);
-                            add(&h, Broken::ALL);
+                            add(&mut breaks, &h, Broken::ALL);
                         }
                         // Nothing the table knows holds now.
                         let forgot = t.objects.values().map(|o| o.changed).max().unwrap_or(0);
@@ -354,28 +352,37 @@ impl Leases {
                     }
                     Touched::Object(k) | Touched::Entry(k, _) => *k,
                 };
-                // Kept even with no holder: a read that began before this
-                // change must not be granted after it (until a prune
-                // forgets it, raising `forgot` instead).
-                if !t.objects.contains_key(&key) {
-                    t.added += 1;
-                }
-                let obj = t.objects.entry(key).or_insert_with(|| Obj { changed: 0, holders: Vec::new() });
-                obj.changed = seq;
-                let mut kept = Vec::new();
-                for (h, e) in obj.holders.drain(..) {
-                    if mine.is_some_and(|m| Arc::ptr_eq(m, &h)) {
-                        kept.push((h, e));
-                        continue;
+                if !held.iter().any(|(k, _)| *k == key) {
+                    // Kept even with no holder: a read that began before
+                    // this change must not be granted after it (until a
+                    // prune forgets it, raising `forgot` instead).
+                    if !t.objects.contains_key(&key) {
+                        t.added += 1;
                     }
-                    if h.gone.load(Relaxed) || h.epoch.load(Relaxed) != e {
-                        continue;
+                    let obj = t.objects.entry(key).or_insert_with(|| Obj { changed: 0, holders: Vec::new() });
+                    obj.changed = seq;
+                    let mut kept = Vec::new();
+                    let mut losing = Vec::new();
+                    for (h, e) in obj.holders.drain(..) {
+                        if mine.is_some_and(|m| Arc::ptr_eq(m, &h)) {
+                            kept.push((h, e));
+                        } else if !h.gone.load(Relaxed) && h.epoch.load(Relaxed) == e {
+                            h.count.fetch_sub(1, Relaxed);
+                            losing.push(h);
+                        }
                     }
-                    h.count.fetch_sub(1, Relaxed);
-                    let name: &'static [u8] = b"";
-                    add(&h, Broken { dev: key.0, ino: key.1, name });
+                    obj.holders = kept;
+                    held.push((key, losing));
                 }
-                obj.holders = kept;
+                let name: &[u8] = match c {
+                    Touched::Entry(_, n) => n,
+                    _ => b"",
+                };
+                if let Some((_, losing)) = held.iter().find(|(k, _)| *k == key) {
+                    for h in losing {
+                        add(&mut breaks, h, Broken { dev: key.0, ino: key.1, name });
+                    }
+                }
             }
             if t.added > PRUNE_EVERY {
                 self.prune(&mut t);
@@ -385,22 +392,9 @@ impl Leases {
         if breaks.is_empty() {
             return;
         }
-        // Names go in the notice too (a mount drops that entry only).
-        let names: Vec<(FileKey, &[u8])> = touched
-            .iter()
-            .filter_map(|c| match c {
-                Touched::Entry(k, n) => Some((*k, &n[..])),
-                _ => None,
-            })
-            .collect();
         let start = Instant::now();
         let mut waiting = Vec::new();
-        for (h, mut objects) in breaks {
-            for o in objects.iter_mut() {
-                if let Some((_, n)) = names.iter().find(|(k, _)| *k == (o.dev, o.ino)) {
-                    o.name = n;
-                }
-            }
+        for (h, objects) in breaks {
             let heard = self.base + Duration::from_micros(h.heard_us.load(Relaxed));
             let deadline = heard + self.time;
             if deadline <= start {
@@ -462,6 +456,14 @@ impl Leases {
         if l.tx.write_parts(&[&frame]).is_err() {
             let _ = l.tx.shutdown_both();
         }
+    }
+}
+
+/// Puts `b` in `h`'s list of what it loses.
+fn add<'a>(breaks: &mut Vec<(Arc<Holder>, Vec<Broken<'a>>)>, h: &Arc<Holder>, b: Broken<'a>) {
+    match breaks.iter_mut().find(|(x, _)| Arc::ptr_eq(x, h)) {
+        Some((_, v)) => v.push(b),
+        None => breaks.push((Arc::clone(h), vec![b])),
     }
 }
 

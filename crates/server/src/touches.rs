@@ -122,6 +122,18 @@ pub fn granted<F>(answer: &Answer<F>) -> Vec<FileKey> {
     }
 }
 
+/// A `Stat` by path that found nothing grants a lease on the directory the
+/// name would be in: a client that keeps the miss (the mount's negative
+/// entry) hears of the name's creation.
+pub fn granted_on_miss<B: Backend>(s: &Session<B>, req: &Request<'_>) -> Option<FileKey> {
+    match *req {
+        Request::Stat { target: ferry_proto::Target::Path(p) | ferry_proto::Target::PathNoFollow(p) } => {
+            s.lstat_key(split(p).0).map(|(k, _)| k)
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::split;

@@ -1,0 +1,133 @@
+//! Lease breaks, told to the kernel (PROTOCOL.md 8.10): the mount turns
+//! leases on, and each break becomes FUSE invalidations of what the kernel
+//! keeps — a node's attributes and pages (`notify_inval_inode`), a name in
+//! a directory (`notify_inval_entry`) — before the break is returned, so a
+//! change another client made and told of is never answered from the
+//! kernel's caches.
+//!
+//! The notices are written by a thread of their own, which returns the
+//! break once the kernel took them. The break may be read by a thread
+//! serving a FUSE request, and an invalidation can wait for a lock the
+//! kernel holds for that very request (a directory's, while a lookup in it
+//! runs): so the reader only queues it and goes on.
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use ferry_client::leases::{OnBreak, Return};
+use fuser::{INodeNo, Notifier};
+
+use crate::nodes::Nodes;
+use crate::recent::Recent;
+
+/// One break: `(dev, ino, name)` of each object, and its answer, sent
+/// when the job is dropped.
+struct Job {
+    objects: Vec<(u64, u64, Vec<u8>)>,
+    _returned: Return,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    notifier: Option<Notifier>,
+    started: bool,
+}
+
+pub struct Invalidator {
+    nodes: Arc<Mutex<Nodes>>,
+    recent: Arc<Recent>,
+    queue: Mutex<Queue>,
+    cv: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Invalidator {
+    pub(crate) fn new(nodes: Arc<Mutex<Nodes>>, recent: Arc<Recent>) -> Arc<Invalidator> {
+        Arc::new(Invalidator { nodes, recent, queue: Mutex::default(), cv: Condvar::new() })
+    }
+
+    /// The mount is up: invalidations can be written (breaks that came
+    /// before wait in the queue until now).
+    pub fn start(self: &Arc<Self>, notifier: Notifier) -> std::io::Result<()> {
+        let mut q = lock(&self.queue);
+        q.notifier = Some(notifier);
+        if !q.started {
+            q.started = true;
+            let me = Arc::clone(self);
+            std::thread::Builder::new().name("ferry-inval".into()).spawn(move || me.run())?;
+        }
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// The break handler for the mount's leases.
+    pub fn on_break(self: &Arc<Self>) -> Box<OnBreak> {
+        let me = Arc::clone(self);
+        Box::new(move |objects, returned| {
+            // The mount's own short-lived answers go at once.
+            drop(me.recent.changing());
+            let objects = objects.iter().map(|b| (b.dev, b.ino, b.name.to_vec())).collect();
+            lock(&me.queue).jobs.push_back(Job { objects, _returned: returned });
+            me.cv.notify_all();
+        })
+    }
+
+    fn run(&self) {
+        loop {
+            let (job, notifier) = {
+                let mut q = lock(&self.queue);
+                loop {
+                    if q.notifier.is_some() {
+                        if let Some(j) = q.jobs.pop_front() {
+                            break (j, q.notifier.clone());
+                        }
+                    }
+                    q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            if let Some(n) = notifier {
+                self.apply(&n, &job.objects);
+            }
+            // Returned now that the kernel holds nothing of it.
+            drop(job);
+        }
+    }
+
+    /// Writes the invalidations of one break. Node ids are looked up with
+    /// the table's lock, which is let go before the kernel is told (it may
+    /// answer with `forget`s, which take it).
+    fn apply(&self, n: &Notifier, objects: &[(u64, u64, Vec<u8>)]) {
+        let mut inodes = Vec::new();
+        let mut entries = Vec::new();
+        {
+            let nodes = lock(&self.nodes);
+            for (dev, ino, name) in objects {
+                if *dev == 0 && *ino == 0 {
+                    inodes.extend(nodes.all());
+                    continue;
+                }
+                for node in nodes.by_server_id((*dev, *ino)) {
+                    inodes.push(node);
+                    if !name.is_empty() {
+                        entries.push((node, name.clone()));
+                    }
+                }
+            }
+        }
+        inodes.sort_unstable();
+        inodes.dedup();
+        for (dir, name) in entries {
+            // ENOENT: the kernel had no such entry; nothing to drop.
+            let _ = n.inval_entry(INodeNo(dir), OsStr::from_bytes(&name));
+        }
+        for node in inodes {
+            let _ = n.inval_inode(INodeNo(node), 0, 0);
+        }
+    }
+}
