@@ -127,3 +127,28 @@ fn the_mount_counts_its_requests() {
     assert!(m.contains("ferry_client_reconnects_total 0"), "{m}");
     assert!(m.lines().any(|l| l.starts_with("ferry_client_request_errors_total{") && !l.ends_with(" 0")), "{m}");
 }
+
+/// Leases in the server's metrics: a mount holding what it looked up, a
+/// change by another client breaking it and waiting for the return.
+#[test]
+fn leases_are_counted() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&srv);
+    std::fs::write(srv.export.path().join("f"), "1").unwrap();
+    let tmp = common::TempDir::new("lease-metrics");
+    let _detach = common::fuse::Detach(tmp.path().to_path_buf());
+    let _m = common::fuse::mount_url(&srv.url("/"), tmp.path(), &srv.token_file, &[]);
+    assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 1);
+    let (_, m) = get(&addr, "/metrics");
+    assert!(sample(&m, "ferry_leased_objects") >= 1.0, "{m}");
+    assert!(sample(&m, "ferry_leases_granted_total") >= 1.0, "{m}");
+    let c = srv.client();
+    c.truncate(ferry_client::Target::Path(b"/f"), 5).unwrap();
+    assert_eq!(std::fs::metadata(tmp.path().join("f")).unwrap().len(), 5, "seen at once");
+    let (_, m) = get(&addr, "/metrics");
+    assert!(sample(&m, "ferry_lease_breaks_total") >= 1.0, "{m}");
+    assert!(sample(&m, "ferry_lease_waits_total") >= 1.0, "{m}");
+    assert!(m.contains("ferry_lease_wait_seconds_total "), "{m}");
+    assert_eq!(sample(&m, "ferry_lease_timeouts_total"), 0.0, "the mount answered: {m}");
+}

@@ -190,7 +190,6 @@ impl Leases {
     }
 
     /// Objects leased now (for the metrics).
-    #[cfg(test)]
     pub fn objects(&self) -> usize {
         lock(&self.table).objects.len()
     }

@@ -215,6 +215,13 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
                 handle_budget: c.budget.max() as u64,
                 handles_refused: c.budget.refused(),
                 locked_files: c.locks.files_locked() as u64,
+                leased_objects: c.leases.objects() as u64,
+                leases_granted: c.leases.counts.granted.load(Ordering::Relaxed),
+                leases_refused: c.leases.counts.refused.load(Ordering::Relaxed),
+                lease_breaks: c.leases.counts.breaks.load(Ordering::Relaxed),
+                lease_waits: c.leases.counts.waits.load(Ordering::Relaxed),
+                lease_wait_seconds: c.leases.counts.waited_us.load(Ordering::Relaxed) as f64 / 1e6,
+                lease_timeouts: c.leases.counts.timeouts.load(Ordering::Relaxed),
             };
             c.metrics.render(&g)
         })?;

@@ -30,6 +30,14 @@ pub struct Gauges {
     /// Counters kept where they are counted (the gate, the handle budget).
     pub handshakes_evicted: u64,
     pub handles_refused: u64,
+    /// Leases: objects leased now, and the counters of `leases::Counts`.
+    pub leased_objects: u64,
+    pub leases_granted: u64,
+    pub leases_refused: u64,
+    pub lease_breaks: u64,
+    pub lease_waits: u64,
+    pub lease_wait_seconds: f64,
+    pub lease_timeouts: u64,
 }
 
 impl Metrics {
@@ -85,7 +93,37 @@ impl Metrics {
                     g.handle_budget,
                 ),
                 ("ferry_locked_files", "Files with record locks held.", "gauge", g.locked_files),
+                (
+                    "ferry_leased_objects",
+                    "Files and directories some session holds a lease on.",
+                    "gauge",
+                    g.leased_objects,
+                ),
+                ("ferry_leases_granted_total", "Leases granted with replies.", "counter", g.leases_granted),
+                (
+                    "ferry_leases_refused_total",
+                    "Grants refused: the object changed while the request read it.",
+                    "counter",
+                    g.leases_refused,
+                ),
+                ("ferry_lease_breaks_total", "Break notices sent to holders.", "counter", g.lease_breaks),
+                (
+                    "ferry_lease_waits_total",
+                    "Changes that waited for holders to return a break.",
+                    "counter",
+                    g.lease_waits,
+                ),
+                (
+                    "ferry_lease_timeouts_total",
+                    "Breaks a holder left unanswered for its lease time.",
+                    "counter",
+                    g.lease_timeouts,
+                ),
             ],
+        ) + &format!(
+            "# HELP ferry_lease_wait_seconds_total Time changes spent waiting for holders to return breaks.\n\
+             # TYPE ferry_lease_wait_seconds_total counter\nferry_lease_wait_seconds_total {}\n",
+            g.lease_wait_seconds
         )
     }
 }
