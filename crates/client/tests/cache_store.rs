@@ -248,3 +248,36 @@ fn least_recently_used_entries_go_at_the_limit() {
     assert!(s.entry(b"e", b"v", CHUNK).unwrap().is_complete(), "the newest entry went");
     assert!(!s.entry(b"b", b"v", CHUNK).unwrap().is_complete(), "the least recently used entry stayed");
 }
+
+/// Processes share one count of what the store holds (each `Store` here is
+/// one process's): fills by one count for the other, so the limit holds
+/// across them without either listing the store per fill. And a new
+/// version's entry drops the old version's data by name.
+#[test]
+fn processes_share_the_count_and_versions_replace_each_other() {
+    let d = Dir::new("shared-count");
+    let (a, b) = (Store::open(&d.0, 3 * CHUNK).unwrap(), Store::open(&d.0, 3 * CHUNK).unwrap());
+    for (n, k) in [b"a", b"b"].iter().enumerate() {
+        a.entry(*k, b"v", CHUNK).unwrap().fill(0, &chunk(n as u64, 0, CHUNK as usize)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (n, k) in [b"c", b"d"].iter().enumerate() {
+        b.entry(*k, b"v", CHUNK).unwrap().fill(0, &chunk(n as u64 + 2, 0, CHUNK as usize)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let usage = a.usage().unwrap();
+    assert!(usage <= 3 * CHUNK, "usage {usage} over the limit: b did not count a's fills");
+    assert!(!a.entry(b"a", b"v", CHUNK).unwrap().is_complete(), "the oldest entry, a's, went");
+    assert!(b.entry(b"d", b"v", CHUNK).unwrap().is_complete());
+    // A new version of d: the old version's data file is gone by name.
+    let data_files = || {
+        std::fs::read_dir(d.0.join("v1"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "data"))
+            .count()
+    };
+    let before = data_files();
+    let e = b.entry(b"d", b"v2", CHUNK).unwrap();
+    assert!(!e.is_complete());
+    assert_eq!(data_files(), before, "one data file for d, the new version's");
+}

@@ -23,7 +23,11 @@
 //!
 //! Least recently used entries (the metadata file's mtime, touched on use)
 //! are removed when the data held passes the limit, by one process at a
-//! time (an `flock` on `DIR/v1/lock`).
+//! time (an `flock` on `DIR/v1/lock`). What is held is counted in
+//! `DIR/v1/usage` (a little-endian u64 under an `flock`), which every
+//! process adds its fills to: no process lists the store to learn it,
+//! except to initialise the count once and to evict — so a process's cost
+//! per file never grows with the store.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -51,9 +55,12 @@ struct Inner {
     dir: PathBuf,
     limit: u64,
     boot: Vec<u8>,
-    /// Data held as of the last scan, plus what this process filled since.
+    /// Data held as of the last scan, plus what this process filled since
+    /// (used only where the shared count cannot be).
     usage: AtomicU64,
     scanned: AtomicBool,
+    /// `DIR/v1/usage`: the count every process shares.
+    counter: Option<File>,
 }
 
 /// One version of one remote file's data.
@@ -83,8 +90,22 @@ impl Store {
     pub fn open_with_boot_id(dir: &Path, limit: u64, boot: &[u8]) -> io::Result<Store> {
         let v1 = dir.join("v1");
         fs::DirBuilder::new().recursive(true).mode(0o700).create(&v1)?;
-        let inner =
-            Inner { dir: v1, limit, boot: boot.to_vec(), usage: AtomicU64::new(0), scanned: AtomicBool::new(false) };
+        let counter = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(v1.join("usage"))
+            .ok();
+        let inner = Inner {
+            dir: v1,
+            limit,
+            boot: boot.to_vec(),
+            usage: AtomicU64::new(0),
+            scanned: AtomicBool::new(false),
+            counter,
+        };
         Ok(Store { inner: Arc::new(inner) })
     }
 
@@ -159,17 +180,18 @@ impl Store {
         made.map(|_| f)
     }
 
-    /// Drops whatever the store holds for `key`.
+    /// Drops whatever the store holds for `key`: the version its metadata
+    /// names, found from that file alone — never by listing the store, whose
+    /// size must not be paid per entry. A data file no metadata names (a
+    /// process killed between the two) is left to eviction, which takes
+    /// such files first.
     pub fn forget(&self, key: &[u8]) -> io::Result<()> {
         let k = hex(key);
-        let _ = fs::remove_file(self.inner.dir.join(format!("{k}.meta")));
-        for e in fs::read_dir(&self.inner.dir)?.flatten() {
-            let name = e.file_name();
-            let name = name.as_encoded_bytes();
-            if name.starts_with(k.as_bytes()) && name.ends_with(b".data") {
-                let _ = fs::remove_file(e.path());
-            }
+        let meta = self.inner.dir.join(format!("{k}.meta"));
+        if let Some(version) = fs::read(&meta).ok().as_deref().and_then(version_in) {
+            let _ = fs::remove_file(self.inner.dir.join(format!("{k}-{}.data", hex(version))));
         }
+        let _ = fs::remove_file(meta);
         Ok(())
     }
 
@@ -213,6 +235,14 @@ impl Store {
     /// entries if the store is over its limit.
     fn filled(&self, n: u64) {
         let i = &self.inner;
+        if let Some(total) = self.count(|held| held.map(|h| h + n)) {
+            if total > i.limit {
+                if let Ok(u) = self.evict() {
+                    self.count(|_| Some(u));
+                }
+            }
+            return;
+        }
         let usage = i.usage.fetch_add(n, Ordering::Relaxed) + n;
         if usage <= i.limit && i.scanned.swap(true, Ordering::Relaxed) {
             return;
@@ -222,6 +252,26 @@ impl Store {
         if let Ok(u) = self.evict() {
             i.usage.store(u, Ordering::Relaxed);
         }
+    }
+
+    /// Changes the shared count under its lock: `f` gets what it holds
+    /// (`None` before anyone counted: the store is scanned once to start
+    /// it) and returns the new value. `None` if there is no shared count.
+    fn count(&self, f: impl FnOnce(Option<u64>) -> Option<u64>) -> Option<u64> {
+        use rustix::fs::{flock, FlockOperation};
+        let c = self.inner.counter.as_ref()?;
+        flock(c, FlockOperation::LockExclusive).ok()?;
+        let mut b = [0u8; 8];
+        let held = match c.read_exact_at(&mut b, 0) {
+            Ok(()) => Some(u64::from_le_bytes(b)),
+            Err(_) => self.scan().ok().map(|h| h.iter().map(|e| e.bytes).sum()),
+        };
+        let new = f(held).or(held);
+        if let Some(v) = new {
+            let _ = c.write_all_at(&v.to_le_bytes(), 0);
+        }
+        let _ = flock(c, FlockOperation::Unlock);
+        new
     }
 
     fn evict(&self) -> io::Result<u64> {
@@ -261,6 +311,20 @@ struct Held {
 
 fn open_rw(p: &Path) -> io::Result<File> {
     OpenOptions::new().read(true).write(true).open(p)
+}
+
+/// The version a metadata file's header names (see `Store::header`).
+fn version_in(meta: &[u8]) -> Option<&[u8]> {
+    let mut rest = meta.strip_prefix(MAGIC)?;
+    let mut part = || {
+        let (len, tail) = rest.split_first_chunk::<4>()?;
+        let len = u32::from_le_bytes(*len) as usize;
+        let (p, tail) = (tail.get(..len)?, tail.get(len..)?);
+        rest = tail;
+        Some(p)
+    };
+    let (_boot, _key) = (part()?, part()?);
+    part()
 }
 
 fn read_header(f: &File, len: usize) -> Option<Vec<u8>> {
