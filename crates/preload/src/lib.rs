@@ -17,6 +17,7 @@ pub mod hooks;
 pub mod locks;
 pub mod maps;
 pub mod mounts;
+pub mod namespace;
 pub mod open;
 pub mod ops;
 pub mod placeholder;
