@@ -86,3 +86,75 @@ fn relative_paths_from_the_root_reach_a_mount() {
     assert_eq!(ok(&o), "remote/d\nremote/d/sub\nremote/d/sub/f\nremote/d/x\nremote/d/x/y\n");
     assert_eq!(std::fs::read_to_string(srv.export.path().join("d/sub/f")).unwrap(), "f\n");
 }
+
+/// A venv made on the server: `bin/python3 -> /usr/bin/python3` (an
+/// absolute target outside every mount: local), `bin/pip` a script whose
+/// `#!` interpreter is that link. The server resolves links inside its
+/// export, where `/usr/bin/python3` is not: the client follows the link
+/// out (`stat -L`, `readlink -f`, libc's `realpath`, `exec` through it).
+#[test]
+fn a_venv_on_the_server_runs_through_its_absolute_symlinks() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let script = r#"set -e
+python3 -m venv /remote/v
+/remote/v/bin/pip --version | cut -d' ' -f1,4
+stat -L -c %F /remote/v/bin/python3
+real=$(python3 -c 'import os, sys; print(os.path.realpath(sys.executable))')
+test "$(readlink -f /remote/v/bin/python3)" = "$real" && echo same-binary
+/remote/v/bin/python3 -c 'import sys; print(sys.prefix, sys.prefix != sys.base_prefix)'
+python3 -c '
+import ctypes, os
+libc = ctypes.CDLL(None)
+libc.realpath.restype = ctypes.c_char_p
+print(libc.realpath(b"/remote/v/bin/python3", None) == os.path.realpath(os.readlink("/remote/v/bin/python3")).encode())
+'
+"#;
+    let o = common::preload::bash(&srv, local.path(), script);
+    assert_eq!(
+        ok(&o),
+        "pip /remote/v/lib/python3\nregular file\nsame-binary\n/remote/v True\nTrue\n"
+            .replace("/lib/python3\n", &format!("/lib/{}/site-packages/pip\n", python_dir()))
+    );
+    let link = std::fs::read_link(srv.export.path().join("v/bin/python3")).unwrap();
+    assert!(link.is_absolute(), "{link:?}");
+}
+
+/// `python3.X`, the venv's `lib/` directory name.
+fn python_dir() -> String {
+    let o = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(f'python{sys.version_info[0]}.{sys.version_info[1]}')"])
+        .output()
+        .expect("python3");
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+/// Targets are paths of the program's name space: absolute under a
+/// prefix is remote, absolute elsewhere local, relative from the link's
+/// directory (climbing out of the mount with `..` into the local part).
+#[test]
+fn symlink_targets_are_read_in_the_programs_name_space() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    std::fs::write(local.path().join("here"), "local file\n").unwrap();
+    let e = srv.export.path();
+    std::fs::create_dir(e.join("d")).unwrap();
+    std::fs::write(e.join("d/f"), "remote file\n").unwrap();
+    std::os::unix::fs::symlink("/remote/d", e.join("abs-remote")).unwrap();
+    std::os::unix::fs::symlink(local.path().join("here"), e.join("abs-local")).unwrap();
+    std::os::unix::fs::symlink(local.path(), e.join("abs-local-dir")).unwrap();
+    let up = format!("../..{}", local.path().join("here").display());
+    std::os::unix::fs::symlink(&up, e.join("d/up")).unwrap();
+    let script = r#"set -e
+cat /remote/abs-remote/f
+cat /remote/abs-local
+cat /remote/abs-local-dir/here
+cat /remote/d/up
+stat -L -c %s /remote/abs-local
+ls /remote/abs-local-dir
+cd /remote/abs-remote && cat f
+test -e /remote/abs-remote/nothing || echo absent
+"#;
+    let o = common::preload::bash(&srv, local.path(), script);
+    assert_eq!(ok(&o), "remote file\nlocal file\nlocal file\nlocal file\n11\nhere\nremote file\nabsent\n");
+}

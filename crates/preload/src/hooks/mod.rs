@@ -44,7 +44,14 @@ macro_rules! path_hook {
             let fixed = safe_path!(super::$fix($($fa),*));
             let $p = fixed.as_ref().map_or($p, |c| c.as_ptr());
             match safe_path!(super::$find($($ra),*)) {
-                Some($r) => $remote,
+                Some($r) => {
+                    let seen = $r.clone();
+                    $crate::links::follow_out(&seen, || $remote, |next| {
+                        let $p = next.as_ptr();
+                        // SAFETY: this hook again, on the path a symlink's target gives.
+                        unsafe { $name($($a),*) }
+                    })
+                }
                 None => pass!($name($($a),*)),
             }
         }
