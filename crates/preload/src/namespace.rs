@@ -15,12 +15,13 @@ use crate::mounts::{self, Mount};
 const MAX_LINKS: usize = 40;
 
 /// Could a path relative to a *local* directory lead into a mount? Only
-/// if it names a mount point's last component, or climbs with `..`
-/// (lexically every path into a mount passes the mount point's own name).
+/// if it names a mount point's last component: lexically every way into a
+/// mount passes the mount point's own name (`../remote/x` from `/tmp`), a
+/// `..` alone only climbs further from one. So `../lib/x` from a local
+/// directory costs no look at the working directory.
 pub fn may_enter(mounts: &[Mount], rel: &[u8]) -> bool {
-    rel.split(|c| *c == b'/').any(|c| {
-        c == b".." || mounts.iter().any(|m| m.prefix.rsplit('/').next().is_some_and(|last| last.as_bytes() == c))
-    })
+    rel.split(|c| *c == b'/')
+        .any(|c| mounts.iter().any(|m| m.prefix.rsplit('/').next().is_some_and(|last| last.as_bytes() == c)))
 }
 
 /// Does the path have a `..` component?
@@ -109,7 +110,8 @@ mod tests {
         let t = mounts::parse_table("/tmp/x/rmt=ferry://h:1/").unwrap();
         assert!(may_enter(&t, b"rmt"));
         assert!(may_enter(&t, b"x/rmt/q"));
-        assert!(may_enter(&t, b"../y"));
+        assert!(may_enter(&t, b"../x/rmt"));
+        assert!(!may_enter(&t, b"../y"), "climbing alone never enters a mount");
         assert!(!may_enter(&t, b"rmtx/q"));
         assert!(!may_enter(&t, b"a/b"));
         assert_eq!(normalize(&t, b"/tmp/x/rmt/../y"), b"/tmp/x/y");

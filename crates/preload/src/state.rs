@@ -231,7 +231,7 @@ pub fn absolute(path: &[u8], dir: Option<&[u8]>) -> Option<Vec<u8>> {
         Some(cwd) => Some([&cwd[..], b"/", path].concat()),
         // A local working directory: a path can only get into a mount
         // through a mount point's own name (`rmt/q` from the mount's
-        // parent) or `..`; only then is the kernel's cwd read.
+        // parent, `../remote/x`); only then is the kernel's cwd read.
         None if namespace::may_enter(&mounts, path) => {
             drop(mounts);
             let real = namespace::real_cwd()?;

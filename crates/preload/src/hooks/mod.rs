@@ -161,7 +161,7 @@ unsafe fn remote_at_inner(dirfd: c_int, p: *const c_char) -> Option<Remote> {
     }
     // A local directory above a mount (rsync opens `/` and asks for
     // `remote/dir/...`): the path can only get there through the mount
-    // point's own name, or `..`. Only then is the directory's path read.
+    // point's own name. Only then is the directory's path read.
     if !namespace::may_enter(&state::MOUNTS.read(), b) {
         return None;
     }
