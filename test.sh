@@ -23,7 +23,7 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 # GlusterFS (server and client: a private glusterd and a replica-2 volume
 # mounted twice), for the gateway tests.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc prove:perl rsync:rsync runuser:util-linux mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

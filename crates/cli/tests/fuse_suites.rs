@@ -179,3 +179,125 @@ fn fsx_finds_no_data_mismatch_on_the_mount() {
         assert!(ok && out.contains("All operations completed A-OK!"), "fsx seed {seed} failed:\n{out}");
     }
 }
+
+/// The C pjdfstest (vendored from its source in `tests/pjdfstest-c`, built
+/// here with gcc, run by `prove`) on a mount open to all users and checked
+/// by the server alone (`--allow-other` against a root server acting as
+/// each caller), beside the Rust port above. Failures must be exactly
+/// those of `tests/pjdfstest-c-expected.txt`, each with its reason.
+#[test]
+fn c_pjdfstest_passes_on_a_mount_open_to_all_checked_by_the_server_alone() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/pjdfstest-c");
+    let build = TempDir::new("pjdc");
+    let cp =
+        Command::new("cp").arg("-r").arg(src.join("tests")).arg(src.join("pjdfstest.c")).arg(build.path()).status();
+    assert!(cp.expect("cp").success(), "copying the pjdfstest source");
+    std::fs::write(build.path().join("config.h"), PJDFSTEST_CONFIG).unwrap();
+    let cc = Command::new("gcc")
+        .args(["-O2", "-Wall", "-include", "config.h", "-o", "pjdfstest", "pjdfstest.c"])
+        .current_dir(build.path())
+        .output()
+        .expect("gcc (test.sh installs it)");
+    assert!(cc.status.success(), "building pjdfstest: {}", String::from_utf8_lossy(&cc.stderr));
+    let server = Server::start(&["--allow-devices"]);
+    let mount = Mount::start(&server, &["--attr-timeout", "0", "--entry-timeout", "0", "--allow-other"]);
+    let work = mount.path().join("pjdc");
+    std::fs::create_dir(&work).expect("mkdir on the mount");
+    std::fs::set_permissions(&work, std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
+    let mut cmd = Command::new(tool("prove"));
+    cmd.args(["-r", "-j", "4"]).arg(build.path().join("tests")).current_dir(&work);
+    let (_, out) = run_bounded(cmd, Duration::from_secs(2400));
+    let got = prove_failures(&out, &build.path().join("tests"));
+    let expected = expected_c_failures();
+    let summary = out.lines().rev().find(|l| l.starts_with("Files=")).unwrap_or("no summary");
+    println!("C pjdfstest on ferry mount: {summary}; {} expected failures", expected.len());
+    let unexpected: Vec<_> = got.iter().filter(|f| !expected.contains(f)).collect();
+    let fixed: Vec<_> = expected.iter().filter(|f| !got.contains(f)).collect();
+    assert!(
+        unexpected.is_empty() && fixed.is_empty(),
+        "unexpected failures: {unexpected:?}\nexpected but passed (take them off the list): {fixed:?}\n\n{out}"
+    );
+    assert!(summary.contains("Tests="), "prove ran no test:\n{out}");
+}
+
+/// What configure would find on Linux with glibc.
+const PJDFSTEST_CONFIG: &str = "#define _GNU_SOURCE 1
+#define HAVE_SYS_SYSMACROS_H 1
+#define HAVE_OPENAT 1
+#define HAVE_UNLINKAT 1
+#define HAVE_MKDIRAT 1
+#define HAVE_LINKAT 1
+#define HAVE_SYMLINKAT 1
+#define HAVE_RENAMEAT 1
+#define HAVE_MKFIFOAT 1
+#define HAVE_MKNODAT 1
+#define HAVE_FCHMODAT 1
+#define HAVE_FCHOWNAT 1
+#define HAVE_FSTATAT 1
+#define HAVE_FACCESSAT 1
+#define HAVE_READLINKAT 1
+#define HAVE_POSIX_FALLOCATE 1
+#define HAVE_UTIMENSAT 1
+#define HAVE_STRUCT_STAT_ST_ATIM 1
+#define HAVE_STRUCT_STAT_ST_MTIM 1
+#define HAVE_STRUCT_STAT_ST_CTIM 1
+";
+
+/// `(file, test number)` of every failed assertion in `prove`'s summary
+/// ("path/open/06.t (Wstat: 0 Tests: 144 Failed: 2)" then "Failed tests:
+/// 3, 7-9", continued on lines of numbers), a file that died without a
+/// failed assertion as `(file, 0)`. "TODO passed" lists are not failures.
+fn prove_failures(out: &str, tests: &Path) -> Vec<(String, u32)> {
+    let prefix = format!("{}/", tests.display());
+    let summary = out.split("Test Summary Report").nth(1).unwrap_or("");
+    let mut got = Vec::new();
+    let mut file: Option<String> = None;
+    let mut in_failed = false;
+    for line in summary.lines() {
+        let t = line.trim();
+        if let Some((f, stat)) = t.strip_prefix(&prefix).and_then(|r| r.split_once(" (Wstat: ")) {
+            file = Some(f.trim().to_string());
+            in_failed = false;
+            if !stat.starts_with("0 ") && stat.contains("Failed: 0)") {
+                got.push((f.trim().to_string(), 0));
+            }
+            continue;
+        }
+        let nums = if let Some(n) = t.strip_prefix("Failed tests:") {
+            in_failed = true;
+            n
+        } else if in_failed && t.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+            t
+        } else {
+            in_failed = false;
+            continue;
+        };
+        let Some(f) = &file else { continue };
+        for part in nums.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                got.extend((a..=b).map(|n| (f.clone(), n)));
+            }
+        }
+    }
+    got
+}
+
+/// `tests/pjdfstest-c-expected.txt`: `FILE NUMBERS... # reason` per line.
+fn expected_c_failures() -> Vec<(String, u32)> {
+    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/pjdfstest-c-expected.txt");
+    let text = std::fs::read_to_string(&list).expect("the expected-failures list");
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let (what, why) = line.split_once('#').unwrap_or((line, ""));
+        assert!(!why.trim().is_empty(), "{line}: every expected failure needs its reason");
+        let mut words = what.split_whitespace();
+        let file = words.next().expect("a file").to_string();
+        for part in words {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let (a, b): (u32, u32) = (a.parse().expect("a number"), b.parse().expect("a number"));
+            out.extend((a..=b).map(|n| (file.clone(), n)));
+        }
+    }
+    out
+}

@@ -210,3 +210,36 @@ fn without_allow_other_other_users_get_eacces_for_everything() {
     assert_eq!(fs::metadata(server.export.path().join("f")).unwrap().permissions().mode() & 0o777, 0o666);
     assert!(!server.export.path().join("g").exists());
 }
+
+/// A directory its user may read but not search (mode 0644) lists its
+/// names, and only looking into an entry is refused: as on a local file
+/// system (the server listed it through a reopen of ".", a lookup in the
+/// directory, and refused the listing; the mount then hid names it had no
+/// attributes for, numbering them 0). The same script on a local
+/// directory says what to expect.
+#[test]
+fn a_readable_directory_that_is_not_searchable_lists_as_locally() {
+    require_fuse();
+    let (server, mp) = reachable_server();
+    let local = server.state.path().join("local");
+    for d in [&local, &server.export.path().join("open")] {
+        fs::create_dir(d).unwrap();
+        fs::set_permissions(d, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let _m = mount(&server, &mp, &["--allow-other"]);
+    let _d = Detach(mp.clone());
+    let script = |dir: &Path| {
+        let d = dir.join("d");
+        format!(
+            "mkdir {d} && touch {d}/x {d}/y && chmod 644 {d} && ls {d} | tr '\\n' ' ' >&2 && \
+             python3 -c 'import os,sys; print(sorted(os.listdir(sys.argv[1])), file=sys.stderr)' {d} && \
+             ! stat {d}/x 2>/dev/null && echo refused >&2",
+            d = d.display()
+        )
+    };
+    let (ok, want) = as_nobody(&script(&local));
+    assert!(ok, "on a local directory: {want}");
+    assert_eq!(want, "x y ['x', 'y']\nrefused\n");
+    let (ok, got) = as_nobody(&script(&mp.join("open")));
+    assert!(ok && got == want, "on the mount: {got}");
+}

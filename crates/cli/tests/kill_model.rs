@@ -401,3 +401,74 @@ fn ferry_run_loses_nothing_and_repeats_nothing_across_kills() {
         &[("FERRY_TOKEN_FILE", &s.token)],
     );
 }
+
+/// A Python appender under `ferry run` (`O_APPEND`, `fsync` after each
+/// numbered line) while the server is killed ten times: an append is a
+/// change that must not run twice, so each line is in the file exactly
+/// once, in order, and the writer saw no error (it stops at the first).
+const PY_APPENDER: &str = r#"
+import os, sys
+done, started, path = sys.argv[1], sys.argv[2], sys.argv[3]
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+i = 0
+while not os.path.exists(done) or i < 200:
+    os.write(fd, b"line %06d\n" % i)
+    os.fsync(fd)
+    i += 1
+    if i == 1:
+        open(started, "w").close()
+os.close(fd)
+print(i)
+"#;
+
+#[test]
+fn ferry_run_appends_land_exactly_once_across_kills() {
+    let seed = seed();
+    let s = setup("ka");
+    let state = s._state.path();
+    let (done, started) = (state.join("done"), state.join("started"));
+    let mount = format!("/remote=ferry://127.0.0.1:{}/", s.port);
+    let child = Command::new("timeout")
+        .args(["300", FERRY, "run", "--mount", &mount, "--", "python3", "-c", PY_APPENDER])
+        .arg(&done)
+        .arg(&started)
+        .arg("/remote/log")
+        .env("FERRY_TOKEN_FILE", &s.token)
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(60), || started.exists()), "seed {seed}: the appender did not start");
+    // Ten kills, each after a few appends have gone by.
+    let mut rng = Rng::new(seed);
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(20 + rng.below(150)));
+        let mut srv = s.server.lock().unwrap_or_else(|e| e.into_inner());
+        let port = srv.port;
+        srv.kill();
+        *srv = Serve::start(s.export.path(), port, &s.token);
+    }
+    std::fs::write(&done, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "seed {seed}: the appender saw an error ({:?}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n: usize = String::from_utf8_lossy(&out.stdout).trim().parse().expect("the appender's count");
+    let text = std::fs::read_to_string(s.export.path().join("log")).unwrap();
+    let want: String = (0..n).map(|i| format!("line {i:06}\n")).collect();
+    if text != want {
+        let lines: Vec<&str> = text.lines().collect();
+        let mut seen = BTreeMap::new();
+        for l in &lines {
+            *seen.entry(*l).or_insert(0) += 1;
+        }
+        let twice: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).map(|(l, _)| *l).collect();
+        panic!("seed {seed}: {} lines for {n} appends; twice: {twice:?}", lines.len());
+    }
+    eprintln!("kill_model: {n} appends, 10 kills, each line once");
+}

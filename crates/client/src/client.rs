@@ -384,6 +384,34 @@ impl Client {
         self.call_once_as(req, &mut id)
     }
 
+    /// Sends again, under its first id, an append whose connection was lost
+    /// (on the connection that replaced it, through the handle opened
+    /// again): a server that ran it answers from its reply cache, or finds
+    /// its data in the file after a restart, and does not append twice.
+    /// A loss of this connection too comes back as it is, for the caller
+    /// to reconnect and try again.
+    pub(crate) fn call_again(&self, req: &Request<'_>, id: u64) -> Result<Frame> {
+        for _ in 0..8 {
+            let named = self.caller_slot()?;
+            let _stamp = named.as_ref().map(|(slot, _)| crate::caller::Stamp::new(*slot));
+            match self.engine().call_as(req, &mut Some(id)) {
+                Err(e) if e.errno() == libc::ENOKEY => match &named {
+                    Some((slot, c)) => self.name_caller(*slot, c)?,
+                    None => return Err(e),
+                },
+                other => return other,
+            }
+        }
+        Err(Error::remote(libc::ENOKEY))
+    }
+
+    /// Whether the server keeps the replies of requests that must not run
+    /// twice in the session (and so can tell an append sent again).
+    pub(crate) fn replays(&self) -> bool {
+        let e = self.engine();
+        e.has_cap(ferry_proto::caps::REPLAY) && e.has_cap(ferry_proto::caps::SESSIONS)
+    }
+
     /// The slot of this thread's caller, named in the session first if
     /// new; `None` from a server that does not act as callers.
     fn caller_slot(&self) -> Result<Option<(u16, crate::caller::Caller)>> {

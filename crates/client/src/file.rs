@@ -148,6 +148,9 @@ struct InFlight {
     /// a write lost with its connection is sent again instead of failing;
     /// once acknowledged it is kept on until committed (see `unstable`).
     resend: Option<(u64, Vec<u8>)>,
+    /// `Client::sessions_lost` when an append was sent: sent again only
+    /// into the session whose replies say whether it ran.
+    lost: u64,
     /// Counts it among the client's writes in flight while it lives.
     _behind: crate::channels::Behind,
 }
@@ -880,6 +883,9 @@ impl File {
         // The connection that acknowledged the write, if one did.
         let r = match w.engine.finish(w.id, None) {
             Err(e) => match &w.resend {
+                Some((_, data)) if self.append => {
+                    self.resend_append(&w.engine, &e, w.id, w.lost, data).map(|()| self.client.engine())
+                }
                 Some((offset, data)) => {
                     // The resend's own failure: a file that could not be
                     // opened again, or a lock lost, says so (`ESTALE`)
@@ -891,6 +897,8 @@ impl File {
             Ok(_) => Ok(w.engine),
         };
         match (r, w.resend) {
+            // An acknowledged append is never sent again (it would land twice).
+            (Ok(_), Some((_, buf))) if self.append => self.reuse(vec![buf]),
             (Ok(by), Some((offset, buf))) => self.keep(&by, offset, buf),
             (Ok(_), None) => {}
             (Err(e), resend) => {
@@ -910,6 +918,38 @@ impl File {
         self.live()?;
         self.client.call(&Request::Pwrite { handle: self.handle(), offset, data })?;
         Ok(())
+    }
+
+    /// Sends again an append whose connection was lost before it was
+    /// acknowledged: under its first id, into the same session (rejoined,
+    /// or restored by a restarted server from its journal), through the
+    /// file opened again. The server answers from its reply cache if it ran
+    /// it, finds its data past the file's end of then if it died running
+    /// it, and runs it otherwise: it lands once. A session not rejoined
+    /// has no such memory: then whether it ran is unknown (`EIO`).
+    fn resend_append(&self, failed: &Arc<Engine>, err: &Error, id: u64, lost: u64, data: &[u8]) -> Result<()> {
+        let (mut failed, mut err) = (Arc::clone(failed), err.clone());
+        for _ in 0..AGAIN_MAX {
+            if !self.client.replaced(&failed, &err)? {
+                return Err(err);
+            }
+            if self.client.sessions_lost() != lost {
+                return Err(Error::Io {
+                    kind: std::io::ErrorKind::Other,
+                    errno: Some(libc::EIO),
+                    message: "the connection was lost during an append and the session with it; it may or may not \
+                              have been done"
+                        .into(),
+                });
+            }
+            self.live()?;
+            let engine = self.client.engine();
+            match self.client.call_again(&Request::Write { handle: self.handle(), data }, id) {
+                Err(e) if crate::redial::is_lost(&e) => (failed, err) = (engine, e),
+                other => return other.map(drop),
+            }
+        }
+        Err(err)
     }
 
     /// Waits for every write in flight; reports the first failure.
@@ -1057,14 +1097,18 @@ impl File {
                 }
                 Err(e) => return Err(e),
             };
-            let resend = (!self.append && self.client.reconnects()).then(|| {
+            // An append is kept too, to be sent again under its id (the
+            // server's reply cache says whether it ran), never over data.
+            let replays = !self.append || self.client.replays();
+            let resend = (replays && self.client.reconnects()).then(|| {
                 let mut buf = self.spare.pop().unwrap_or_default();
                 buf.clear();
                 buf.extend_from_slice(part);
                 (self.pos, buf)
             });
             let _behind = self.client.write_behind();
-            self.writes.push_back(InFlight { id, engine: Arc::clone(&engine), resend, _behind });
+            let lost = self.client.sessions_lost();
+            self.writes.push_back(InFlight { id, engine: Arc::clone(&engine), resend, lost, _behind });
             self.pos += part.len() as u64;
             while self.writes.len() > WRITE_BEHIND_MAX {
                 self.reap_one();
@@ -1089,7 +1133,17 @@ impl File {
     pub fn metadata(&mut self) -> Result<Attr> {
         self.live()?;
         self.flush_writes()?;
-        self.client.stat(Target::Handle(self.handle()))
+        for _ in 0..AGAIN_MAX {
+            let epoch = self.client.epoch();
+            match self.client.stat(Target::Handle(self.handle())) {
+                // The server restarted under the call (the handle died
+                // with it): asking again through the file opened again is
+                // harmless (where an append ended, after `write`).
+                Err(e) if e.errno() == libc::ESTALE && self.client.epoch() != epoch => self.live()?,
+                r => return r,
+            }
+        }
+        Err(Error::remote(libc::ESTALE))
     }
 
     pub fn set_len(&mut self, size: u64) -> Result<()> {

@@ -224,6 +224,19 @@ fn kind_of_mode(mode: u32) -> FileType {
     }
 }
 
+/// The file type bits of a `d_type` (a regular file when unknown).
+fn mode_of_dt(dt: u8) -> u32 {
+    match dt {
+        libc::DT_DIR => libc::S_IFDIR,
+        libc::DT_LNK => libc::S_IFLNK,
+        libc::DT_FIFO => libc::S_IFIFO,
+        libc::DT_CHR => libc::S_IFCHR,
+        libc::DT_BLK => libc::S_IFBLK,
+        libc::DT_SOCK => libc::S_IFSOCK,
+        _ => libc::S_IFREG,
+    }
+}
+
 fn kind_of_dt(dt: u8) -> FileType {
     match dt {
         libc::DT_DIR => FileType::Directory,
@@ -323,6 +336,10 @@ impl Obj {
 struct DirItem {
     name: OsString,
     kind: FileType,
+    /// The entry's `d_type` and number, for a name listed without
+    /// attributes.
+    dt: u8,
+    ino: u64,
     attr: Option<Attr>,
     /// `recent`'s generation when the listing was fetched (`ttls_since`).
     gen: u64,
@@ -1174,6 +1191,8 @@ impl Filesystem for FerryFs {
             .into_iter()
             .map(|e| DirItem {
                 kind: e.attr.as_ref().map_or_else(|| kind_of_dt(e.kind), |a| kind_of_mode(a.mode)),
+                dt: e.kind,
+                ino: e.ino,
                 name: OsString::from_vec(e.name),
                 attr: e.attr,
                 gen,
@@ -1237,12 +1256,21 @@ impl Filesystem for FerryFs {
                     }
                     full
                 }
-                // No attributes: the name alone, node id 0, and the kernel
-                // looks it up when it is used.
+                // No attributes (a directory readable but not searchable):
+                // a node whose attributes expire at once, so every use asks
+                // the server (and is refused, as locally). Not node id 0:
+                // the kernel gives that to the entry as its inode number,
+                // and glibc's `readdir` skips entries numbered 0.
                 None => {
-                    let mut a = file_attr(0, &Attr::default());
+                    let fmt = mode_of_dt(it.dt);
+                    let ino = nodes.remember_name(join(&dir_path, &it.name).as_os_str(), fmt, it.ino);
+                    let mut a = file_attr(ino, &Attr { mode: fmt, nlink: 1, ..Attr::default() });
                     a.kind = it.kind;
-                    reply.add(INodeNo(0), off, &it.name, &Duration::ZERO, &a, Generation(0))
+                    let full = reply.add(INodeNo(ino), off, &it.name, &Duration::ZERO, &a, Generation(0));
+                    if full {
+                        nodes.forget(ino, 1);
+                    }
+                    full
                 }
             };
             if full {

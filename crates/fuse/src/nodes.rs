@@ -103,6 +103,23 @@ impl Nodes {
     /// the node already known by that name if it is still the same file,
     /// else the node of the same `(dev, ino)` (another hard link), else a
     /// new one. Counts one more kernel lookup.
+    /// A node for a listed name whose attributes could not be had (a
+    /// directory readable but not searchable): the node already known by
+    /// that name and type, or a new one under a placeholder identity that
+    /// matches no file's (`dev` all ones). Its attributes are never given
+    /// a lifetime: every use asks the server, which refuses as it should.
+    pub(crate) fn remember_name(&mut self, path: &OsStr, fmt: u32, ino: u64) -> u64 {
+        if let Some(&known) = self.by_path.get(path) {
+            if let Some(n) = self.by_ino.get_mut(&known) {
+                if n.fmt == fmt {
+                    n.lookups += 1;
+                    return known;
+                }
+            }
+        }
+        self.remember(path, &Attr { dev: u64::MAX, ino, mode: fmt, nlink: 1, ..Attr::default() })
+    }
+
     pub(crate) fn remember(&mut self, path: &OsStr, attr: &Attr) -> u64 {
         let ino = self.remember_node(path, attr);
         self.seen(ino, attr);

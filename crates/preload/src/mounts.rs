@@ -21,7 +21,7 @@ pub struct Mount {
 }
 
 /// Where a path points.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Remote {
     pub mount: usize,
     /// Path inside the export (always starts with `/`).

@@ -326,7 +326,17 @@ impl Open {
         if append {
             self.send_gathered(io)?;
             let f = self.file(io)?;
-            f.write_all(data).map_err(|e| io_errno(self, e))?;
+            // Not `write_all`: it repeats a write that failed as
+            // `Interrupted`, and an append must never be sent twice (the
+            // client has already sent it again where that is safe).
+            let mut done = 0;
+            while done < data.len() {
+                match f.write(&data[done..]) {
+                    Ok(0) => return Err(libc::EIO),
+                    Ok(n) => done += n,
+                    Err(e) => return Err(io_errno(self, e)),
+                }
+            }
             let end = f.stream_position().map_err(|e| io_errno(self, e))?;
             return Ok(end);
         }

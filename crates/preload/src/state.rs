@@ -16,6 +16,7 @@ use crate::sync::{Mutex, RwLock};
 use ferry_client::{Client, Error, Options};
 
 use crate::mounts::{self, Mount, Remote};
+use crate::namespace;
 use crate::open::Open;
 
 /// Settings read once at start.
@@ -217,41 +218,72 @@ pub fn errno_of(mount: usize, e: &Error) -> i32 {
 /// Resolves a path argument: `Some` if it is remote. `dir` is the
 /// directory a relative path starts from (`None` = the working directory).
 pub fn resolve(path: &[u8], dir: Option<&[u8]>) -> Option<Remote> {
+    let abs = absolute(path, dir)?;
+    let mounts = MOUNTS.read();
+    mounts::resolve(&mounts, &namespace::normalize(&mounts, &abs))
+}
+
+/// The absolute path a path argument names, if it could be in a mount
+/// (`None` for the many that cannot: the common local case stays cheap).
+pub fn absolute(path: &[u8], dir: Option<&[u8]>) -> Option<Vec<u8>> {
     let mounts = MOUNTS.read();
     if mounts.is_empty() {
         return None;
     }
     if path.starts_with(b"/") {
-        if !mounts::might_match(&mounts, path) {
-            return None;
-        }
-        return mounts::resolve(&mounts, path);
+        return mounts::might_match(&mounts, path).then(|| path.to_vec());
     }
     if let Some(d) = dir {
-        return mounts::resolve(&mounts, &mounts::join(d, path));
+        return Some([d, b"/", path].concat());
     }
-    // A copy, not the guard: `current_dir` below runs our `getcwd` hook,
-    // which reads `CWD` again (a nested read could wait on a writer).
+    // A copy, not the guard: the program may change it meanwhile.
     let cwd = CWD.read().clone();
-    match cwd.as_deref() {
-        Some(cwd) => mounts::resolve(&mounts, &mounts::join(cwd, path)),
-        // A local working directory: only `..` can climb into a mount
-        // (`../remote/x` from `/`), and only then is the real one needed.
-        None if path.split(|c| *c == b'/').any(|c| c == b"..") => {
-            let real = std::env::current_dir().ok()?;
-            mounts::resolve(&mounts, &mounts::join(std::os::unix::ffi::OsStrExt::as_bytes(real.as_os_str()), path))
+    match cwd {
+        Some(cwd) => Some([&cwd[..], b"/", path].concat()),
+        // A local working directory: a path can only get into a mount
+        // through a mount point's own name (`rmt/q` from the mount's
+        // parent, `../remote/x`); only then is the kernel's cwd read.
+        None if namespace::may_enter(&mounts, path) => {
+            drop(mounts);
+            let real = namespace::real_cwd()?;
+            Some([&real[..], b"/", path].concat())
         }
         None => None,
     }
 }
 
-/// Could a path relative to a *local* directory lead into a mount? Only if
-/// it names a mount point's last component, or climbs with `..`.
-pub fn may_enter_mount(rel: &[u8]) -> bool {
+/// The absolute path, `.` and `..` resolved as the kernel walks, that a
+/// path argument names when it is *not* remote but passes through a mount
+/// (`rmt/../x`, `/remote/..`), or leaves a remote working directory: the
+/// kernel must be given this, since the mount point need not exist
+/// locally and its own working directory is elsewhere.
+pub fn local_detour(path: &[u8]) -> Option<Vec<u8>> {
+    let remote_cwd = CWD.read().is_some();
+    if !remote_cwd && !namespace::has_dotdot(path) {
+        return None;
+    }
+    let abs = absolute(path, None)?;
     let mounts = MOUNTS.read();
-    rel.split(|c| *c == b'/').any(|c| {
-        c == b".." || mounts.iter().any(|m| m.prefix.rsplit('/').next().is_some_and(|last| last.as_bytes() == c))
-    })
+    let norm = namespace::normalize(&mounts, &abs);
+    if mounts::resolve(&mounts, &norm).is_some() {
+        return None;
+    }
+    // Only a path whose walk touches a mount needs the detour.
+    let touches = {
+        let mut cur: Vec<u8> = Vec::new();
+        abs.split(|c| *c == b'/').filter(|c| !c.is_empty() && *c != b".").any(|c| {
+            if c == b".." {
+                let cut = cur.iter().rposition(|b| *b == b'/').unwrap_or(0);
+                cur.truncate(cut);
+                false
+            } else {
+                cur.push(b'/');
+                cur.extend_from_slice(c);
+                mounts::resolve(&mounts, &cur).is_some()
+            }
+        })
+    };
+    touches.then_some(norm)
 }
 
 /// Finds or adds the mount for `prefix=url` (an fd inherited from a

@@ -721,8 +721,10 @@ impl<B: Backend> Conn<B> {
             }
             return self.maybe_flush();
         }
-        let once = caps & ferry_proto::caps::REPLAY != 0 && req.once_only();
-        let digest = if once { crate::replay::digest(body) } else { 0 };
+        // An append is a change that must not run twice too: where it
+        // lands depends on what ran before it.
+        let once = caps & ferry_proto::caps::REPLAY != 0 && (req.once_only() || session.appends(&req));
+        let digest = if once { crate::replay::digest_of(&req, body) } else { 0 };
         // Held from the look into the reply cache to the reply kept.
         let mut guard = once.then(|| session.once());
         let mut run = None;
@@ -754,16 +756,32 @@ impl<B: Backend> Conn<B> {
                 return self.queue_error(h, e, &format!("caller slot {slot} is not named in this session"));
             }
         };
-        let settled = match guard.as_mut() {
+        let unknown = match guard.as_mut() {
             Some(g) if run.is_none() => g.replies.take_unknown(h.id, h.op, digest),
-            _ => false,
+            _ => None,
         };
+        let settled = unknown.is_some();
         if !settled && run.is_none() {
             if let Some(log) = guard.as_mut().and_then(|g| g.log.as_mut()) {
                 self.creds.wear_own().map_err(End::Io)?;
-                log.intent(h.id, h.op, digest);
+                // An append notes where the file ended: after a restart,
+                // its data found from there on means it ran.
+                let note = match &req {
+                    Request::Write { handle, .. } => session.end_of(*handle).map(u64::to_le_bytes),
+                    _ => None,
+                };
+                log.intent(h.id, h.op, digest, note.as_ref().map_or(&[][..], |n| &n[..]));
             }
         }
+        // An append a dead server process started: done if its data is in
+        // the file past where the file ended before it.
+        let appended = match (&req, unknown.as_deref().map(<[u8; 8]>::try_from)) {
+            (Request::Write { handle, data }, Some(Ok(end))) => {
+                self.creds.wear_own().map_err(End::Io)?;
+                session.appended_since(*handle, u64::from_le_bytes(end), data).then_some(data.len())
+            }
+            _ => None,
+        };
         // A file opened again by the id the server gave this session is
         // found first, as the server (a kernel file handle needs it); it is
         // opened with the caller's ids below.
@@ -783,6 +801,7 @@ impl<B: Backend> Conn<B> {
         let seen = holder.as_ref().filter(|_| self.leases_here.load(Relaxed)).map(|_| leases.seq());
         let mut touched = if leases.active() { crate::touches::before(&session, &req) } else { Vec::new() };
         let first = match &req {
+            _ if appended.is_some() => Ok(Answer::Written(appended.unwrap_or(0) as u32)),
             Request::Reopen { .. } => session.reopen(&req, found),
             _ => session.execute(run.as_ref().unwrap_or(&req)),
         };

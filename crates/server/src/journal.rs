@@ -41,8 +41,10 @@ pub struct Restored {
     pub caps: u64,
     /// Replies, oldest first: `(request id, op, digest, frame)`.
     pub replies: Vec<(u64, u16, u64, Vec<u8>)>,
-    /// Requests it started and never answered: `(request id, op, digest)`.
-    pub unknown: Vec<(u64, u16, u64)>,
+    /// Requests it started and never answered: `(request id, op, digest,
+    /// note)`; the note is what the intent recorded (an append: the end
+    /// of the file before it).
+    pub unknown: Vec<(u64, u16, u64, Vec<u8>)>,
 }
 
 /// One session's file, open for appending.
@@ -174,10 +176,12 @@ impl SessionLog {
         }
     }
 
-    /// A request that must not run twice is about to run.
-    pub fn intent(&mut self, id: u64, op: u16, digest: u64) {
-        let mut b = Vec::with_capacity(23);
-        record(INTENT, id, op, digest, &[], &mut b);
+    /// A request that must not run twice is about to run; `note` is what
+    /// finding out its outcome after a restart needs (an append: where the
+    /// file ended before it).
+    pub fn intent(&mut self, id: u64, op: u16, digest: u64, note: &[u8]) {
+        let mut b = Vec::with_capacity(23 + note.len());
+        record(INTENT, id, op, digest, note, &mut b);
         self.append(&b);
     }
 
@@ -227,7 +231,7 @@ fn parse(id: u64, b: &[u8]) -> Option<Restored> {
     let secret: [u8; 32] = b[16..48].try_into().ok()?;
     let caps = u64::from_le_bytes(b[48..56].try_into().ok()?);
     let mut replies = Vec::new();
-    let mut open: HashMap<(u64, u16, u64), ()> = HashMap::new();
+    let mut open: HashMap<(u64, u16, u64), Vec<u8>> = HashMap::new();
     let mut at = 56;
     while b.len() - at >= 23 {
         let kind = b[at];
@@ -242,7 +246,7 @@ fn parse(id: u64, b: &[u8]) -> Option<Restored> {
         let frame = &b[at + 23..at + 23 + len];
         match kind {
             INTENT => {
-                open.insert((rid, op, digest), ());
+                open.insert((rid, op, digest), frame.to_vec());
             }
             REPLY => {
                 open.remove(&(rid, op, digest));
@@ -252,7 +256,8 @@ fn parse(id: u64, b: &[u8]) -> Option<Restored> {
         }
         at += 23 + len;
     }
-    Some(Restored { id, secret, caps, replies, unknown: open.into_keys().collect() })
+    let unknown = open.into_iter().map(|((rid, op, digest), note)| (rid, op, digest, note)).collect();
+    Some(Restored { id, secret, caps, replies, unknown })
 }
 
 #[cfg(test)]
@@ -272,9 +277,9 @@ mod tests {
             let (j, restored) = Journal::open(&dir).unwrap();
             assert!(restored.is_empty());
             let mut log = j.session(42, &[7; 32], 3).unwrap();
-            log.intent(1, 9, 100);
+            log.intent(1, 9, 100, &[]);
             log.reply(1, 9, 100, b"reply one", std::iter::empty(), 256);
-            log.intent(2, 10, 200);
+            log.intent(2, 10, 200, b"note");
             let _other = j.session(43, &[8; 32], 3).unwrap();
             j.forget(43);
         }
@@ -286,7 +291,7 @@ mod tests {
         let r = &restored[0];
         assert_eq!((r.id, r.secret, r.caps), (42, [7; 32], 3));
         assert_eq!(r.replies, vec![(1, 9, 100, b"reply one".to_vec())]);
-        assert_eq!(r.unknown, vec![(2, 10, 200)]);
+        assert_eq!(r.unknown, vec![(2, 10, 200, b"note".to_vec())]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -434,7 +434,16 @@ impl Backend for PosixBackend {
     fn readdir(&self, dir: &PosixFile, cookie: u64, max: usize, plus: bool) -> Result<(Vec<DirEntry>, bool)> {
         let mut guard = dir.dir.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            *guard = Some(DirStream { dir: Dir::read_from(&dir.fd)?, at: 0 });
+            // A duplicate of the handle's own descriptor, not `read_from`'s
+            // reopen of ".": that is a lookup in the directory, which
+            // needs search permission, and a directory readable but not
+            // searchable lists as on a local file system.
+            let stream = if rfs::fcntl_getfl(&dir.fd)?.contains(OFlags::PATH) {
+                Dir::read_from(&dir.fd)?
+            } else {
+                Dir::new(rustix::io::fcntl_dupfd_cloexec(&dir.fd, 0)?)?
+            };
+            *guard = Some(DirStream { dir: stream, at: 0 });
         }
         let stream = guard.as_mut().expect("just set");
         if stream.at != cookie {

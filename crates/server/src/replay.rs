@@ -34,8 +34,19 @@ struct Kept {
 pub struct Replies {
     kept: VecDeque<Kept>,
     /// Requests a previous server process started and never answered (it
-    /// died): sent again, their outcome is found out (see `conn`).
-    unknown: Vec<(u64, u16, u64)>,
+    /// died), with what their intent noted: sent again, their outcome is
+    /// found out (see `conn`).
+    unknown: Vec<(u64, u16, u64, Vec<u8>)>,
+}
+
+/// The digest a request is kept under: of its body, but for a `Write`
+/// (an append) of its data only: sent again after a restart, it names the
+/// handle the client opened again, not the dead one.
+pub fn digest_of(req: &Request<'_>, body: &[u8]) -> u64 {
+    match req {
+        Request::Write { data, .. } => digest(data),
+        _ => digest(body),
+    }
 }
 
 /// FNV-1a of a request body.
@@ -45,7 +56,7 @@ pub fn digest(body: &[u8]) -> u64 {
 
 impl Replies {
     /// What a previous server process left of a session's cache.
-    pub fn restored(replies: Vec<(u64, u16, u64, Vec<u8>)>, unknown: Vec<(u64, u16, u64)>) -> Replies {
+    pub fn restored(replies: Vec<(u64, u16, u64, Vec<u8>)>, unknown: Vec<(u64, u16, u64, Vec<u8>)>) -> Replies {
         let skip = replies.len().saturating_sub(KEPT);
         let kept = replies
             .into_iter()
@@ -65,12 +76,11 @@ impl Replies {
             .map(|k| (k.frame.as_slice(), k.old))
     }
 
-    /// Whether this request was started by a previous server process that
-    /// died before answering; asked once.
-    pub fn take_unknown(&mut self, id: u64, op: u16, digest: u64) -> bool {
-        let before = self.unknown.len();
-        self.unknown.retain(|u| *u != (id, op, digest));
-        self.unknown.len() != before
+    /// If this request was started by a previous server process that died
+    /// before answering, what its intent noted; asked once.
+    pub fn take_unknown(&mut self, id: u64, op: u16, digest: u64) -> Option<Vec<u8>> {
+        let at = self.unknown.iter().position(|u| (u.0, u.1, u.2) == (id, op, digest))?;
+        Some(self.unknown.swap_remove(at).3)
     }
 
     /// Everything kept, oldest first (for rewriting the journal).
@@ -137,6 +147,17 @@ mod tests {
     }
 
     #[test]
+    fn an_append_is_known_by_its_data_whatever_handle_it_names() {
+        let (a, b) = (Request::Write { handle: 1, data: b"line\n" }, Request::Write { handle: 9, data: b"line\n" });
+        let (mut ea, mut eb) = (Vec::new(), Vec::new());
+        a.encode(1, &mut ea);
+        b.encode(1, &mut eb);
+        assert_ne!(ea, eb);
+        assert_eq!(digest_of(&a, &ea), digest_of(&b, &eb));
+        assert_ne!(digest_of(&a, &ea), digest_of(&Request::Write { handle: 1, data: b"other\n" }, &ea[..4]));
+    }
+
+    #[test]
     fn a_request_of_unknown_outcome_is_settled_by_what_its_first_run_leaves() {
         let (errno, instead) = settled(&Request::Mkdir { path: b"/d", mode: 0o755 }).unwrap();
         assert_eq!(errno, libc::EEXIST);
@@ -152,10 +173,10 @@ mod tests {
 
     #[test]
     fn replies_read_back_are_marked_old_and_unknown_requests_asked_once() {
-        let mut r = Replies::restored(vec![(1, 9, 5, vec![1])], vec![(2, 9, 6)]);
+        let mut r = Replies::restored(vec![(1, 9, 5, vec![1])], vec![(2, 9, 6, vec![7])]);
         assert_eq!(r.get(1, 9, 5), Some((&[1u8][..], true)));
-        assert!(r.take_unknown(2, 9, 6));
-        assert!(!r.take_unknown(2, 9, 6), "asked once");
+        assert_eq!(r.take_unknown(2, 9, 6), Some(vec![7]));
+        assert!(r.take_unknown(2, 9, 6).is_none(), "asked once");
         r.keep(3, 9, 7, vec![3]);
         assert_eq!(r.get(3, 9, 7), Some((&[3u8][..], false)));
     }

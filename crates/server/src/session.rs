@@ -113,6 +113,9 @@ struct Handle<F> {
     lent: AtomicBool,
     /// While it lives, nobody is granted a lease on the file (`lend`).
     lent_mark: std::sync::OnceLock<crate::leases::LentMark>,
+    /// Opened with `O_APPEND`: its `Write`s are changes that must not run
+    /// twice (where they land depends on what ran before).
+    append: bool,
 }
 
 /// A handle's file and offset, for a `Read` the connection makes outside
@@ -336,6 +339,61 @@ impl<B: Backend> Session<B> {
     /// Whom slot `slot` names; `ENOKEY` if no one (yet, or any more).
     pub fn caller(&self, slot: u16) -> Result<crate::identity::Creds> {
         self.table().callers.get(&slot).cloned().ok_or(Errno(libc::ENOKEY))
+    }
+
+    /// Whether `req` appends (a `Write` through a handle opened with
+    /// `O_APPEND`): like a name-space change, it must not run twice.
+    pub fn appends(&self, req: &Request<'_>) -> bool {
+        match req {
+            Request::Write { handle, .. } => self.handle(*handle).is_ok_and(|h| h.append),
+            _ => false,
+        }
+    }
+
+    /// Where the file of `handle` ends now.
+    pub fn end_of(&self, handle: u64) -> Option<u64> {
+        let h = self.handle(handle).ok()?;
+        self.backend.getattr(Node::File(&h.file)).ok().map(|a| a.size)
+    }
+
+    /// Whether `data` is in the file of `handle` at `from` or after (up to
+    /// 1 MiB further: other appenders' data may have come between): an
+    /// append a dead server process started at that end of the file, found
+    /// done.
+    pub fn appended_since(&self, handle: u64, from: u64, data: &[u8]) -> bool {
+        let Ok(h) = self.handle(handle) else { return false };
+        let Some(end) = self.backend.getattr(Node::File(&h.file)).ok().map(|a| a.size) else { return false };
+        let len = end.saturating_sub(from).min((1 << 20) + data.len() as u64) as usize;
+        if data.is_empty() || len < data.len() {
+            return false;
+        }
+        // The handle may be write-only: the file is read through a
+        // read-only open of the same description's file (the server's own
+        // descriptor, as the server), or through the backend.
+        let mut bytes = vec![0u8; len];
+        let got = match self.backend.fd_of(&h.file) {
+            Some(fd) => {
+                let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+                rustix::fs::open(
+                    proc.as_str(),
+                    rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .ok()
+                .and_then(|r| rustix::io::pread(&r, &mut bytes, from).ok())
+            }
+            None => match self.backend.read(&h.file, from, len) {
+                Ok(ReadData::Bytes(b)) => {
+                    let n = b.len().min(len);
+                    bytes[..n].copy_from_slice(&b[..n]);
+                    Some(n)
+                }
+                _ => None,
+            },
+        };
+        let Some(n) = got else { return false };
+        bytes.truncate(n);
+        bytes.windows(data.len()).any(|w| w == data)
     }
 
     /// The open file of handle `h`, to commit outside the session's lock.
@@ -778,6 +836,7 @@ impl<B: Backend> Session<B> {
             gen,
             lent: AtomicBool::new(false),
             lent_mark: std::sync::OnceLock::new(),
+            append: flags & libc::O_APPEND as u32 != 0,
         });
         let mut t = self.table();
         // Checked again: opens of the session run side by side.

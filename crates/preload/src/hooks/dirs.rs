@@ -86,7 +86,12 @@ pub unsafe extern "C" fn opendir(p: *const c_char) -> *mut libc::DIR {
     let fixed = safe_path!(super::local_fix(p));
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     let Some(r) = safe_path!(remote_path(p)) else { return pass!(opendir(p)) };
-    enter(|| make(-1, ops::open_dir_stream(&r))).unwrap_or_else(null_with)
+    crate::links::follow_out(
+        &r,
+        || enter(|| make(-1, ops::open_dir_stream(&r))).unwrap_or_else(null_with),
+        // SAFETY: this hook again, on the path a symlink's target gives.
+        |next| unsafe { opendir(next.as_ptr()) },
+    )
 }
 
 #[no_mangle]

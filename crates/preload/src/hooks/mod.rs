@@ -44,7 +44,14 @@ macro_rules! path_hook {
             let fixed = safe_path!(super::$fix($($fa),*));
             let $p = fixed.as_ref().map_or($p, |c| c.as_ptr());
             match safe_path!(super::$find($($ra),*)) {
-                Some($r) => $remote,
+                Some($r) => {
+                    let seen = $r.clone();
+                    $crate::links::follow_out(&seen, || $remote, |next| {
+                        let $p = next.as_ptr();
+                        // SAFETY: this hook again, on the path a symlink's target gives.
+                        unsafe { $name($($a),*) }
+                    })
+                }
                 None => pass!($name($($a),*)),
             }
         }
@@ -56,6 +63,7 @@ use libc::{c_char, c_int};
 
 use crate::guard;
 use crate::mounts::Remote;
+use crate::namespace;
 use crate::open::Open;
 use crate::state;
 
@@ -153,8 +161,8 @@ unsafe fn remote_at_inner(dirfd: c_int, p: *const c_char) -> Option<Remote> {
     }
     // A local directory above a mount (rsync opens `/` and asks for
     // `remote/dir/...`): the path can only get there through the mount
-    // point's own name, or `..`. Only then is the directory's path read.
-    if !state::may_enter_mount(b) {
+    // point's own name. Only then is the directory's path read.
+    if !namespace::may_enter(&state::MOUNTS.read(), b) {
         return None;
     }
     let dir = local_dir(dirfd)?;
@@ -173,24 +181,12 @@ fn local_dir(fd: c_int) -> Option<Vec<u8>> {
     Some(buf[..n as usize].to_vec())
 }
 
-/// An absolute path that names a mount but leaves it with `..`
-/// (`/remote/..`): the kernel must see it normalised, since the mount point
-/// itself may not exist locally.
-fn escaped_mount(s: &[u8]) -> Option<std::ffi::CString> {
-    if !s.windows(3).any(|w| w == b"/..") {
-        return None;
-    }
-    if !state::MOUNTS.read().iter().any(|m| s.starts_with(m.prefix.as_bytes())) {
-        return None;
-    }
-    std::ffi::CString::new(crate::mounts::normalize(s)).ok()
-}
-
-/// The path a local call must really use: a relative path seen from a
+/// The path a local call must really use: one that passes through a mount
+/// and comes out again (`rmt/../x`, `/remote/..`), or one relative to a
 /// remote working directory that leads out of the mount (`cd ..`,
-/// `../../etc/x`), or an absolute one through a mount and back out with
-/// `..`, goes to the kernel as the absolute path it means, since the
-/// kernel's own working directory is elsewhere.
+/// `../../etc/x`), goes to the kernel as the absolute path it means: the
+/// mount point need not exist locally, and the kernel's own working
+/// directory is elsewhere.
 ///
 /// # Safety
 /// As for `bytes`.
@@ -207,15 +203,7 @@ unsafe fn local_fix_inner(p: *const c_char) -> Option<std::ffi::CString> {
     }
     // SAFETY: per the function's contract.
     let s = unsafe { bytes(p) }?;
-    if s.starts_with(b"/") {
-        return escaped_mount(s);
-    }
-    let cwd = state::CWD.read().clone()?;
-    let joined = crate::mounts::join(&cwd, s);
-    if state::resolve(&joined, None).is_some() {
-        return None;
-    }
-    std::ffi::CString::new(joined).ok()
+    std::ffi::CString::new(state::local_detour(s)?).ok()
 }
 
 /// `local_fix` for an `*at` call: only paths from the working directory.
@@ -238,15 +226,16 @@ unsafe fn local_fix_at_inner(d: c_int, p: *const c_char) -> Option<std::ffi::CSt
     }
     // From a remote directory fd, `..` can lead out of the mount; the
     // kernel cannot walk from the placeholder, so it gets the full path.
-    if guard::busy() || !b.split(|c| *c == b'/').any(|c| c == b"..") {
+    if guard::busy() || !namespace::has_dotdot(b) {
         return None;
     }
     let o = state::get(d)?;
-    let joined = crate::mounts::join(&o.local, b);
-    if state::resolve(&joined, None).is_some() {
+    let joined = [&o.local[..], b"/", b].concat();
+    let norm = namespace::normalize(&state::MOUNTS.read(), &joined);
+    if state::resolve(&norm, None).is_some() {
         return None;
     }
-    std::ffi::CString::new(joined).ok()
+    std::ffi::CString::new(norm).ok()
 }
 
 /// `Some(errno)` when exactly one of two paths is remote: the call would

@@ -152,7 +152,14 @@ fn fstatat_impl(d: c_int, p: *const c_char, st: *mut libc::stat64, flags: c_int)
     }
     // SAFETY: as above.
     let r = unsafe { remote_at(d, p) }?;
-    Some(stat_into(r, flags & libc::AT_SYMLINK_NOFOLLOW == 0, st))
+    let seen = r.clone();
+    crate::links::follow_out(
+        &seen,
+        || Some(stat_into(r, flags & libc::AT_SYMLINK_NOFOLLOW == 0, st)),
+        // SAFETY: our own hook (one layout for all four), on the path a
+        // symlink's target gives.
+        |next| Some(unsafe { fstatat64(d, next.as_ptr(), st, flags) }),
+    )
 }
 
 #[no_mangle]
@@ -189,23 +196,26 @@ pub unsafe extern "C" fn statx(d: c_int, p: *const c_char, f: c_int, m: c_uint, 
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     // SAFETY: p is the caller's C string.
     let empty = unsafe { bytes(p) }.is_some_and(|b| b.is_empty());
-    let attr = if empty && f & libc::AT_EMPTY_PATH != 0 {
-        match super::remote_fd(d) {
-            Some(o) => enter(|| ops::stat_fd(&o)),
-            None => return pass!(statx(d, p, f, m, sx)),
-        }
-    } else {
-        // SAFETY: as above.
-        match safe_path!(remote_at(d, p)) {
-            Some(r) => enter(|| ops::stat_path(&r, f & libc::AT_SYMLINK_NOFOLLOW == 0)),
-            None => return pass!(statx(d, p, f, m, sx)),
-        }
-    };
-    ret(attr.map(|a| {
+    let fill = |a: ferry_client::Attr| {
         // SAFETY: the caller passes a statx buffer.
         conv::statx(&a, unsafe { &mut *sx });
         0
-    }))
+    };
+    if empty && f & libc::AT_EMPTY_PATH != 0 {
+        return match super::remote_fd(d) {
+            Some(o) => ret(enter(|| ops::stat_fd(&o)).map(fill)),
+            None => pass!(statx(d, p, f, m, sx)),
+        };
+    }
+    match safe_path!(remote_at(d, p)) {
+        Some(r) => crate::links::follow_out(
+            &r,
+            || ret(enter(|| ops::stat_path(&r, f & libc::AT_SYMLINK_NOFOLLOW == 0)).map(fill)),
+            // SAFETY: this hook again, on the path a symlink's target gives.
+            |next| unsafe { statx(d, next.as_ptr(), f, m, sx) },
+        ),
+        None => pass!(statx(d, p, f, m, sx)),
+    }
 }
 
 fn statfs_of(r: Remote) -> R<ferry_client::StatFs> {
@@ -607,11 +617,11 @@ path_hook!(fn lremovexattr(p: *const c_char, n: *const c_char) -> c_int; path(p)
 
 // ---- canonical names ----
 
-/// `realpath` of a remote path: normalised lexically, and it must exist.
+/// `realpath` of a remote path: every symlink on the way resolved in the
+/// program's name space (`links::canonical`), and it must exist.
 fn realpath_of(r: Remote, out: *mut c_char) -> *mut c_char {
     let res = enter(|| {
-        ops::stat_path(&r, true)?;
-        let s = std::ffi::CString::new(r.local.clone()).map_err(|_| libc::EINVAL)?;
+        let s = std::ffi::CString::new(crate::links::canonical(&r)?).map_err(|_| libc::EINVAL)?;
         if s.as_bytes().len() >= libc::PATH_MAX as usize {
             return Err(libc::ENAMETOOLONG);
         }

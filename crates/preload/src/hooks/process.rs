@@ -120,34 +120,102 @@ pub unsafe extern "C" fn execve(p: *const c_char, a: *const *const c_char, e: *c
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     // SAFETY: p is the caller's C string.
     if let Some(r) = unsafe { remote_path(p) } {
-        // A program stored on the server: its bytes go into a memfd, which
-        // the kernel runs (a script's interpreter opens it as /dev/fd/N).
-        let fd = match enter(|| program_copy(&r)) {
-            Ok(fd) => fd,
-            Err(e) => return ret::<c_int>(Err(e)),
-        };
-        sync_before_handoff();
-        // SAFETY: fd is our memfd; the arguments are the caller's.
-        let rc = unsafe { with_env(e, |env| real::fexecve(fd, a, env)) };
-        let err = guard::errno();
-        // SAFETY: exec failed: the copy is ours to close.
-        unsafe { real::close(fd) };
-        guard::set_errno(err);
-        return rc;
+        return crate::links::follow_out(
+            &r,
+            // SAFETY: the caller's arguments.
+            || unsafe { exec_remote(&r, p, a, e) },
+            // SAFETY: this hook again, on the path a symlink's target gives
+            // (the program's arguments unchanged: `argv[0]` still names the
+            // link, as the kernel leaves it).
+            |next| unsafe { execve(next.as_ptr(), a, e) },
+        );
     }
     sync_before_handoff();
     // SAFETY: forwarding the caller's arguments, with a fixed environment.
     unsafe { with_env(e, |env| real::execve(p, a, env)) }
 }
 
-/// The remote program at `r`, copied into a memfd (not close-on-exec, so a
-/// script's interpreter can open it).
-fn program_copy(r: &crate::mounts::Remote) -> Result<c_int, i32> {
+/// `execve` of a program stored on the server: its bytes go into a memfd,
+/// which the kernel runs (a script's interpreter opens it as /dev/fd/N).
+/// A script whose `#!` interpreter is itself under a mount (a venv's
+/// `bin/pip`: `#!/remote/v/bin/python3`) the kernel could not start: it
+/// runs here as the kernel would run it, `INTERP [ARG] SCRIPT ARGS...`,
+/// through this `execve` again.
+///
+/// # Safety
+/// As for `execve`.
+unsafe fn exec_remote(
+    r: &crate::mounts::Remote,
+    p: *const c_char,
+    a: *const *const c_char,
+    e: *const *const c_char,
+) -> c_int {
+    let data = match enter(|| program_bytes(r)) {
+        Ok(d) => d,
+        Err(e) => return ret::<c_int>(Err(e)),
+    };
+    if let Some((interp, arg)) = shebang(&data) {
+        if state::resolve(&interp, None).is_some() {
+            let Ok(interp) = CString::new(interp) else { return ret::<c_int>(Err(libc::ENOEXEC)) };
+            let arg = arg.and_then(|x| CString::new(x).ok());
+            let mut argv: Vec<*const c_char> = vec![interp.as_ptr()];
+            argv.extend(arg.as_ref().map(|x| x.as_ptr()));
+            argv.push(p);
+            // SAFETY: a is the caller's NULL-terminated argument vector.
+            unsafe {
+                if !a.is_null() && !(*a).is_null() {
+                    let mut i = 1;
+                    while !(*a.add(i)).is_null() {
+                        argv.push(*a.add(i));
+                        i += 1;
+                    }
+                }
+            }
+            argv.push(std::ptr::null());
+            // SAFETY: our execve with a vector we built of valid strings.
+            return unsafe { execve(interp.as_ptr(), argv.as_ptr(), e) };
+        }
+    }
+    let fd = match enter(|| program_memfd(&data)) {
+        Ok(fd) => fd,
+        Err(e) => return ret::<c_int>(Err(e)),
+    };
+    sync_before_handoff();
+    // SAFETY: fd is our memfd; the arguments are the caller's.
+    let rc = unsafe { with_env(e, |env| real::fexecve(fd, a, env)) };
+    let err = guard::errno();
+    // SAFETY: exec failed: the copy is ours to close.
+    unsafe { real::close(fd) };
+    guard::set_errno(err);
+    rc
+}
+
+/// `#!INTERP [ARG]` of a script, as the kernel splits it.
+fn shebang(data: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    let line = data.strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|b| *b == b'\n').unwrap_or(line.len())];
+    let line = line.trim_ascii();
+    let cut = line.iter().position(|b| *b == b' ' || *b == b'\t');
+    let (interp, arg) = match cut {
+        Some(i) => (&line[..i], Some(line[i..].trim_ascii().to_vec()).filter(|x| !x.is_empty())),
+        None => (line, None),
+    };
+    (!interp.is_empty()).then(|| (interp.to_vec(), arg))
+}
+
+/// The bytes of the remote program at `r`, which must be a regular file
+/// with an execute bit.
+fn program_bytes(r: &crate::mounts::Remote) -> Result<Vec<u8>, i32> {
     let a = ops::stat_path(r, true)?;
     if a.mode & libc::S_IFMT != libc::S_IFREG || a.mode & 0o111 == 0 {
         return Err(libc::EACCES);
     }
-    let data = ops::with_ro(r, |c, p| c.read(p))?;
+    ops::with_ro(r, |c, p| c.read(p))
+}
+
+/// A memfd holding `data` (not close-on-exec, so a script's interpreter
+/// can open it).
+fn program_memfd(data: &[u8]) -> Result<c_int, i32> {
     // SAFETY: the name is a NUL-terminated literal.
     let fd = unsafe { libc::memfd_create(c"ferry-exec".as_ptr(), 0) };
     if fd < 0 {
@@ -382,14 +450,21 @@ pub unsafe extern "C" fn chdir(p: *const c_char) -> c_int {
         }
         return rc;
     };
-    ret(enter(|| {
-        let a = ops::stat_path(&r, true)?;
-        if a.mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(libc::ENOTDIR);
-        }
-        set_cwd(Some(r.local.clone()));
-        Ok(0)
-    }))
+    crate::links::follow_out(
+        &r,
+        || {
+            ret(enter(|| {
+                let a = ops::stat_path(&r, true)?;
+                if a.mode & libc::S_IFMT != libc::S_IFDIR {
+                    return Err(libc::ENOTDIR);
+                }
+                set_cwd(Some(r.local.clone()));
+                Ok(0)
+            }))
+        },
+        // SAFETY: this hook again, on the path a symlink's target gives.
+        |next| unsafe { chdir(next.as_ptr()) },
+    )
 }
 
 #[no_mangle]

@@ -165,7 +165,19 @@ fn fopen_remote(p: *const c_char, m: *const c_char) -> Option<*mut FILE> {
         guard::set_errno(libc::EINVAL);
         return Some(std::ptr::null_mut());
     };
-    let fd = guard::ret(guard::enter(|| crate::ops::open(&r, flags, 0o666)));
+    let mut elsewhere = None;
+    let fd = crate::links::follow_out(
+        &r,
+        || guard::ret(guard::enter(|| crate::ops::open(&r, flags, 0o666))),
+        |next| {
+            // SAFETY: our own fopen, on the path a symlink's target gives.
+            elsewhere = Some(unsafe { fopen(next.as_ptr(), m) });
+            -1
+        },
+    );
+    if let Some(f) = elsewhere {
+        return Some(f);
+    }
     if fd < 0 {
         return Some(std::ptr::null_mut());
     }
