@@ -54,7 +54,11 @@ export FERRY_TEST_JUICEFS
 command -v pjdfstest >/dev/null || cargo install --locked pjdfstest
 command -v fsx >/dev/null || cargo install --locked fsx
 # pjdfstest switches to these users; Debian has nobody/nogroup but no "tests".
+# The user-mount test (fuse_as_user) serves and mounts as "tests" too.
 id tests >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin tests
+# Users mount through /dev/fuse, which Debian's udev makes 0666; a
+# container's /dev may have it 0600.
+chmod 0666 /dev/fuse
 
 echo "== format"
 cargo fmt --all -- --check
