@@ -23,7 +23,7 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 # GlusterFS (server and client: a private glusterd and a replica-2 volume
 # mounted twice), for the gateway tests.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc rsync:rsync runuser:util-linux unshare:util-linux ip:iproute2 systemd-analyze:systemd mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
@@ -73,6 +73,10 @@ echo "== build"
 # The whole workspace, so the preload library sits beside the ferry binary
 # for the `ferry run` tests.
 cargo build --workspace --release
+
+# The mount(8) helper, for `mount -t fuse.ferry` and fstab lines (the
+# install test); it runs this build's ferry.
+make install-mount-helper BINDIR="$PWD/target/release" >/dev/null
 
 echo "== tests"
 # Release build: the end-to-end tests move hundreds of MiB.

@@ -5,6 +5,7 @@ mod bench;
 mod commands;
 mod compare;
 mod mount;
+mod mount_helper;
 mod run;
 mod serve;
 mod soak;
@@ -111,7 +112,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(mount_helper::translate(std::env::args_os().collect()));
     // The client library reads these from the environment, and the
     // processes `ferry run` starts inherit them (one thread here yet).
     if let Some(ca) = &cli.tls_ca {
