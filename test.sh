@@ -86,7 +86,7 @@ echo "== fuzz targets, briefly (./fuzz/run.sh SECONDS runs them longer)"
 rm -rf target/fuzz-corpus && mkdir -p target && cp -r fuzz/corpus target/fuzz-corpus
 FERRY_FUZZ_CORPUS="$PWD/target/fuzz-corpus" ./fuzz/run.sh 5
 
-echo "== python package (virtualenv in target/pyvenv, pip install ./python, pytest)"
+echo "== python package (docs/python.md's install commands into target/pyhome, pytest)"
 ./python/test.sh
 
 echo "== benchmark (quick mode)"

@@ -41,7 +41,7 @@ pub struct MountArgs {
     /// the server's mtime or size changes) instead of direct I/O.
     #[arg(long)]
     cache: bool,
-    /// Hand files the client cache holds (see the README's "Caching") to
+    /// Hand files the client cache holds (see docs/caching.md) to
     /// the kernel with FUSE passthrough (Linux ≥ 6.9, root): a first read
     /// at local-disk speed, but while a program reads a file so, opening it
     /// for writing on this mount fails with ETXTBSY (a kernel rule).

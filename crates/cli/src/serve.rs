@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// Directory to export (default: the current directory).
     dir: Option<PathBuf>,
     /// Several exports, with their clients' tokens and rights, from a
-    /// TOML file (README "Deploying on a network"); `SIGHUP` reads it again.
+    /// TOML file (docs/security-and-deploying.md); `SIGHUP` reads it again.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["dir", "memory", "no_auth"])]
     config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port.
