@@ -305,12 +305,10 @@ pub(crate) fn start_server_with(dir: &Path, extra: &[&str]) -> Result<(Reap, u16
     let out = reap.0.stdout.take().ok_or("no server stdout")?;
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line).map_err(|e| e.to_string())?;
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| format!("unexpected server output: {line:?}"))?;
+    let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).ok_or_else(|| match line.trim() {
+        "" => "the server it started exited before listening (its message is above)".to_string(),
+        l => format!("the server it started said {l:?}, not \"listening on HOST:PORT\""),
+    })?;
     Ok((reap, port))
 }
 

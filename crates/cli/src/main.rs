@@ -6,9 +6,11 @@ mod commands;
 mod compare;
 mod mount;
 mod mount_helper;
+mod names;
 mod run;
 mod serve;
 mod soak;
+mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,15 +50,52 @@ enum Cmd {
     /// Print a remote file.
     Cat { url: String },
     /// List remote directories (or files), like ls.
+    // -h is ls's human sizes: help is --help only.
+    #[command(disable_help_flag = true)]
     Ls {
-        /// Long format: mode, links, owner, size, time.
+        /// Long format: mode, links, owner, group, size, time.
         #[arg(short = 'l')]
         long: bool,
         /// Also names starting with '.', and . and .. themselves.
         #[arg(short = 'a')]
         all: bool,
+        /// Sizes for people: 1.5K, 12M, 3.0G (with -l).
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        /// List the directories below too.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        /// Long format with user and group ids as numbers.
+        #[arg(short = 'n', long = "numeric-uid-gid")]
+        numeric: bool,
+        #[arg(long, action = clap::ArgAction::Help, help = "Print help")]
+        help: Option<bool>,
         #[arg(required = true, value_name = "URL")]
         urls: Vec<String>,
+    },
+    /// Space used under a remote directory, like du (1K blocks, each
+    /// hard-linked file once).
+    #[command(disable_help_flag = true)]
+    Du {
+        /// Only the total.
+        #[arg(short = 's', long)]
+        summarize: bool,
+        /// Sizes for people: 1.5K, 12M, 3.0G.
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        #[arg(long, action = clap::ArgAction::Help, help = "Print help")]
+        help: Option<bool>,
+        url: String,
+    },
+    /// Size and free space of the file system an export is on, like df.
+    #[command(disable_help_flag = true)]
+    Df {
+        /// Sizes for people: 1.5K, 12M, 3.0G.
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        #[arg(long, action = clap::ArgAction::Help, help = "Print help")]
+        help: Option<bool>,
+        url: String,
     },
     /// Show a remote file's attributes.
     Stat { url: String },
@@ -71,6 +110,9 @@ enum Cmd {
     Rm {
         #[arg(short = 'r', short_alias = 'R')]
         recursive: bool,
+        /// No error for what does not exist.
+        #[arg(short = 'f', long)]
+        force: bool,
         url: String,
     },
     /// Rename within one server.
@@ -82,7 +124,8 @@ enum Cmd {
         #[arg(value_parser = ["set", "clear", "get"])]
         verb: String,
         url: String,
-        #[arg(value_parser = ["cache", "bypass"])]
+        /// For set: cache or bypass.
+        #[arg(value_parser = ["cache", "bypass"], required_if_eq("verb", "set"))]
         policy: Option<String>,
     },
     /// Mount a remote directory with FUSE.
@@ -123,10 +166,14 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => serve::run(a, tf),
         Cmd::Cp { recursive, src, dst } => commands::cp(tf, &src, &dst, recursive),
         Cmd::Cat { url } => commands::cat(tf, &url),
-        Cmd::Ls { long, all, urls } => commands::ls(tf, &urls, long, all),
+        Cmd::Ls { long, all, human, recursive, numeric, urls, .. } => {
+            commands::ls(tf, &urls, commands::LsOpts { long, all, human, recursive, numeric })
+        }
+        Cmd::Du { summarize, human, url, .. } => usage::du(tf, &url, summarize, human),
+        Cmd::Df { human, url, .. } => usage::df(tf, &url, human),
         Cmd::Stat { url } => commands::stat(tf, &url),
         Cmd::Mkdir { parents, url } => commands::mkdir(tf, &url, parents),
-        Cmd::Rm { recursive, url } => commands::rm(tf, &url, recursive),
+        Cmd::Rm { recursive, force, url } => commands::rm(tf, &url, recursive, force),
         Cmd::Mv { src, dst } => commands::mv(tf, &src, &dst),
         Cmd::Cache { verb, url, policy } => commands::cache(tf, &verb, &url, policy.as_deref()),
         Cmd::Mount(a) => mount::mount(a, tf),
