@@ -73,7 +73,7 @@ fn fail(url: &Url, e: Error) -> String {
     format!("{url}: {e}")
 }
 
-fn local_fail(p: &Path, e: io::Error) -> String {
+pub(crate) fn local_fail(p: &Path, e: io::Error) -> String {
     let s = e.to_string();
     let s = s.split(" (os error").next().unwrap_or(&s).to_string();
     format!("{}: {s}", p.display())
@@ -83,7 +83,7 @@ fn local_fail(p: &Path, e: io::Error) -> String {
 /// path, whose names below the URL's own path are bytes (not always UTF-8),
 /// as local names are.
 #[derive(Clone, PartialEq)]
-enum Loc {
+pub(crate) enum Loc {
     Local(PathBuf),
     Remote(Url, PathBuf),
 }
@@ -114,14 +114,14 @@ fn child(l: &Loc, name: &OsStr) -> Loc {
 }
 
 /// For messages only: a name that is not UTF-8 shows lossily.
-fn display(l: &Loc) -> String {
+pub(crate) fn display(l: &Loc) -> String {
     match l {
         Loc::Local(p) => p.display().to_string(),
         Loc::Remote(u, p) => Url::show(&u.addr, &p.display().to_string()),
     }
 }
 
-fn remote_fail(l: &Loc, e: Error) -> String {
+pub(crate) fn remote_fail(l: &Loc, e: Error) -> String {
     format!("{}: {e}", display(l))
 }
 
@@ -141,14 +141,24 @@ fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
     }
 }
 
-pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, recursive: bool) -> Result<(), String> {
+/// How `ferry cp` copies.
+#[derive(Clone, Copy, Default)]
+pub struct CpOpts {
+    pub recursive: bool,
+    /// Mode, times and (as root) owner too (`-p`).
+    pub preserve: bool,
+    /// Symbolic links as links (`-a`, with `-r` and `-p`).
+    pub links: bool,
+}
+
+pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, o: CpOpts) -> Result<(), String> {
     let mut c = Clients::new(tf);
     let src = loc(src)?;
     let mut dst = loc(dst)?;
     let Some((is_dir, _, _)) = probe(&mut c, &src)? else {
         return Err(format!("{}: No such file or directory", display(&src)));
     };
-    if is_dir && !recursive {
+    if is_dir && !o.recursive {
         return Err(format!("{}: Is a directory (use -r)", display(&src)));
     }
     // `cp x dir/` puts x inside dir, as cp(1) does.
@@ -156,7 +166,7 @@ pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, recursive: bool) -> Resul
         dst = child(&dst, &base_name(&src));
     }
     let bar = progress_bar();
-    copy_any(&mut c, &src, &dst, &bar)?;
+    copy_any(&mut c, &src, &dst, &bar, o)?;
     bar.finish_and_clear();
     Ok(())
 }
@@ -173,15 +183,25 @@ fn progress_bar() -> ProgressBar {
     bar
 }
 
-fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, bar: &ProgressBar) -> Result<(), String> {
+fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, bar: &ProgressBar, o: CpOpts) -> Result<(), String> {
+    if o.links {
+        if let Some(target) = crate::preserve::link_target(c, src)? {
+            return crate::preserve::make_symlink(c, dst, &target);
+        }
+    }
     let (is_dir, mode, size) = probe(c, src)?.ok_or_else(|| format!("{}: No such file or directory", display(src)))?;
     if !is_dir {
         bar.inc_length(size);
-        return copy_file(c, src, dst, mode & 0o7777, bar);
+        copy_file(c, src, dst, mode & 0o7777, bar)?;
+    } else {
+        make_dir(c, dst, mode & 0o7777)?;
+        for name in list_names(c, src)? {
+            copy_any(c, &child(src, &name), &child(dst, &name), bar, o)?;
+        }
     }
-    make_dir(c, dst, mode & 0o7777)?;
-    for name in list_names(c, src)? {
-        copy_any(c, &child(src, &name), &child(dst, &name), bar)?;
+    // After the contents: writing them would change a directory's times.
+    if o.preserve {
+        crate::preserve::copy_attrs(c, src, dst)?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ mod compare;
 mod mount;
 mod mount_helper;
 mod names;
+mod preserve;
 mod run;
 mod serve;
 mod soak;
@@ -43,6 +44,12 @@ enum Cmd {
         /// Copy directories recursively.
         #[arg(short = 'r', short_alias = 'R', long)]
         recursive: bool,
+        /// Keep mode, times and (as root) owner, as cp -p.
+        #[arg(short = 'p', long)]
+        preserve: bool,
+        /// Archive, as cp -a: -r and -p, and symbolic links copied as links.
+        #[arg(short = 'a', long)]
+        archive: bool,
         /// A local path (any bytes, as Linux names are) or a ferry:// URL.
         src: std::ffi::OsString,
         dst: std::ffi::OsString,
@@ -164,7 +171,10 @@ fn main() -> ExitCode {
     let tf = cli.token_file.as_deref();
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(a, tf),
-        Cmd::Cp { recursive, src, dst } => commands::cp(tf, &src, &dst, recursive),
+        Cmd::Cp { recursive, preserve, archive, src, dst } => {
+            let o = commands::CpOpts { recursive: recursive || archive, preserve: preserve || archive, links: archive };
+            commands::cp(tf, &src, &dst, o)
+        }
         Cmd::Cat { url } => commands::cat(tf, &url),
         Cmd::Ls { long, all, human, recursive, numeric, urls, .. } => {
             commands::ls(tf, &urls, commands::LsOpts { long, all, human, recursive, numeric })

@@ -162,6 +162,9 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         ferry_fuse::spawn(fs, &mp, &cfg).map_err(|e| format!("{}: mount failed: {}", mp.display(), strip(&e)))?;
     if a.daemon {
         tell_parent_ready()?;
+    } else {
+        // In the foreground nothing else says the mount is up.
+        eprintln!("ferry: {url} mounted on {}; Ctrl-C or `ferry umount` unmounts", mp.display());
     }
     serve_until_unmounted(session, &mp)
 }

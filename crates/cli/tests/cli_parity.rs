@@ -102,3 +102,63 @@ fn rm_f_and_errors_say_what_users_need() {
     let err = stderr(&o);
     assert!(!o.status.success() && err.contains("No such file or directory") && !err.contains("os error"), "{err}");
 }
+
+/// (mode, mtime seconds, uid, symlink target) of everything under `root`,
+/// by relative path.
+fn tree(root: &std::path::Path) -> Vec<(String, u32, i64, u32, Option<String>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let rel = p.strip_prefix(root).unwrap().display().to_string();
+        let link = m.file_type().is_symlink().then(|| std::fs::read_link(&p).unwrap().display().to_string());
+        let mtime = if m.file_type().is_symlink() { 0 } else { m.mtime() };
+        out.push((rel, m.mode(), mtime, m.uid(), link));
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn cp_a_keeps_modes_times_owners_and_links_both_ways() {
+    use std::os::unix::fs::PermissionsExt;
+    let srv = Server::start(&[]);
+    let tmp = common::TempDir::new("cpa");
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("private")).unwrap();
+    std::fs::write(src.join("private/f"), b"secret\n").unwrap();
+    std::fs::write(src.join("tool"), b"#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink("private/f", src.join("link")).unwrap();
+    std::os::unix::fs::symlink("/nowhere", src.join("dangling")).unwrap();
+    std::fs::set_permissions(src.join("private/f"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::set_permissions(src.join("tool"), std::fs::Permissions::from_mode(0o4750)).unwrap();
+    rustix::fs::chown(src.join("tool").as_path(), Some(rustix::fs::Uid::from_raw(65534)), None).unwrap();
+    std::fs::set_permissions(src.join("tool"), std::fs::Permissions::from_mode(0o4750)).unwrap();
+    std::fs::set_permissions(src.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    for (p, t) in
+        [("private/f", "200101011200"), ("tool", "199912312359"), ("private", "201005050505"), ("", "201111111111")]
+    {
+        assert!(Command::new("touch").args(["-h", "-t", t]).arg(src.join(p)).status().unwrap().success());
+    }
+    let want = tree(&src);
+    ok(&srv.ferry(&["cp", "-a", src.to_str().unwrap(), &srv.url("/copy")]));
+    assert_eq!(tree(&srv.export.path().join("copy")), want, "local -> remote");
+    let back = tmp.path().join("back");
+    ok(&srv.ferry(&["cp", "-a", &srv.url("/copy"), back.to_str().unwrap()]));
+    assert_eq!(tree(&back), want, "remote -> local");
+    // -p on one file: mode and time, the link followed (it is not -a).
+    ok(&srv.ferry(&["cp", "-p", src.join("link").to_str().unwrap(), &srv.url("/one")]));
+    let (m1, m2) =
+        (std::fs::metadata(src.join("private/f")).unwrap(), std::fs::metadata(srv.export.path().join("one")).unwrap());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((m2.mode(), m2.mtime()), (m1.mode(), m1.mtime()));
+    // Without -p a copy is new: its time is now.
+    ok(&srv.ferry(&["cp", src.join("tool").to_str().unwrap(), &srv.url("/plain")]));
+    assert!(std::fs::metadata(srv.export.path().join("plain")).unwrap().mtime() > 1_700_000_000);
+}

@@ -125,6 +125,11 @@ fn an_ordinary_user_mounts_their_own_export_with_debians_fuse_conf() {
         let o = c.wait_with_output().unwrap();
         panic!("the user's mount did not come up: {}", String::from_utf8_lossy(&o.stderr));
     }
+    // A foreground mount says when it is ready.
+    let mut said = String::new();
+    let err = guard.children.last_mut().unwrap().stderr.take().unwrap();
+    BufReader::new(err).read_line(&mut said).unwrap();
+    assert!(said.contains("mounted on") && said.contains(mp.to_str().unwrap()), "{said:?}");
     let entry = mount_entry(&mp).unwrap();
     assert!(entry.contains("fuse.ferry"), "{entry}");
     assert!(!entry.contains("allow_other"), "a private mount shown as allow_other: {entry}");
