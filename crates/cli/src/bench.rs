@@ -99,8 +99,14 @@ fn mbps(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e6
 }
 
+/// What `--quick` prints first: its figures come from sizes far too small
+/// to mean anything, and must not be quoted.
+pub const QUICK_NOTE: &str =
+    "--quick: tiny sizes, one run, to check that everything works; these figures are not measurements";
+
 pub fn run(mut a: BenchArgs, _tf: Option<&Path>) -> Result<(), String> {
     if a.quick {
+        println!("{QUICK_NOTE}");
         a.size_mib = a.size_mib.min(8);
         a.runs = a.runs.min(1);
         a.rtts = a.rtts.min(200);
