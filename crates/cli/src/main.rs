@@ -198,8 +198,40 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("ferry: {msg}");
+            eprintln!("ferry: {}", without_os_error(&msg));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `io::Error`'s " (os error 2)" is for programmers: the text before it
+/// says the same to users.
+fn without_os_error(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = rest.find(" (os error ") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + " (os error ".len()..];
+        match after.find(')') {
+            Some(j) if j > 0 && after[..j].bytes().all(|b| b.is_ascii_digit()) => rest = &after[j + 1..],
+            _ => {
+                out.push_str(" (os error ");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn os_error_numbers_are_left_out() {
+        let s = super::without_os_error("x: No such file or directory (os error 2)");
+        assert_eq!(s, "x: No such file or directory");
+        let s = super::without_os_error("a (connection failed: Connection refused (os error 111)); b");
+        assert_eq!(s, "a (connection failed: Connection refused); b");
+        assert_eq!(super::without_os_error("(os error x)"), "(os error x)");
     }
 }

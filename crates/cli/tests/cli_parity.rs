@@ -97,6 +97,15 @@ fn rm_f_and_errors_say_what_users_need() {
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(!err.contains("None") && err.contains("POLICY"), "{err}");
+    // No "(os error 2)" anywhere: a missing export, a missing token file.
+    for args in [
+        vec!["serve", "/nonexistent-export", "--no-auth", "--no-state"],
+        vec!["--token-file", "/nonexistent-token", "ls", &gone],
+    ] {
+        let o = srv.ferry(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success() && err.contains("No such file or directory") && !err.contains("os error"), "{err}");
+    }
     // A missing local source: no "(os error 2)".
     let o = srv.ferry(&["cp", "/nonexistent/file", &srv.url("/x")]);
     let err = stderr(&o);
