@@ -81,6 +81,8 @@ echo "== build"
 # The whole workspace, so the preload library sits beside the ferry binary
 # for the `ferry run` tests.
 cargo build --workspace --release
+# The examples too (the docs test runs crates/client/examples/quickstart.rs).
+cargo build --workspace --release --examples
 
 # The mount(8) helper, for `mount -t fuse.ferry` and fstab lines (the
 # install test); it runs this build's ferry.
