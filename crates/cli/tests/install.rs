@@ -45,7 +45,15 @@ fn make_install_puts_ferry_and_its_library_where_ferry_run_finds_them() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "through the installed ferry\n");
-    make(&["uninstall", &format!("PREFIX={}", prefix.display())]);
+    // Everything under the prefix: the default SBINDIR and UNITDIR are the
+    // system's, where another test needs the mount helper.
+    let (sbin, units) = (prefix.join("sbin"), prefix.join("units"));
+    make(&[
+        "uninstall",
+        &format!("PREFIX={}", prefix.display()),
+        &format!("SBINDIR={}", sbin.display()),
+        &format!("UNITDIR={}", units.display()),
+    ]);
     assert!(!ferry.exists());
 }
 
