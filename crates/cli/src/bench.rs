@@ -99,8 +99,14 @@ fn mbps(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e6
 }
 
+/// What `--quick` prints first: its figures come from sizes far too small
+/// to mean anything, and must not be quoted.
+pub const QUICK_NOTE: &str =
+    "--quick: tiny sizes, one run, to check that everything works; these figures are not measurements";
+
 pub fn run(mut a: BenchArgs, _tf: Option<&Path>) -> Result<(), String> {
     if a.quick {
+        println!("{QUICK_NOTE}");
         a.size_mib = a.size_mib.min(8);
         a.runs = a.runs.min(1);
         a.rtts = a.rtts.min(200);
@@ -305,12 +311,10 @@ pub(crate) fn start_server_with(dir: &Path, extra: &[&str]) -> Result<(Reap, u16
     let out = reap.0.stdout.take().ok_or("no server stdout")?;
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line).map_err(|e| e.to_string())?;
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| format!("unexpected server output: {line:?}"))?;
+    let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).ok_or_else(|| match line.trim() {
+        "" => "the server it started exited before listening (its message is above)".to_string(),
+        l => format!("the server it started said {l:?}, not \"listening on HOST:PORT\""),
+    })?;
     Ok((reap, port))
 }
 

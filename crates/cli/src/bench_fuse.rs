@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ferry_client::{Client, Options};
-use ferry_fuse::{BackgroundSession, FerryFs, FsOptions, MountConfig};
+use ferry_fuse::{FerryFs, FsOptions, MountConfig, Mounted as Session};
 
 use super::{mbps, pin, start_server, BenchArgs, Series};
 
@@ -35,7 +35,7 @@ fn unavailable() -> Option<String> {
 
 /// A mount made by this process; unmounted (lazily if it must be) on drop.
 struct Mounted {
-    session: Option<BackgroundSession>,
+    session: Option<Session>,
     mp: PathBuf,
 }
 

@@ -73,7 +73,7 @@ fn fail(url: &Url, e: Error) -> String {
     format!("{url}: {e}")
 }
 
-fn local_fail(p: &Path, e: io::Error) -> String {
+pub(crate) fn local_fail(p: &Path, e: io::Error) -> String {
     let s = e.to_string();
     let s = s.split(" (os error").next().unwrap_or(&s).to_string();
     format!("{}: {s}", p.display())
@@ -83,7 +83,7 @@ fn local_fail(p: &Path, e: io::Error) -> String {
 /// path, whose names below the URL's own path are bytes (not always UTF-8),
 /// as local names are.
 #[derive(Clone, PartialEq)]
-enum Loc {
+pub(crate) enum Loc {
     Local(PathBuf),
     Remote(Url, PathBuf),
 }
@@ -114,14 +114,14 @@ fn child(l: &Loc, name: &OsStr) -> Loc {
 }
 
 /// For messages only: a name that is not UTF-8 shows lossily.
-fn display(l: &Loc) -> String {
+pub(crate) fn display(l: &Loc) -> String {
     match l {
         Loc::Local(p) => p.display().to_string(),
         Loc::Remote(u, p) => Url::show(&u.addr, &p.display().to_string()),
     }
 }
 
-fn remote_fail(l: &Loc, e: Error) -> String {
+pub(crate) fn remote_fail(l: &Loc, e: Error) -> String {
     format!("{}: {e}", display(l))
 }
 
@@ -141,14 +141,24 @@ fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
     }
 }
 
-pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, recursive: bool) -> Result<(), String> {
+/// How `ferry cp` copies.
+#[derive(Clone, Copy, Default)]
+pub struct CpOpts {
+    pub recursive: bool,
+    /// Mode, times and (as root) owner too (`-p`).
+    pub preserve: bool,
+    /// Symbolic links as links (`-a`, with `-r` and `-p`).
+    pub links: bool,
+}
+
+pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, o: CpOpts) -> Result<(), String> {
     let mut c = Clients::new(tf);
     let src = loc(src)?;
     let mut dst = loc(dst)?;
     let Some((is_dir, _, _)) = probe(&mut c, &src)? else {
         return Err(format!("{}: No such file or directory", display(&src)));
     };
-    if is_dir && !recursive {
+    if is_dir && !o.recursive {
         return Err(format!("{}: Is a directory (use -r)", display(&src)));
     }
     // `cp x dir/` puts x inside dir, as cp(1) does.
@@ -156,7 +166,7 @@ pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, recursive: bool) -> Resul
         dst = child(&dst, &base_name(&src));
     }
     let bar = progress_bar();
-    copy_any(&mut c, &src, &dst, &bar)?;
+    copy_any(&mut c, &src, &dst, &bar, o)?;
     bar.finish_and_clear();
     Ok(())
 }
@@ -173,15 +183,25 @@ fn progress_bar() -> ProgressBar {
     bar
 }
 
-fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, bar: &ProgressBar) -> Result<(), String> {
+fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, bar: &ProgressBar, o: CpOpts) -> Result<(), String> {
+    if o.links {
+        if let Some(target) = crate::preserve::link_target(c, src)? {
+            return crate::preserve::make_symlink(c, dst, &target);
+        }
+    }
     let (is_dir, mode, size) = probe(c, src)?.ok_or_else(|| format!("{}: No such file or directory", display(src)))?;
     if !is_dir {
         bar.inc_length(size);
-        return copy_file(c, src, dst, mode & 0o7777, bar);
+        copy_file(c, src, dst, mode & 0o7777, bar)?;
+    } else {
+        make_dir(c, dst, mode & 0o7777)?;
+        for name in list_names(c, src)? {
+            copy_any(c, &child(src, &name), &child(dst, &name), bar, o)?;
+        }
     }
-    make_dir(c, dst, mode & 0o7777)?;
-    for name in list_names(c, src)? {
-        copy_any(c, &child(src, &name), &child(dst, &name), bar)?;
+    // After the contents: writing them would change a directory's times.
+    if o.preserve {
+        crate::preserve::copy_attrs(c, src, dst)?;
     }
     Ok(())
 }
@@ -414,27 +434,37 @@ pub fn cat(tf: Option<&Path>, url: &str) -> Result<(), String> {
 /// `ls`: files first, then each directory (with a `URL:` header when there
 /// are several operands, as ls does). An operand that fails is reported and
 /// the others are still listed; the command then fails.
-pub fn ls(tf: Option<&Path>, urls: &[String], long: bool, all: bool) -> Result<(), String> {
+/// How `ferry ls` shows what it lists.
+#[derive(Clone, Copy, Default)]
+pub struct LsOpts {
+    pub long: bool,
+    pub all: bool,
+    /// Sizes as 1.5K, 12M (`-h`).
+    pub human: bool,
+    /// Into every directory below (`-R`).
+    pub recursive: bool,
+    /// Ids as numbers, not names (`-n`; implies `-l`).
+    pub numeric: bool,
+}
+
+pub fn ls(tf: Option<&Path>, urls: &[String], o: LsOpts) -> Result<(), String> {
+    let o = LsOpts { long: o.long || o.numeric, ..o };
+    let names = crate::names::Names::load();
     let mut clients = Clients::new(tf);
     let mut out = io::stdout().lock();
     let mut failed = Vec::new();
     let mut dirs = Vec::new();
     for url in urls {
-        match ls_one(&mut clients, url, long, &mut out) {
+        match ls_one(&mut clients, url, o, &names, &mut out) {
             Ok(Some(dir)) => dirs.push(dir),
             Ok(None) => {}
             Err(e) => failed.push(e),
         }
     }
-    let headers = urls.len() > 1;
-    for (n, (u, client)) in dirs.iter().enumerate() {
-        if headers {
-            let gap = if n > 0 || dirs.len() < urls.len() { "\n" } else { "" };
-            writeln!(out, "{gap}{u}:").map_err(|e| e.to_string())?;
-        }
-        if let Err(e) = ls_dir(client, u, long, all, &mut out) {
-            failed.push(e);
-        }
+    let headers = urls.len() > 1 || o.recursive;
+    let mut first = dirs.len() == urls.len();
+    for (u, client) in &dirs {
+        ls_tree(client, u, o, &names, headers, &mut first, &mut out, &mut failed)?;
     }
     match failed.len() {
         0 => Ok(()),
@@ -449,8 +479,48 @@ pub fn ls(tf: Option<&Path>, urls: &[String], long: bool, all: bool) -> Result<(
     }
 }
 
+/// A directory's listing, and with `-R` those of the directories below it
+/// (depth first, in name order, as `ls -R`). A directory that cannot be
+/// listed is reported and skipped, as `ls` does.
+#[allow(clippy::too_many_arguments)]
+fn ls_tree(
+    client: &Client,
+    u: &Url,
+    o: LsOpts,
+    names: &crate::names::Names,
+    headers: bool,
+    first: &mut bool,
+    out: &mut impl Write,
+    failed: &mut Vec<String>,
+) -> Result<(), String> {
+    if headers {
+        let gap = if *first { "" } else { "\n" };
+        writeln!(out, "{gap}{u}:").map_err(|e| e.to_string())?;
+    }
+    *first = false;
+    let subdirs = match ls_dir(client, u, o, names, out) {
+        Ok(d) => d,
+        Err(e) => {
+            failed.push(e);
+            return Ok(());
+        }
+    };
+    if o.recursive {
+        for name in subdirs {
+            ls_tree(client, &u.join(&name), o, names, headers, first, out, failed)?;
+        }
+    }
+    Ok(())
+}
+
 /// Prints a file operand now; returns a directory operand for later.
-fn ls_one(c: &mut Clients, url: &str, long: bool, out: &mut impl Write) -> Result<Option<(Url, Client)>, String> {
+fn ls_one(
+    c: &mut Clients,
+    url: &str,
+    o: LsOpts,
+    names: &crate::names::Names,
+    out: &mut impl Write,
+) -> Result<Option<(Url, Client)>, String> {
     let u = parse(url)?;
     let client = c.get(&u)?;
     let top = client.symlink_metadata(&u.path).map_err(|e| fail(&u, e))?;
@@ -459,30 +529,49 @@ fn ls_one(c: &mut Clients, url: &str, long: bool, out: &mut impl Write) -> Resul
         return Ok(Some((u, client)));
     }
     let name = u.path.rsplit('/').next().unwrap_or("").to_string();
-    print_entry(out, &client, Path::new(&u.path), &name, &top, long)?;
+    print_entry(out, &client, Path::new(&u.path), &name, &top, o, names)?;
     Ok(None)
 }
 
-fn ls_dir(client: &Client, u: &Url, long: bool, all: bool, out: &mut impl Write) -> Result<(), String> {
+/// Lists one directory; returns the names of its subdirectories (not
+/// symbolic links to them), for `-R`.
+fn ls_dir(
+    client: &Client,
+    u: &Url,
+    o: LsOpts,
+    names: &crate::names::Names,
+    out: &mut impl Write,
+) -> Result<Vec<String>, String> {
     let mut entries = client.read_dir(&u.path).map_err(|e| fail(u, e))?;
-    entries.retain(|e| all || !e.name.starts_with(b"."));
+    entries.retain(|e| o.all || !e.name.starts_with(b"."));
     entries.sort_by(|a, b| a.name.cmp(&b.name));
-    if all {
+    if o.all {
         // `.` and `..` as ls -a shows them (the export's top is its own parent).
         for (name, path) in [(".", u.path.clone()), ("..", parent_of(&u.path))] {
             let a = client.metadata(&path).map_err(|e| fail(u, e))?;
-            print_entry(out, client, Path::new(&path), name, &a, long)?;
+            print_entry(out, client, Path::new(&path), name, &a, o, names)?;
         }
     }
+    let mut subdirs = Vec::new();
     for e in entries {
         let path = ferry_client::join(&u.path, e.file_name());
         let name = e.file_name().to_string_lossy();
-        match e.attr {
-            Some(a) => print_entry(out, client, &path, &name, &a, long)?,
+        let attr = match e.attr {
+            Some(a) => Some(a),
+            None if o.long || o.recursive => client.symlink_metadata(&path).ok(),
+            None => None,
+        };
+        match attr {
+            Some(a) => {
+                print_entry(out, client, &path, &name, &a, o, names)?;
+                if a.is_dir() {
+                    subdirs.push(name.into_owned());
+                }
+            }
             None => writeln!(out, "{name}").map_err(|e| e.to_string())?,
         }
     }
-    Ok(())
+    Ok(subdirs)
 }
 
 fn parent_of(p: &str) -> String {
@@ -493,15 +582,23 @@ fn parent_of(p: &str) -> String {
 }
 
 /// Names that are not UTF-8 show lossily: the output edge is text.
-fn print_entry(out: &mut impl Write, c: &Client, path: &Path, name: &str, a: &Attr, long: bool) -> Result<(), String> {
-    let line = if long {
+fn print_entry(
+    out: &mut impl Write,
+    c: &Client,
+    path: &Path,
+    name: &str,
+    a: &Attr,
+    o: LsOpts,
+    names: &crate::names::Names,
+) -> Result<(), String> {
+    let line = if o.long {
+        let (user, group) =
+            if o.numeric { (a.uid.to_string(), a.gid.to_string()) } else { (names.user(a.uid), names.group(a.gid)) };
+        let size = if o.human { crate::names::human(a.size) } else { a.size.to_string() };
         let mut s = format!(
-            "{} {:>3} {:>5} {:>5} {:>12} {} {name}",
+            "{} {:>3} {user:>8} {group:>8} {size:>12} {} {name}",
             mode_string(a.mode),
             a.nlink,
-            a.uid,
-            a.gid,
-            a.size,
             format_time(a.mtime.sec)
         );
         if a.is_symlink() {
@@ -609,10 +706,14 @@ pub fn mkdir(tf: Option<&Path>, url: &str, parents: bool) -> Result<(), String> 
     r.map_err(|e| fail(&u, e))
 }
 
-pub fn rm(tf: Option<&Path>, url: &str, recursive: bool) -> Result<(), String> {
+pub fn rm(tf: Option<&Path>, url: &str, recursive: bool, force: bool) -> Result<(), String> {
     let u = parse(url)?;
     let c = Clients::new(tf).get(&u)?;
-    let a = c.symlink_metadata(&u.path).map_err(|e| fail(&u, e))?;
+    let a = match c.symlink_metadata(&u.path) {
+        // -f: what is not there is already removed.
+        Err(e) if force && e.errno() == libc::ENOENT => return Ok(()),
+        r => r.map_err(|e| fail(&u, e))?,
+    };
     let r = if a.is_dir() {
         if !recursive {
             return Err(format!("{u}: Is a directory (use -r)"));
@@ -648,7 +749,7 @@ pub fn cache(tf: Option<&Path>, verb: &str, url: &str, policy: Option<&str>) -> 
             let p = match policy {
                 Some("cache") => ferry_client::cache_policy::CACHE,
                 Some("bypass") => ferry_client::cache_policy::BYPASS,
-                other => return Err(format!("cache set: expected cache or bypass, not {other:?}")),
+                _ => return Err(format!("cache set {u}: say which policy: cache or bypass")),
             };
             client.set_cache_policy(&u.path, p).map_err(|e| fail(&u, e))
         }

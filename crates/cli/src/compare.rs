@@ -530,6 +530,9 @@ pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
         return worker::main(&a.worker);
     }
     let plan = Plan::new(a.quick);
+    if a.quick {
+        println!("{}", crate::bench::QUICK_NOTE);
+    }
     let runs = if a.quick { a.runs.clamp(1, 1) } else { a.runs.max(1) };
     let want_baselines = a.baselines || std::env::var("FERRY_COMPARE_BASELINES").is_ok_and(|v| v == "1");
     let parent = a.dir.clone().unwrap_or_else(|| {

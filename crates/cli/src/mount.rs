@@ -41,7 +41,7 @@ pub struct MountArgs {
     /// the server's mtime or size changes) instead of direct I/O.
     #[arg(long)]
     cache: bool,
-    /// Hand files the client cache holds (see the README's "Caching") to
+    /// Hand files the client cache holds (see docs/caching.md) to
     /// the kernel with FUSE passthrough (Linux ≥ 6.9, root): a first read
     /// at local-disk speed, but while a program reads a file so, opening it
     /// for writing on this mount fails with ETXTBSY (a kernel rule).
@@ -162,6 +162,9 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         ferry_fuse::spawn(fs, &mp, &cfg).map_err(|e| format!("{}: mount failed: {}", mp.display(), strip(&e)))?;
     if a.daemon {
         tell_parent_ready()?;
+    } else {
+        // In the foreground nothing else says the mount is up.
+        eprintln!("ferry: {url} mounted on {}; Ctrl-C or `ferry umount` unmounts", mp.display());
     }
     serve_until_unmounted(session, &mp)
 }
@@ -180,7 +183,7 @@ fn tell_parent_ready() -> Result<(), String> {
 
 /// Serves until the mount goes away (`ferry umount`, `umount`) or a signal
 /// asks us to unmount.
-fn serve_until_unmounted(session: ferry_fuse::BackgroundSession, mp: &Path) -> Result<(), String> {
+fn serve_until_unmounted(session: ferry_fuse::Mounted, mp: &Path) -> Result<(), String> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .map_err(|e| format!("installing signal handlers: {e}"))?;
@@ -195,7 +198,7 @@ fn serve_until_unmounted(session: ferry_fuse::BackgroundSession, mp: &Path) -> R
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(_) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) if session.guard.is_finished() => {
+            Err(mpsc::RecvTimeoutError::Timeout) if session.is_finished() => {
                 // Unmounted from outside; the session has ended.
                 return session.join().map_err(|e| format!("{}: {e}", mp.display()));
             }
@@ -209,7 +212,7 @@ fn serve_until_unmounted(session: ferry_fuse::BackgroundSession, mp: &Path) -> R
             // Asked to stop while something still uses the mount: detach it
             // so new users cannot enter, and exit; the remaining users see
             // ENOTCONN once we are gone.
-            let _ = rustix::mount::unmount(mp, UnmountFlags::DETACH);
+            let _ = detach(mp);
             Err(format!("{}: mount was busy; detached it lazily", mp.display()))
         }
         Err(e) => Err(format!("{}: unmount failed: {}", mp.display(), errno_text(e))),
@@ -237,7 +240,7 @@ fn unmount(mp: &Path) -> Result<(), Errno> {
 fn clean_dead_mount(mp: &Path) -> Result<(), String> {
     match std::fs::metadata(mp) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            rustix::mount::unmount(mp, UnmountFlags::DETACH)
+            detach(mp)
                 .map_err(|e| format!("{}: dead mount, and detaching it failed: {}", mp.display(), errno_text(e)))?;
             eprintln!("ferry: {}: removed a dead mount left by a daemon that died", mp.display());
             Ok(())
@@ -247,10 +250,24 @@ fn clean_dead_mount(mp: &Path) -> Result<(), String> {
 }
 
 fn fusermount3() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> =
-        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
-    dirs.extend(["/usr/bin", "/bin", "/usr/sbin", "/sbin"].map(PathBuf::from));
-    dirs.into_iter().map(|d| d.join("fusermount3")).find(|p| p.is_file())
+    ferry_fuse::fusermount3()
+}
+
+/// Detaches a mount lazily: directly as root, else through fusermount3
+/// (a user may detach their own mounts).
+fn detach(mp: &Path) -> Result<(), Errno> {
+    match rustix::mount::unmount(mp, UnmountFlags::DETACH) {
+        Err(Errno::PERM) => {
+            let Some(fm) = fusermount3() else { return Err(Errno::PERM) };
+            let st = Command::new(fm).args(["-u", "-z", "--"]).arg(mp).stdin(Stdio::null()).output();
+            if st.is_ok_and(|o| o.status.success()) {
+                Ok(())
+            } else {
+                Err(Errno::PERM)
+            }
+        }
+        r => r,
+    }
 }
 
 /// Starts this program again as the daemon and waits for it to say the
@@ -318,8 +335,9 @@ pub fn umount(mp: &Path) -> Result<(), String> {
         Ok(()) => Ok(()),
         Err(Errno::BUSY) => match std::fs::metadata(mp) {
             // Its daemon is gone: nothing can be flushed; detach it.
-            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => rustix::mount::unmount(mp, UnmountFlags::DETACH)
-                .map_err(|e| format!("{}: {}", mp.display(), errno_text(e))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                detach(mp).map_err(|e| format!("{}: {}", mp.display(), errno_text(e)))
+            }
             _ => Err(format!(
                 "{}: mount is busy (a process has a file open or its working directory there); \
                  close those, or detach lazily with umount -l",

@@ -22,7 +22,8 @@ pub struct RunArgs {
     /// PREFIX (repeatable).
     #[arg(long = "mount", value_name = "PREFIX=URL", required = true)]
     pub mounts: Vec<String>,
-    /// The preload library (default: libferry_preload.so beside `ferry`).
+    /// The preload library (default: libferry_preload.so beside `ferry`, or
+    /// in ../lib/ferry from it, where `make install` puts it).
     #[arg(long)]
     pub library: Option<PathBuf>,
     /// How long to try to reconnect to a server that went away before a
@@ -52,17 +53,27 @@ fn mount_entry(s: &str) -> Result<String, String> {
     Ok(format!("{}={u}", prefix.trim_end_matches('/')))
 }
 
+/// The preload library: the one asked for, else beside `ferry` (a build
+/// tree: target/release), else in `../lib/ferry` from it (`make install`).
 fn library(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     let lib = match explicit {
         Some(p) => p,
         None => {
             let exe = std::env::current_exe().map_err(|e| format!("cannot find the ferry binary: {e}"))?;
-            exe.parent().unwrap_or(Path::new(".")).join(LIBRARY)
+            let dir = exe.parent().unwrap_or(Path::new("."));
+            let installed = dir.join("../lib/ferry").join(LIBRARY);
+            let beside = dir.join(LIBRARY);
+            if !beside.is_file() && installed.is_file() {
+                installed
+            } else {
+                beside
+            }
         }
     };
     if !lib.is_file() {
         return Err(format!(
-            "{}: preload library not found (build it with `cargo build --release`, or pass --library)",
+            "{}: preload library not found (build it with `cargo build --release`, install it with `make install`, \
+             or pass --library)",
             lib.display()
         ));
     }

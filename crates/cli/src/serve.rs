@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// Directory to export (default: the current directory).
     dir: Option<PathBuf>,
     /// Several exports, with their clients' tokens and rights, from a
-    /// TOML file (README "Deploying on a network"); `SIGHUP` reads it again.
+    /// TOML file (docs/security-and-deploying.md); `SIGHUP` reads it again.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["dir", "memory", "no_auth"])]
     config: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port.
@@ -60,8 +60,9 @@ pub struct ServeArgs {
     /// Directory where sessions (ids, secrets, reply caches) outlive the
     /// server process, so a request in flight when it was killed runs once
     /// after a restart. Default for a directory export:
-    /// $XDG_STATE_HOME/ferry/serve/HASH, HASH of the export path (without
-    /// XDG_STATE_HOME: ~/.local/state/ferry/serve/HASH); none for --memory.
+    /// $XDG_STATE_HOME/ferry/serve/HASH, HASH of the export path and the
+    /// listening address (without XDG_STATE_HOME:
+    /// ~/.local/state/ferry/serve/HASH); none for --memory.
     /// It must be this user's, and not writable by others.
     #[arg(long, conflicts_with = "no_state")]
     state_dir: Option<PathBuf>,
@@ -204,12 +205,14 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     // The export is opened before anything is printed: the first line is
     // for scripts, and must only appear once the server can serve.
     let identity = identity_policy(&a)?;
+    // What the default state directory is named after, besides the address.
+    let mut state_key = None;
     let export = if let Some(file) = &a.config {
         let exports = Arc::new(ferry_server::exports::Exports::load(file, PosixBackend::new)?);
         tracing::info!("exports from {}: {}", file.display(), exports.names().join(", "));
         cfg.access = Some(Arc::clone(&exports) as Arc<dyn ferry_server::exports::Access>);
         cfg.identity = identity;
-        cfg.state_dir = state_dir(&a.state_dir, a.no_state, file)?;
+        state_key = Some(file.clone());
         reload_on_hangup(Arc::clone(&exports), file.clone())?;
         Export::Several(exports)
     } else if a.memory {
@@ -226,7 +229,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         }
         backend.set_shared(a.shared_volume || fs_type.is_some());
         cfg.identity = identity;
-        cfg.state_dir = state_dir(&a.state_dir, a.no_state, &dir)?;
+        state_key = Some(dir);
         Export::Dir(backend)
     };
     if let Some(f) = &a.id_key {
@@ -236,6 +239,9 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
     let listener = TcpListener::bind(&addr)
         .map_err(|e| format!("cannot listen on {}: {e} (expected HOST:PORT or PORT, e.g. 127.0.0.1:7070)", a.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    if let Some(key) = &state_key {
+        cfg.state_dir = state_dir(&a.state_dir, a.no_state, key, &local)?;
+    }
     let tls_said = match a.tls || (!a.no_tls && !local.ip().is_loopback()) {
         true => {
             let id = tls_identity(&a.tls_cert, &a.tls_key)?;
@@ -328,15 +334,29 @@ fn unix_listener(path: Option<&Path>, same_host: bool) -> Result<Option<(UnixLis
     }
 }
 
-/// The state directory to use: the one asked for (which must work), or
-/// the default one for this export (which may not: then sessions stay in
-/// memory, said on stderr).
-fn state_dir(asked: &Option<PathBuf>, none: bool, export: &Path) -> Result<Option<PathBuf>, String> {
+/// The state directory to use: the one asked for, or the default one for
+/// this export served on this address — two servers of one directory (on
+/// different addresses: gateways tried on one machine) each keep their own,
+/// and a restart on the same address finds its own again. Either must
+/// work, or the server refuses to start (before `listening on`), saying
+/// how to choose: sessions silently kept in memory only would not survive
+/// the restart they promise to.
+fn state_dir(
+    asked: &Option<PathBuf>,
+    none: bool,
+    export: &Path,
+    addr: &std::net::SocketAddr,
+) -> Result<Option<PathBuf>, String> {
     if none {
         return Ok(None);
     }
     if let Some(d) = asked {
-        ferry_server::check_state_dir(d).map_err(|e| format!("--state-dir {}: {e}", d.display()))?;
+        ferry_server::check_state_dir(d).map_err(|e| {
+            format!(
+                "--state-dir {}: {e} (give each server its own, or use --no-state to keep sessions in memory only)",
+                d.display()
+            )
+        })?;
         return Ok(Some(d.clone()));
     }
     let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
@@ -349,11 +369,8 @@ fn state_dir(asked: &Option<PathBuf>, none: bool, export: &Path) -> Result<Optio
     let serve = base.join("ferry/serve");
     let export = std::fs::canonicalize(export).unwrap_or_else(|_| export.to_path_buf());
     sweep(&serve);
-    let hash = export
-        .as_os_str()
-        .as_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let key = [export.as_os_str().as_bytes(), b"\n", addr.to_string().as_bytes()].concat();
+    let hash = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
     let dir = serve.join(format!("{hash:016x}"));
     match ferry_server::check_state_dir(&dir) {
         Ok(()) => {
@@ -363,10 +380,10 @@ fn state_dir(asked: &Option<PathBuf>, none: bool, export: &Path) -> Result<Optio
             let _ = write_private(&dir.join("export"), export.as_os_str().as_bytes());
             Ok(Some(dir))
         }
-        Err(e) => {
-            tracing::warn!("sessions kept in memory only ({}: {e})", dir.display());
-            Ok(None)
-        }
+        Err(e) => Err(format!(
+            "{e}: sessions could not outlive a restart; give this server a state directory of its own \
+             with --state-dir DIR, or keep its sessions in memory only with --no-state"
+        )),
     }
 }
 

@@ -407,3 +407,50 @@ fn after_a_server_restart_the_cache_is_validated_again() {
     assert_eq!(b[..], data[1 << 20..(1 << 20) + 7], "a file open before the change changed under its reader");
     f.close().unwrap();
 }
+
+/// The `cache.conf` example of the docs, as written there (comments and
+/// all), the first fenced block that starts with a `cache` rule.
+fn documented_cache_conf() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = vec![root.join("README.md")];
+    if let Ok(d) = std::fs::read_dir(root.join("docs")) {
+        files.extend(d.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")));
+    }
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut lines = text.lines();
+        while let Some(l) = lines.next() {
+            if l.trim_start().starts_with("```") {
+                let block: Vec<&str> = lines.by_ref().take_while(|l| !l.trim_start().starts_with("```")).collect();
+                if block.first().is_some_and(|l| l.trim_start().starts_with("cache ")) {
+                    return block.iter().map(|l| format!("{}\n", l.trim_start())).collect();
+                }
+            }
+        }
+    }
+    panic!("no cache.conf example (a block starting with `cache `) in README.md or docs/");
+}
+
+/// The documented example works as written: its comments are comments, its
+/// rules match, its `dir` is the directory named.
+#[test]
+fn the_documented_cache_conf_example_works_as_written() {
+    let srv = Server::start(&[]);
+    let c = srv.client();
+    c.create_dir("/datasets", 0o755).unwrap();
+    for f in ["/datasets/a.bin", "/datasets/x.tmp", "/img.iso", "/other"] {
+        put(&c, f, b"x");
+    }
+    let tmp = TempDir::new("docconf");
+    let conf = tmp.path().join("cache.conf");
+    let text = documented_cache_conf();
+    std::fs::write(&conf, &text).unwrap();
+    let at = |n: usize| format!("(rule at {}:{n})", conf.display());
+    assert_eq!(get(&srv, &conf, "/datasets/a.bin"), format!("/datasets/a.bin: cache {}", at(1)));
+    assert_eq!(get(&srv, &conf, "/datasets/x.tmp"), format!("/datasets/x.tmp: cache {}", at(1)));
+    assert_eq!(get(&srv, &conf, "/img.iso"), format!("/img.iso: cache {}", at(3)));
+    assert_eq!(get(&srv, &conf, "/other"), "/other: bypass (default)");
+    let rules = Rules::load(&conf).unwrap();
+    assert_eq!(rules.dir.as_deref(), Some(Path::new("/var/cache/ferry")));
+    assert_eq!(rules.size, Some(20 << 30));
+}

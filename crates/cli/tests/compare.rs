@@ -20,6 +20,8 @@ fn compare_quick_runs_every_experiment() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "ferry compare failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    // Its figures are for checking, and it says so first.
+    assert!(stdout.lines().next().unwrap_or("").contains("not measurements"), "{stdout}");
     for title in [
         "Raw limits",
         "1. Sequential read vs request size",

@@ -91,6 +91,8 @@ impl Drop for NobodyServer {
 fn serve_as_nobody(export: &Path, state: &Path) -> NobodyServer {
     use std::io::BufRead;
     let token = state.join("token");
+    // nobody's HOME is /nonexistent: its state directory is named, or the
+    // server would refuse to start without one.
     let mut child = Command::new("runuser")
         .args(["-u", "nobody", "--"])
         .arg(FERRY)
@@ -98,6 +100,8 @@ fn serve_as_nobody(export: &Path, state: &Path) -> NobodyServer {
         .arg(export)
         .args(["--listen", "127.0.0.1:0", "--token-file"])
         .arg(&token)
+        .arg("--state-dir")
+        .arg(state.join("sessions"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

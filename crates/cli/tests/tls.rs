@@ -1,4 +1,4 @@
-//! TLS between clients and `ferry serve` (README "Deploying on a
+//! TLS between clients and `ferry serve` (docs/security-and-deploying.md, "Deploying on a
 //! network"): what passes on the wire is sealed (captured here by a relay
 //! in the middle), the first certificate is trusted and kept and a changed
 //! one refused, a server that requires TLS gets it from a client that did

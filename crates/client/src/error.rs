@@ -44,8 +44,14 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             // The server's message is strerror text; show the local one so it
-            // reads exactly like a local failure.
-            Error::Remote { errno, .. } => write!(f, "{}", strip_os_error(&io::Error::from_raw_os_error(*errno))),
+            // reads exactly like a local failure, with what the server adds
+            // in parentheses after it (why: e.g. root squash).
+            Error::Remote { errno, message } => {
+                let text = strip_os_error(&io::Error::from_raw_os_error(*errno));
+                let why =
+                    message.strip_prefix(text.as_str()).filter(|r| r.starts_with(" (") && !r.starts_with(" (os error"));
+                write!(f, "{text}{}", why.unwrap_or(""))
+            }
             Error::Io { message, .. } => write!(f, "connection failed: {message}"),
             Error::Protocol(m) => write!(f, "protocol error: {m}"),
             Error::Auth(m) => write!(f, "{m}"),

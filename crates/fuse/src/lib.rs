@@ -30,10 +30,12 @@ use fuser::{
 };
 
 mod callers;
+mod fusermount;
 mod invalidate;
 mod locks;
 
 pub use fuser::BackgroundSession;
+pub use fusermount::find as fusermount3;
 pub use invalidate::Invalidator;
 pub use null::{spawn_null, NullFs, NULL_FILE};
 
@@ -91,9 +93,35 @@ pub struct MountConfig {
     pub threads: usize,
 }
 
+/// A mount served on background threads.
+pub struct Mounted {
+    session: BackgroundSession,
+    // Declared after `session`: dropped last, it unmounts (see `fusermount`).
+    helper: Option<fusermount::Helper>,
+}
+
+impl Mounted {
+    pub(crate) fn new(session: BackgroundSession) -> Mounted {
+        Mounted { session, helper: None }
+    }
+
+    /// Whether the session has ended (the mount went away).
+    pub fn is_finished(&self) -> bool {
+        self.session.guard.is_finished()
+    }
+
+    /// Waits for the session to end (once unmounted).
+    pub fn join(self) -> io::Result<()> {
+        let Mounted { session, helper } = self;
+        let r = session.join();
+        drop(helper);
+        r
+    }
+}
+
 /// Mounts `fs` on `mountpoint` and serves it on background threads until
 /// the returned session is dropped (which unmounts) or the mount goes away.
-pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<BackgroundSession> {
+pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     // Leases, where the server grants them: its breaks become the kernel's
     // invalidations (queued until the mount is up).
     let inval = Invalidator::new(Arc::clone(&fs.nodes), Arc::clone(&fs.recent));
@@ -103,9 +131,6 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Ba
     let mut opts = vec![MountOption::FSName(cfg.fsname.replace(',', "\\,")), MountOption::Subtype("ferry".into())];
     if cfg.read_only {
         opts.push(MountOption::RO);
-    }
-    if cfg.auto_unmount {
-        opts.push(MountOption::AutoUnmount);
     }
     for o in &cfg.options {
         opts.push(parse_option(o));
@@ -118,27 +143,59 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Ba
     if cfg.allow_other && !fs.callers.on() && !opts.contains(&MountOption::DefaultPermissions) {
         opts.push(MountOption::DefaultPermissions);
     }
+    let auto_unmount = cfg.auto_unmount || opts.contains(&MountOption::AutoUnmount);
+    opts.retain(|o| *o != MountOption::AutoUnmount);
     let mut config = Config::default();
-    config.mount_options = opts;
-    // fuser wants an ACL other than owner-only for auto_unmount (fusermount
-    // needs allow_other or allow_root for it); root-and-owner keeps others
-    // out all the same.
-    config.acl = if cfg.allow_other {
-        SessionACL::All
-    } else if cfg.auto_unmount {
-        SessionACL::RootAndOwner
-    } else {
-        SessionACL::Owner
-    };
     // Several readers of /dev/fuse, so a slow request (a big read) does not
     // hold up a `stat`; the client engine pipelines them on one connection.
     config.n_threads = Some(if cfg.threads == 0 { 4 } else { cfg.threads });
     config.clone_fd = true;
+    if auto_unmount && !cfg.allow_other {
+        // A private mount: fusermount3 mounts it for us, without the
+        // allow_other fuser would add (which it refuses to users).
+        let text: Vec<String> = opts.iter().map(option_text).collect();
+        let (fd, helper) = fusermount::mount(mountpoint, &text, true)?;
+        config.mount_options = opts;
+        let session = fuser::Session::from_fd(fs, fd, SessionACL::Owner, config)?.spawn()?;
+        if leased {
+            inval.start(session.notifier())?;
+        }
+        return Ok(Mounted { session, helper: Some(helper) });
+    }
+    if auto_unmount {
+        opts.push(MountOption::AutoUnmount);
+    }
+    config.mount_options = opts;
+    config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     if leased {
         inval.start(session.notifier())?;
     }
-    Ok(session)
+    Ok(Mounted::new(session))
+}
+
+/// A mount option as `mount.fuse` and `fusermount3` spell it.
+fn option_text(o: &MountOption) -> String {
+    match o {
+        MountOption::FSName(n) => format!("fsname={n}"),
+        MountOption::Subtype(t) => format!("subtype={t}"),
+        MountOption::CUSTOM(v) => v.clone(),
+        MountOption::AutoUnmount => "auto_unmount".into(),
+        MountOption::DefaultPermissions => "default_permissions".into(),
+        MountOption::Dev => "dev".into(),
+        MountOption::NoDev => "nodev".into(),
+        MountOption::Suid => "suid".into(),
+        MountOption::NoSuid => "nosuid".into(),
+        MountOption::RO => "ro".into(),
+        MountOption::RW => "rw".into(),
+        MountOption::Exec => "exec".into(),
+        MountOption::NoExec => "noexec".into(),
+        MountOption::Atime => "atime".into(),
+        MountOption::NoAtime => "noatime".into(),
+        MountOption::DirSync => "dirsync".into(),
+        MountOption::Sync => "sync".into(),
+        MountOption::Async => "async".into(),
+    }
 }
 
 fn parse_option(s: &str) -> MountOption {

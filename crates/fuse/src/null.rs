@@ -19,7 +19,7 @@ use fuser::{
     ReplyOpen, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 
-use crate::{BackgroundSession, MAX_IO};
+use crate::{Mounted, MAX_IO};
 
 /// The one file's name in the root directory.
 pub const NULL_FILE: &str = "data";
@@ -80,7 +80,7 @@ pub fn spawn_null(
     ttl: Duration,
     threads: usize,
     auto_unmount: bool,
-) -> io::Result<BackgroundSession> {
+) -> io::Result<Mounted> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(mountpoint)?;
     let mut config = Config::default();
@@ -94,7 +94,7 @@ pub fn spawn_null(
     }
     config.n_threads = Some(threads.max(1));
     config.clone_fd = true;
-    fuser::spawn_mount(NullFs::new(size, ttl, (m.uid(), m.gid())), mountpoint, &config)
+    fuser::spawn_mount(NullFs::new(size, ttl, (m.uid(), m.gid())), mountpoint, &config).map(Mounted::new)
 }
 
 impl Filesystem for NullFs {

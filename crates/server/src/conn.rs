@@ -100,6 +100,9 @@ pub struct Conn<B: Backend> {
     /// This connection turned leases on (`LeaseOn`): its replies grant
     /// them, and its session's breaks come on it.
     leases_here: Arc<AtomicBool>,
+    /// Caller slots that claimed root and were squashed: a refusal to one
+    /// says why (the bare EACCES of a root user otherwise baffles).
+    squashed: Arc<Mutex<std::collections::HashSet<u16>>>,
 }
 
 /// What every connection of a server shares.
@@ -183,6 +186,7 @@ impl<B: Backend> Conn<B> {
             ticket: None,
             from,
             leases_here: Arc::default(),
+            squashed: Arc::default(),
         })
     }
 
@@ -221,6 +225,7 @@ impl<B: Backend> Conn<B> {
             ticket: None,
             from: self.from,
             leases_here: Arc::clone(&self.leases_here),
+            squashed: Arc::clone(&self.squashed),
         })
     }
 
@@ -705,6 +710,11 @@ impl<B: Backend> Conn<B> {
         if let Request::Caller { slot, uid, gid, groups } = req {
             let named = match &self.common.cfg.identity {
                 Some(p) if caps & caps::IDENTITY != 0 => {
+                    if uid == 0 && p.squash_root {
+                        lock(&self.squashed).insert(slot);
+                    } else {
+                        lock(&self.squashed).remove(&slot);
+                    }
                     p.resolve(uid, gid, ferry_proto::caller_groups(groups)).and_then(|c| {
                         // Ids the kernel will not give a thread (outside
                         // this user namespace's map) are refused here, not
@@ -869,6 +879,9 @@ impl<B: Backend> Conn<B> {
                 Err(e) => encode_errno(e, h.op, h.id, &mut out),
             },
             Ok(a) => encode_answer(a, h.op, h.id, &mut out),
+            Err(e) if creds.is_some() && is_denial(e) && lock(&self.squashed).contains(&h.flags) => {
+                self.squashed_refusal(e, h.op, h.id, &mut out)
+            }
             Err(e) => encode_errno(e, h.op, h.id, &mut out),
         }
         if let Some(g) = guard.as_mut() {
@@ -989,6 +1002,31 @@ impl<B: Backend> Conn<B> {
     }
 
     /// An error reply to a well-formed request the server will not run.
+    /// A refusal to a client's root acting as the anonymous user: the
+    /// reply says why (the CLI shows it), and the log says so once a
+    /// minute at most.
+    fn squashed_refusal(&self, e: Errno, op: u16, id: u64, out: &mut Vec<u8>) {
+        FAILED.with(|f| f.set(true));
+        let anon = self.common.cfg.identity.as_ref().map_or(65534, |p| p.anon_uid);
+        static LAST: AtomicU64 = AtomicU64::new(0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let last = LAST.load(Relaxed);
+        if now.saturating_sub(last) >= 60 && LAST.compare_exchange(last, now, Relaxed, Relaxed).is_ok() {
+            tracing::warn!(
+                peer = %self.peer,
+                "refused a client's root, which acts here as uid {anon} (root squash): serve with \
+                 --no-root-squash on a machine of your own, or run ferry serve as your own user \
+                 (said once a minute at most)"
+            );
+        }
+        let msg = format!(
+            "{} (the server squashes root: this client's root acts there as uid {anon}; start ferry serve \
+             with --no-root-squash on a machine of your own, or run it as your own user)",
+            io::Error::from_raw_os_error(e.0).to_string().split(" (os error").next().unwrap_or_default()
+        );
+        ErrorReply { errno: e.0 as u32, message: &msg }.encode(op, id, out);
+    }
+
     fn queue_refusal(&mut self, h: Header, e: Errno, msg: &str) -> Result<(), End> {
         ErrorReply { errno: e.0 as u32, message: msg }.encode(h.op, h.id, &mut self.out);
         self.maybe_flush()
@@ -1169,6 +1207,11 @@ fn count_sent(n: usize) {
 }
 
 /// An error reply saying `e` in words.
+/// A refusal for want of rights.
+fn is_denial(e: Errno) -> bool {
+    e.0 == libc::EACCES || e.0 == libc::EPERM
+}
+
 fn encode_errno(e: Errno, op: u16, id: u64, out: &mut Vec<u8>) {
     FAILED.with(|f| f.set(true));
     let msg = io::Error::from_raw_os_error(e.0).to_string();

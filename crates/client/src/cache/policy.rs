@@ -76,8 +76,8 @@ impl Rules {
     pub fn parse(path: &Path, text: &[u8]) -> Result<Rules, String> {
         let mut r = Rules { file: path.to_path_buf(), ..Rules::default() };
         for (i, line) in text.split(|&c| c == b'\n').enumerate() {
-            let line = line.trim_ascii();
-            if line.is_empty() || line.starts_with(b"#") {
+            let line = strip_comment(line).trim_ascii();
+            if line.is_empty() {
                 continue;
             }
             let bad = |what: &str| format!("{}:{}: {what}", path.display(), i + 1);
@@ -110,6 +110,13 @@ impl Rules {
                 .then(|| Decision { cache: *cache, source: Source::Rule(self.file.clone(), *line) })
         })
     }
+}
+
+/// The line without its comment: from a `#` that starts the line or
+/// follows a blank, as in the shell (a `#` inside a glob stays).
+fn strip_comment(line: &[u8]) -> &[u8] {
+    let at = (0..line.len()).find(|&i| line[i] == b'#' && (i == 0 || line[i - 1].is_ascii_whitespace()));
+    at.map_or(line, |i| &line[..i])
 }
 
 /// `10G`, `512M`, `4096`.
@@ -226,6 +233,16 @@ mod tests {
         assert_eq!(decide(&r, b"/d/f", cache::NONE, b""), Decision { cache: false, source: Source::Default });
         // A top-level file named __x is itself the name that decides.
         assert_eq!(decide(&r, b"/__x", cache::NONE, b"").source, Source::Name(b"__x".to_vec()));
+    }
+
+    #[test]
+    fn trailing_comments_are_not_part_of_a_value() {
+        let r = rules("cache  /datasets/**   # from the root\nbypass *.tmp # name\ncache a#b\ndir /var/c  # there\nsize 20G # max\n");
+        assert_eq!(r.dir, Some(PathBuf::from("/var/c")));
+        assert_eq!(r.size, Some(20 << 30));
+        assert!(decide(&r, b"/datasets/a.bin", cache::NONE, b"").cache);
+        assert_eq!(decide(&r, b"/x/y.tmp", cache::NONE, b"").source, Source::Rule(PathBuf::from("c.conf"), 2));
+        assert!(decide(&r, b"/d/a#b", cache::NONE, b"").cache);
     }
 
     #[test]
