@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Export a directory (or an in-memory file system).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Copy files; either side may be a ferry:// URL.
     Cp {
         /// Copy directories recursively.
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
     }
     let tf = cli.token_file.as_deref();
     let result = match cli.cmd {
-        Cmd::Serve(a) => serve::run(a, tf),
+        Cmd::Serve(a) => serve::run(*a, tf),
         Cmd::Cp { recursive, src, dst } => commands::cp(tf, &src, &dst, recursive),
         Cmd::Cat { url } => commands::cat(tf, &url),
         Cmd::Ls { long, all, urls } => commands::ls(tf, &urls, long, all),

@@ -80,6 +80,13 @@ pub struct ServeArgs {
     /// moving between them finds by its id a file renamed meanwhile.
     #[arg(long, value_name = "FILE", conflicts_with = "memory")]
     id_key: Option<PathBuf>,
+    /// Where this gateway keeps fence records: a directory on the shared
+    /// volume that every gateway of it names (default: `.ferry-fence` in
+    /// the export of a shared volume). A client that leaves a gateway that
+    /// stopped answering fences its session there, so that the gateway,
+    /// if it wakes, applies none of that client's old requests.
+    #[arg(long, value_name = "DIR", conflicts_with = "memory")]
+    fence_dir: Option<PathBuf>,
     /// Require TLS from TCP clients on any address (the default off
     /// loopback). Without a certificate one is made (self-signed) and its
     /// fingerprint said on stderr; clients trust it on first use.
@@ -214,11 +221,21 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
                 dir.display()
             );
         }
-        backend.set_shared(a.shared_volume || fs_type.is_some());
+        let shared = a.shared_volume || fs_type.is_some();
+        backend.set_shared(shared);
+        if shared && a.fence_dir.is_none() {
+            cfg.fence_dir = Some(dir.join(ferry_server::fence::DIR_NAME));
+        }
         cfg.identity = identity;
         cfg.state_dir = state_dir(&a.state_dir, a.no_state, &dir)?;
         Export::Dir(backend)
     };
+    if let Some(d) = &a.fence_dir {
+        cfg.fence_dir = Some(d.clone());
+    }
+    if let Some(d) = &cfg.fence_dir {
+        tracing::info!("fence records in {}: a client that leaves a gateway fences its session", d.display());
+    }
     if let Some(f) = &a.id_key {
         cfg.id_key = Some(id_key(f)?);
     }

@@ -101,6 +101,10 @@ pub mod caps {
     /// request as its caller (PROTOCOL.md 8.8). Offered only by servers
     /// that do.
     pub const IDENTITY: u64 = 1 << 12;
+    /// `SessionFence`: the server keeps fence records on a shared volume,
+    /// so that a gateway a client left refuses that client's old requests
+    /// (PROTOCOL.md 8.3). Offered only by servers of a shared volume.
+    pub const FENCE: u64 = 1 << 13;
     /// Everything this implementation offers.
     pub const ALL: u64 = READDIRPLUS
         | XATTR
@@ -114,7 +118,8 @@ pub mod caps {
         | CACHING
         | DATA_CHANNELS
         | SAME_HOST
-        | IDENTITY;
+        | IDENTITY
+        | FENCE;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

@@ -61,6 +61,9 @@ pub mod op {
     /// Names a caller (user, group, groups) for the requests that carry
     /// its slot in their header (capability `IDENTITY`).
     pub const CALLER: u16 = 52;
+    /// Fences the client's earlier sessions on other gateways (capability
+    /// `FENCE`).
+    pub const SESSION_FENCE: u16 = 53;
 
     /// The operation's name (lower case, as in `PROTOCOL.md`), or
     /// `"unknown"`: for logs and metrics.
@@ -112,6 +115,7 @@ pub mod op {
             LOCAL_ADDR => "local_addr",
             FILE_FD => "file_fd",
             CALLER => "caller",
+            SESSION_FENCE => "session_fence",
             _ => "unknown",
         }
     }
@@ -402,6 +406,16 @@ pub enum Request<'a> {
         id: u64,
         proof: [u8; 32],
     },
+    /// Names this connection's session the client's `epoch`-th (capability
+    /// `FENCE`): the gateway raises the fence record of `owner` (a secret
+    /// the client drew; the record is named by its hash) on the shared
+    /// volume to `epoch`, and every gateway refuses requests of a session
+    /// of `owner` with a lower epoch from then on. `ESTALE` if the record is
+    /// past `epoch` already.
+    SessionFence {
+        owner: [u8; 32],
+        epoch: u64,
+    },
 }
 
 /// Most supplementary groups a `Caller` names (Linux's `NGROUPS_MAX`).
@@ -521,6 +535,7 @@ impl<'a> Request<'a> {
             Request::SessionNew => op::SESSION_NEW,
             Request::SessionNewVolatile => op::SESSION_NEW_VOLATILE,
             Request::SessionAttach { .. } => op::SESSION_ATTACH,
+            Request::SessionFence { .. } => op::SESSION_FENCE,
             Request::Caller { .. } => op::CALLER,
         }
     }
@@ -567,6 +582,10 @@ impl<'a> Request<'a> {
             Request::SessionAttach { id, proof } => {
                 w.u64(*id);
                 w.raw(proof);
+            }
+            Request::SessionFence { owner, epoch } => {
+                w.raw(owner);
+                w.u64(*epoch);
             }
             Request::Open { path, flags, mode } | Request::OpenId { path, flags, mode } => {
                 w.u32(*flags);
@@ -867,6 +886,9 @@ impl<'a> Request<'a> {
             op::SESSION_NEW_VOLATILE => Request::SessionNewVolatile,
             op::SESSION_ATTACH => {
                 Request::SessionAttach { id: r.u64("session_attach.id")?, proof: r.array32("session_attach.proof")? }
+            }
+            op::SESSION_FENCE => {
+                Request::SessionFence { owner: r.array32("session_fence.owner")?, epoch: r.u64("session_fence.epoch")? }
             }
             op::LOCK | op::GETLOCK => {
                 let handle = r.u64("lock.handle")?;
@@ -1189,7 +1211,8 @@ impl<'a> Reply<'a> {
             | op::REMOVEXATTR
             | op::CACHE_SET
             | op::LOCK
-            | op::CALLER => Reply::Empty,
+            | op::CALLER
+            | op::SESSION_FENCE => Reply::Empty,
             op::SESSION_NEW | op::SESSION_NEW_VOLATILE | op::SESSION_ATTACH => {
                 Reply::Session { id: r.u64("session.id")?, lease_ms: r.u32("session.lease_ms")? }
             }

@@ -12,7 +12,8 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 46] = [
+const ALL_OPS: [u16; 47] = [
+    op::SESSION_FENCE,
     op::CALLER,
     op::LOCAL_ADDR,
     op::FILE_FD,
@@ -64,7 +65,7 @@ const ALL_OPS: [u16; 46] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 46;
+const REQUEST_VARIANTS: usize = 47;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -116,6 +117,7 @@ fn request_index(r: &Request) -> usize {
         Request::LocalAddr => 43,
         Request::FileFd { .. } => 44,
         Request::Caller { .. } => 45,
+        Request::SessionFence { .. } => 46,
     }
 }
 
@@ -230,6 +232,7 @@ fn build_request(r: &RawRequest) -> Request<'_> {
             gid: r.d,
             groups: &r.data[..(r.data.len() / 4 * 4).min(4 * ferry_proto::MAX_GROUPS)],
         },
+        46 => Request::SessionFence { owner: [r.d as u8; 32], epoch: r.b },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -364,6 +367,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
             op::CACHE_SET,
             op::LOCK,
             op::CALLER,
+            op::SESSION_FENCE,
         ],
         3 => &[op::OPEN],
         4 => &[op::READ, op::PREAD],

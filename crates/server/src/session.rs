@@ -157,6 +157,8 @@ pub struct Session<B: Backend> {
     /// from the look into the reply cache to the reply kept: a request
     /// sent again (after a lost connection) finds its first run finished.
     pub once: Mutex<Once>,
+    /// Its fence (`SessionFence`), if its client named one.
+    fence: Mutex<Option<Arc<crate::fence::Fence>>>,
 }
 
 struct Table<F> {
@@ -251,7 +253,17 @@ impl<B: Backend> Session<B> {
             conn: locks::new_conn_id(),
             locked: AtomicBool::new(false),
             once: Mutex::default(),
+            fence: Mutex::default(),
         }
+    }
+
+    /// The session's fence, if it has one.
+    pub fn fence(&self) -> Option<Arc<crate::fence::Fence>> {
+        self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_fence(&self, f: crate::fence::Fence) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(f));
     }
 
     /// The id a client gets for `file`, open with attributes `attr`.
@@ -424,6 +436,7 @@ impl<B: Backend> Session<B> {
             | Request::SessionNew
             | Request::SessionNewVolatile
             | Request::SessionAttach { .. }
+            | Request::SessionFence { .. }
             | Request::LocalAddr
             | Request::Caller { .. }
             | Request::FileFd { .. } => Err(Errno::INVAL),
