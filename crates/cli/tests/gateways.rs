@@ -1060,3 +1060,37 @@ fn glusterfs_a_stopped_gateway_is_left_and_fenced() {
     library_client_leaves_a_stopped_gateway(&g);
     ferry_run_leaves_a_stopped_gateway(&g);
 }
+
+/// One server is waited for, however long it is stopped: the bound applies
+/// only where there is another gateway to go to (and the gateway fences).
+/// Here a server of a shared volume (`--shared-volume`: it fences) alone
+/// in the URL, stopped for longer than the client's bound.
+#[test]
+fn a_single_server_stopped_is_waited_for() {
+    let dir = TempDir::new("gw-single");
+    let state = TempDir::new("gw-single-state");
+    let token = state.path().join("token");
+    let s = Serve::launch_with(dir.path().as_os_str(), 0, &token, &["--shared-volume"]);
+    let opts = Options {
+        token: Some(fs::read_to_string(&token).unwrap().trim().as_bytes().to_vec()),
+        reconnect: Some(Duration::from_secs(20)),
+        same_host: false,
+        gateway_timeout: Duration::from_secs(1),
+        ..Options::default()
+    };
+    let c = Client::connect(&format!("127.0.0.1:{}", s.port), &opts).unwrap();
+    let mut f = c.open("/f", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
+    f.write_at(b"before", 0).unwrap();
+    let stopped = Stopped::stop(s.pid());
+    let waker = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        drop(stopped);
+    });
+    let t0 = std::time::Instant::now();
+    f.write_at(b"during", 6).unwrap();
+    f.sync_all().unwrap();
+    assert!(t0.elapsed() >= Duration::from_secs(2), "the write did not wait for the stopped server");
+    waker.join().unwrap();
+    assert_eq!(c.reconnect_count(), 0, "the client gave its only server up");
+    assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"beforeduring");
+}
