@@ -410,7 +410,9 @@ impl<B: Backend> Conn<B> {
         if self.common.cfg.identity.is_none() {
             caps &= !caps::IDENTITY;
         }
-        if self.common.fences.is_none() {
+        // A read-only gateway applies nothing a fence would keep out, and
+        // must not write records to the volume for its clients.
+        if self.common.fences.is_none() || self.common.cfg.read_only {
             caps &= !caps::FENCE;
         }
         let offer = ServerOffer {
