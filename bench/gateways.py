@@ -16,7 +16,9 @@ write (+ fsync), a file of their own, at the same time:
 - direct:      `dd` on the JuiceFS mounts (what a user would do without
                ferry; clients alternate between the two mounts),
 - 1 gateway:   `ferry run -- dd` through the first gateway only,
-- 2 gateways:  `ferry run -- dd` through both (clients alternate).
+- 2 gateways:  `ferry run -- dd` through both (clients alternate),
+- 1 gw, no fence: through a third gateway on the first mount, started with
+               `--disable-caps fence` (the fence's cost, in the same run).
 
 Each figure is the aggregate MB/s (all clients' bytes over the wall time of
 the slowest), the median of --runs runs, the order of the systems rotated
@@ -30,6 +32,8 @@ URL writes 1 MiB and fsyncs, round after round, and its gateway is stopped
 (SIGSTOP, found by its TCP connection) after round 5: printed is how long
 after the stop its next round ended (through the other gateway, once the
 client gave the stopped one up after FERRY_GATEWAY_TIMEOUT, 5 s by default).
+Last, what reading a fence record through a mount costs (a gateway thread
+serving a client that may move reads its record at most every 0.1 s).
 
 Usage: bench/gateways.py [--fs juicefs|glusterfs] [--ferry target/release/ferry]
        [--size-mib 256] [--runs 3] [--clients 2,4] [--juicefs juicefs]
@@ -148,10 +152,14 @@ class Setup:
         args = self.args
         self.token = os.path.join(self.dir, "token")
         self.ports = []
-        for i, mp in enumerate(self.nodes):
+        # The third: a gateway on the first mount that fences no session,
+        # for the fence's cost in the same run.
+        for i, (mp, extra) in enumerate([(self.nodes[0], []), (self.nodes[1], []),
+                                         (self.nodes[0], ["--disable-caps", "fence"])]):
             env = dict(os.environ, XDG_STATE_HOME=os.path.join(self.dir, f"state{i}"))
             p = subprocess.Popen([args.ferry, "serve", mp, "--listen", "127.0.0.1:0", "--no-root-squash",
-                                  "--token-file", self.token], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+                                  "--token-file", self.token] + extra,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
             self.serves.append(p)
             line = p.stdout.readline().decode()
             self.ports.append(int(line.strip().rsplit(":", 1)[1]))
@@ -232,15 +240,15 @@ def stopped_gateway_move(s, env, args):
     (SIGSTOP). Returns the seconds from the stop to the end of its next
     round (the move to the other gateway within it), and continues the
     stopped gateway."""
-    url = "ferry://" + ",".join(f"127.0.0.1:{p}" for p in s.ports) + "/"
+    url = "ferry://" + ",".join(f"127.0.0.1:{p}" for p in s.ports[:2]) + "/"
     cmd = [args.ferry, "run", "--mount", f"/remote={url}", "--", "python3", "-c", STOP_WRITER, "/remote/stopped", "40"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for _ in range(6):
             p.stdout.readline()
-        used = peers_on(set(s.ports))
+        used = peers_on(set(s.ports[:2]))
         if len(used) != 1:
-            sys.exit(f"gateways.py: the writer's gateway is not one of {s.ports}: {used}")
+            sys.exit(f"gateways.py: the writer's gateway is not one of {s.ports[:2]}: {used}")
         gw = s.serves[s.ports.index(used.pop())]
         os.kill(gw.pid, signal.SIGSTOP)
         t0 = time.monotonic()
@@ -254,8 +262,26 @@ def stopped_gateway_move(s, env, args):
     finally:
         if p.poll() is None:
             p.kill()
-        for g in s.serves:
+        for g in s.serves[:2]:
             os.kill(g.pid, signal.SIGCONT)
+
+
+def record_read_us(s):
+    """Microseconds to read a fence record through a gateway's mount (open,
+    read, close, as a gateway thread does at most every 0.1 s), median of
+    200; the records are those the moves above raised."""
+    d = os.path.join(s.nodes[0], ".ferry-fence")
+    recs = [f for f in os.listdir(d) if not f.startswith(".")]
+    if not recs:
+        sys.exit(f"gateways.py: no fence record in {d} after the moves")
+    path = os.path.join(d, recs[0])
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        with open(path) as f:
+            f.read()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
 
 
 def run_clients(cmds):
@@ -291,7 +317,8 @@ def main():
         top = max(counts)
         for i in range(top):
             shutil.copyfile(src, os.path.join(s.nodes[0], f"r{i}"))
-        gw = [f"127.0.0.1:{p}" for p in s.ports]
+        gw = [f"127.0.0.1:{p}" for p in s.ports[:2]]
+        unfenced = f"127.0.0.1:{s.ports[2]}"
         dd = ["dd", "bs=1M", "status=none"]
 
         def through(addrs, i, argv):
@@ -307,36 +334,43 @@ def main():
             argv = dd + ([f"if={path}", "of=/dev/null"] if op == "read" else [f"if={src}", f"of={path}", "conv=fsync"])
             if system == "direct":
                 return (argv, env)
+            if system == "1 gw, no fence":
+                return through([unfenced], i, argv)
             return through(gw[:1] if system == "1 gateway" else gw, i, argv)
 
-        systems = ["direct", "1 gateway", "2 gateways"]
+        systems = ["direct", "1 gateway", "2 gateways", "1 gw, no fence"]
         results = {}
         loop = []
         for r in range(args.runs):
             loop.append(loopback_mbs(args.ferry))
-            order = systems[r % 3:] + systems[:r % 3]
+            order = systems[r % len(systems):] + systems[:r % len(systems)]
             for n in counts:
                 for op in ["read", "write"]:
                     for system in order:
                         secs = run_clients([command(system, op, i) for i in range(n)])
                         results.setdefault((n, op, system), []).append(n * size / secs / 1e6)
         moves = [stopped_gateway_move(s, env, args) for _ in range(args.runs)]
+        record_us = record_read_us(s)
         os.remove(src)
         raw = statistics.median(loop)
         fs = "JuiceFS volume (local file storage)" if args.fs == "juicefs" else "GlusterFS replica-2 volume"
         print(f"{fs} mounted twice, a ferry gateway on each; {args.size_mib} MiB per client, "
               f"median of {args.runs} runs, system order rotated")
         print(f"raw loopback (one TCP stream, 1 MiB writes, same run): {raw:,.0f} MB/s; cores: {os.cpu_count()}")
-        print(f"{'clients':>7} {'op':>6} " + " ".join(f"{x:>12}" for x in systems) + "   ratios to direct / to loopback")
+        print(f"{'clients':>7} {'op':>6} " + " ".join(f"{x:>14}" for x in systems)
+              + "   ratios to direct / to loopback; fenced / not, one gateway")
         for n in counts:
             for op in ["read", "write"]:
                 figs = [statistics.median(results[(n, op, x)]) for x in systems]
-                ratios = " ".join(f"{f / figs[0]:.2f}/{f / raw:.2f}" for f in figs[1:])
-                print(f"{n:>7} {op:>6} " + " ".join(f"{f:>12,.0f}" for f in figs) + f"   {ratios}")
+                ratios = " ".join(f"{f / figs[0]:.2f}/{f / raw:.2f}" for f in figs[1:3])
+                print(f"{n:>7} {op:>6} " + " ".join(f"{f:>14,.0f}" for f in figs) + f"   {ratios}; {figs[1] / figs[3]:.2f}")
         bound = env.get("FERRY_GATEWAY_TIMEOUT", "5")
         print(f"a writer's gateway stopped (SIGSTOP): its next 1 MiB write + fsync ended {statistics.median(moves):.2f} s "
               f"after the stop, through the other gateway (median of {len(moves)}: "
               + ", ".join(f"{m:.2f}" for m in moves) + f"; bound FERRY_GATEWAY_TIMEOUT={bound} s)")
+        print(f"fence record read through a gateway's mount (open, read, close): {record_us:.0f} us, median of 200; "
+              f"a gateway thread serving a client that may move reads it at most every 0.1 s "
+              f"({record_us / 1e5 * 100:.3f} % of that thread)")
     finally:
         s.close()
 

@@ -184,6 +184,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "data-channels" => ferry_proto::caps::DATA_CHANNELS,
             "same-host" => ferry_proto::caps::SAME_HOST,
             "identity" => ferry_proto::caps::IDENTITY,
+            "fence" => ferry_proto::caps::FENCE,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }
@@ -234,7 +235,9 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         cfg.fence_dir = Some(d.clone());
     }
     if let Some(d) = &cfg.fence_dir {
-        tracing::info!("fence records in {}: a client that leaves a gateway fences its session", d.display());
+        if cfg.caps & ferry_proto::caps::FENCE != 0 {
+            tracing::info!("fence records in {}: a client that leaves a gateway fences its session", d.display());
+        }
     }
     if let Some(f) = &a.id_key {
         cfg.id_key = Some(id_key(f)?);
