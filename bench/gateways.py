@@ -33,7 +33,7 @@ URL writes 1 MiB and fsyncs, round after round, and its gateway is stopped
 after the stop its next round ended (through the other gateway, once the
 client gave the stopped one up after FERRY_GATEWAY_TIMEOUT, 5 s by default).
 Last, what reading a fence record through a mount costs (a gateway thread
-serving a client that may move reads its record at most every 0.1 s).
+serving a client that may move has its record read at most every 0.1 s).
 
 Usage: bench/gateways.py [--fs juicefs|glusterfs] [--ferry target/release/ferry]
        [--size-mib 256] [--runs 3] [--clients 2,4] [--juicefs juicefs]
@@ -268,7 +268,7 @@ def stopped_gateway_move(s, env, args):
 
 def record_read_us(s):
     """Microseconds to read a fence record through a gateway's mount (open,
-    read, close, as a gateway thread does at most every 0.1 s), median of
+    read, close, as a gateway does per session at most every 0.1 s), median of
     200; the records are those the moves above raised."""
     d = os.path.join(s.nodes[0], ".ferry-fence")
     recs = [f for f in os.listdir(d) if not f.startswith(".")]
@@ -369,8 +369,8 @@ def main():
               f"after the stop, through the other gateway (median of {len(moves)}: "
               + ", ".join(f"{m:.2f}" for m in moves) + f"; bound FERRY_GATEWAY_TIMEOUT={bound} s)")
         print(f"fence record read through a gateway's mount (open, read, close): {record_us:.0f} us, median of 200; "
-              f"a gateway thread serving a client that may move reads it at most every 0.1 s "
-              f"({record_us / 1e5 * 100:.3f} % of that thread)")
+              f"a gateway reads it per session that may move at most every 0.1 s "
+              f"({record_us / 1e5 * 100:.3f} % of one thread's time)")
     finally:
         s.close()
 

@@ -46,8 +46,6 @@ pub enum End {
 /// A connection, as one of the threads serving it holds it: the socket and
 /// what the connection's threads share, and this thread's own buffers.
 pub struct Conn<B: Backend> {
-    /// This thread's last read of its session's fence record, and when.
-    fence_read: Option<(Arc<crate::fence::Fence>, Instant)>,
     /// Read by one thread at a time, from a request's header to the moment
     /// the request may start (so requests start in the order sent).
     rx: Arc<Mutex<BufReader<Timed>>>,
@@ -182,7 +180,6 @@ impl<B: Backend> Conn<B> {
             grants: None,
             ticket: None,
             from,
-            fence_read: None,
         })
     }
 
@@ -220,7 +217,6 @@ impl<B: Backend> Conn<B> {
             grants: None,
             ticket: None,
             from: self.from,
-            fence_read: None,
         })
     }
 
@@ -669,7 +665,7 @@ impl<B: Backend> Conn<B> {
             }
         };
         if let Some(f) = session.fence() {
-            match fenced(&f, &mut self.fence_read, &mut self.creds, self.common.fences.as_deref()) {
+            match fenced(&f, &mut self.creds, self.common.fences.as_deref()) {
                 Ok(false) => {}
                 Ok(true) => return self.fenced_out(h),
                 Err(e) => return self.queue_error(h, e, "the session's fence record cannot be read"),
@@ -1216,24 +1212,22 @@ fn sendfile_all(sock: &Socket, fd: std::os::fd::BorrowedFd<'_>, mut offset: u64,
     Ok(())
 }
 
-/// Whether a thread's session (fence `f`) is fenced: known so, or its
-/// record read again when the thread last read it (`last`) `RECHECK` ago
-/// or more (a gateway stopped or stuck while its client moved always did).
+/// Whether a session (fence `f`) is fenced: known so, or its record read
+/// again when its last read began `RECHECK` ago or more (a gateway stopped
+/// or stuck while its client moved always did).
 fn fenced(
-    f: &Arc<crate::fence::Fence>,
-    last: &mut Option<(Arc<crate::fence::Fence>, Instant)>,
+    f: &crate::fence::Fence,
     creds: &mut crate::identity::ThreadCreds,
     fences: Option<&crate::fence::Fences>,
 ) -> Result<bool, Errno> {
     if f.known_fenced() {
         return Ok(true);
     }
-    let fresh = matches!(last, Some((g, at)) if Arc::ptr_eq(g, f) && at.elapsed() < crate::fence::RECHECK);
-    let Some(fences) = fences.filter(|_| !fresh) else { return Ok(false) };
+    if let Some(known) = f.recent() {
+        return Ok(known);
+    }
+    let Some(fences) = fences else { return Ok(false) };
     // The records are the server's own, whoever the thread acted for.
     creds.wear_own().map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
-    let read_at = Instant::now();
-    let is = fences.is_fenced(f)?;
-    *last = Some((Arc::clone(f), read_at));
-    Ok(is)
+    fences.is_fenced(f)
 }

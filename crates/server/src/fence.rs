@@ -9,7 +9,7 @@
 //! (written beside it and renamed over it, so that it is read whole, and
 //! as a new inode, which no gateway has cached). Every gateway reads the
 //! record of a fenced session before running its requests — again when
-//! the thread serving them last read it longer than `RECHECK` ago, which a
+//! its last read (by any thread) began `RECHECK` ago or more, which a
 //! gateway that was stopped or stuck always did — and a session whose
 //! record has gone past its epoch is fenced: its request is refused, its
 //! connection ended and the session dropped.
@@ -22,14 +22,15 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
 use crate::backend::Errno;
 
-/// How long a thread trusts its last read of a record. A client moves
+/// How long a session trusts the last read of its record. A client moves
 /// only after its gateway was silent for its bound (seconds), so a gateway
 /// stopped or stuck that long reads the record again before anything else.
 pub const RECHECK: Duration = Duration::from_millis(100);
@@ -50,6 +51,14 @@ pub struct Fence {
     name: String,
     epoch: u64,
     fenced: AtomicBool,
+    /// When the record was last read (`since_start`), by any thread.
+    read_at: AtomicU64,
+}
+
+/// Nanoseconds since the first call: a clock an atomic holds.
+fn since_start() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Fences {
@@ -93,7 +102,7 @@ impl Fences {
                 io_errno(&e)
             })?;
         }
-        Ok(Fence { name, epoch, fenced: AtomicBool::new(false) })
+        Ok(Fence { name, epoch, fenced: AtomicBool::new(false), read_at: AtomicU64::new(since_start()) })
     }
 
     fn write(&self, name: &str, epoch: u64) -> io::Result<()> {
@@ -126,6 +135,7 @@ impl Fences {
         if f.fenced.load(Relaxed) {
             return Ok(true);
         }
+        let started = since_start();
         let now = self.read(&f.name).map_err(|e| {
             tracing::warn!("fence record {}: {e}", self.dir.join(&f.name).display());
             Errno(libc::EIO)
@@ -133,6 +143,9 @@ impl Fences {
         if now > f.epoch {
             f.fenced.store(true, Relaxed);
         }
+        // After the verdict: a thread that finds this read recent finds a
+        // fence it saw set too.
+        f.read_at.fetch_max(started, Release);
         Ok(now > f.epoch)
     }
 }
@@ -141,6 +154,16 @@ impl Fence {
     /// Fenced already (no look at the record).
     pub fn known_fenced(&self) -> bool {
         self.fenced.load(Relaxed)
+    }
+
+    /// Whether the session is fenced as of the record's last read, if
+    /// that read (by any thread) began less than `RECHECK` ago; `None`:
+    /// the record is to be read again first.
+    pub fn recent(&self) -> Option<bool> {
+        let last = self.read_at.load(Acquire);
+        let fresh = since_start().saturating_sub(last) < RECHECK.as_nanos() as u64;
+        // Loaded after `read_at`: what the read that stored it found.
+        fresh.then(|| self.fenced.load(Relaxed))
     }
 
     #[cfg(test)]
