@@ -86,6 +86,13 @@ pub struct ServeArgs {
     /// moving between them finds by its id a file renamed meanwhile.
     #[arg(long, value_name = "FILE", conflicts_with = "memory")]
     id_key: Option<PathBuf>,
+    /// Where this gateway keeps fence records: a directory on the shared
+    /// volume that every gateway of it names (default: `.ferry-fence` in
+    /// the export of a shared volume). A client that leaves a gateway that
+    /// stopped answering fences its session there, so that the gateway,
+    /// if it wakes, applies none of that client's old requests.
+    #[arg(long, value_name = "DIR", conflicts_with = "memory")]
+    fence_dir: Option<PathBuf>,
     /// Require TLS from TCP clients on any address (the default off
     /// loopback). Without a certificate one is made (self-signed) and its
     /// fingerprint said on stderr; clients trust it on first use.
@@ -188,6 +195,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "same-host" => ferry_proto::caps::SAME_HOST,
             "identity" => ferry_proto::caps::IDENTITY,
             "leases" => ferry_proto::caps::LEASES,
+            "fence" => ferry_proto::caps::FENCE,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }
@@ -227,11 +235,23 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
                 dir.display()
             );
         }
-        backend.set_shared(a.shared_volume || fs_type.is_some());
+        let shared = a.shared_volume || fs_type.is_some();
+        backend.set_shared(shared);
+        if shared && a.fence_dir.is_none() {
+            cfg.fence_dir = Some(dir.join(ferry_server::fence::DIR_NAME));
+        }
         cfg.identity = identity;
         state_key = Some(dir);
         Export::Dir(backend)
     };
+    if let Some(d) = &a.fence_dir {
+        cfg.fence_dir = Some(d.clone());
+    }
+    if let Some(d) = &cfg.fence_dir {
+        if cfg.caps & ferry_proto::caps::FENCE != 0 {
+            tracing::info!("fence records in {}: a client that leaves a gateway fences its session", d.display());
+        }
+    }
     if let Some(f) = &a.id_key {
         cfg.id_key = Some(id_key(f)?);
     }

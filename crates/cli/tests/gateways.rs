@@ -864,3 +864,263 @@ fn juicefs_a_lock_lost_in_a_move_fails_its_holder() {
     let j = Juicefs::start("jfs-lost-lock");
     a_lock_lost_in_a_move_fails_its_holder(&Gateways::over("jfs-lost-lock", j.nodes(), None));
 }
+
+/// How long the stopped-gateway tests let a request go unanswered before
+/// the client leaves (`Options::gateway_timeout`, `FERRY_GATEWAY_TIMEOUT`).
+const STALL: Duration = Duration::from_secs(3);
+/// What a move may take beyond that (a new session, files opened again,
+/// unstable writes sent again), on a loaded machine.
+const MOVE_SLACK: Duration = Duration::from_secs(10);
+
+/// A gateway stopped with SIGSTOP, continued when this is dropped (also
+/// when the test fails).
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        // SAFETY: a signal to the process this test started (its PID).
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0, "SIGSTOP {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as in `stop`.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+/// The block size of the stopped-gateway writers.
+const BLK: usize = 65536;
+
+/// A library client writes through gateway A; A is stopped (SIGSTOP), and
+/// the client's next write, sent to A, goes unanswered: within the bound
+/// (plus the move's slack) the client moves to B, sends it again there and
+/// goes on; it then overwrites that block through B. A, continued, still
+/// holds the old write in its socket: it must not apply it (the session is
+/// fenced), so the file ends as the client last wrote it (issue #32,
+/// item 5).
+fn library_client_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+    use std::sync::mpsc;
+    use std::time::Instant;
+    let a = g.start(0);
+    let opts = Options { gateway_timeout: STALL, ..g.options() };
+    let c = Client::connect(&g.list(), &opts).unwrap();
+    let _b = g.start(1);
+    let mut rwc = OpenOptions::new();
+    rwc.read(true).write(true).create(true).truncate(true);
+    let mut f = c.open("/fenced", &rwc).unwrap();
+    let mut model = vec![1u8; 4 * BLK];
+    f.write_at(&model, 0).unwrap();
+    f.sync_all().unwrap();
+    let stopped = Stopped::stop(a.pid());
+    let t0 = Instant::now();
+    let (tx, rx) = mpsc::channel();
+    let writer = std::thread::spawn(move || {
+        let mut f = f;
+        let r = f.write_at(&[2u8; BLK], 0).and_then(|_| f.sync_all());
+        let _ = tx.send(r.map(|_| t0.elapsed()));
+        f
+    });
+    let took = match rx.recv_timeout(STALL + MOVE_SLACK + Duration::from_secs(20)) {
+        Ok(r) => r.unwrap_or_else(|e| panic!("the write across the stop failed: {e}")),
+        Err(_) => {
+            drop(stopped);
+            panic!("the client did not leave the stopped gateway (it waits for it)");
+        }
+    };
+    assert!(took <= STALL + MOVE_SLACK, "the client left the stopped gateway after {took:?} (bound {STALL:?})");
+    assert!(took >= STALL - Duration::from_millis(200), "the client left after {took:?}, before the bound");
+    let mut f = writer.join().unwrap();
+    // Through B: the block the stopped gateway holds a write of, again.
+    f.write_at(&[3u8; BLK], 0).unwrap();
+    f.sync_all().unwrap();
+    model[..BLK].fill(3);
+    // A wakes with the client's write of 2s in its socket, and would
+    // apply it after the 3s.
+    drop(stopped);
+    std::thread::sleep(Duration::from_secs(3));
+    for (at, got) in truth("fenced") {
+        assert!(got == model, "{at} differs from what the client wrote: block 0 starts {:?}", &got[..4]);
+    }
+    // A serves on (new clients), and the client goes on through B.
+    let on_a = Client::connect(&format!("127.0.0.1:{}", g.ports[0]), &g.options()).unwrap();
+    let mut back = vec![0u8; BLK];
+    let n = on_a.open("/fenced", OpenOptions::new().read(true)).unwrap().read_at(&mut back, 0).unwrap();
+    assert_eq!(n, BLK, "read through A after it woke");
+    f.write_at(&[4u8; BLK], BLK as u64).unwrap();
+    f.close().unwrap();
+    drop(a);
+}
+
+/// A program under `ferry run` writes and `fsync`s a block per round, round
+/// `r` into block `r % 4` (value `r % 251 + 1`); after round 10 its gateway
+/// A is stopped. Its next round must end within the bound (plus slack),
+/// through B, and its rounds go on; A, continued once the program is done,
+/// must apply none of the program's old writes: every block holds the last
+/// round's value written to it.
+fn ferry_run_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
+    use std::time::Instant;
+    const ROUNDS: usize = 40;
+    const K: usize = 4;
+    let script = r#"
+import os, sys, time
+path, rounds, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+for r in range(rounds):
+    os.pwrite(fd, bytes([r % 251 + 1]) * 65536, (r % k) * 65536)
+    os.fsync(fd)
+    print(r, flush=True)
+    time.sleep(0.05)
+os.close(fd)
+print("done", flush=True)
+"#;
+    let a = g.start(0);
+    let mut child = g
+        .python_under_ferry_run(120)
+        .env("FERRY_GATEWAY_TIMEOUT", STALL.as_secs_f64().to_string())
+        .args(["-c", script, "/remote/rounds", &ROUNDS.to_string(), &K.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            let _ = tx.send((l, Instant::now()));
+        }
+    });
+    let err = child.stderr.take().unwrap();
+    let said = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let line = |wait: Duration| rx.recv_timeout(wait).ok();
+    // Connected to A (B is down until now).
+    assert_eq!(line(Duration::from_secs(30)).map(|l| l.0).as_deref(), Some("0"), "the writer did not start");
+    let _b = g.start(1);
+    while let Some((l, _)) = line(Duration::from_secs(30)) {
+        if l == "10" {
+            break;
+        }
+    }
+    let stopped = Stopped::stop(a.pid());
+    let t0 = Instant::now();
+    let next = line(STALL + MOVE_SLACK + Duration::from_secs(20));
+    let Some((l, at)) = next else {
+        drop(stopped);
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the writer did not go on without its stopped gateway: {}", said.join().unwrap());
+    };
+    let took = at - t0;
+    assert!(took <= STALL + MOVE_SLACK, "round {l} ended {took:?} after the stop (bound {STALL:?})");
+    let mut last = l;
+    while let Some((l, _)) = line(Duration::from_secs(60)) {
+        last = l;
+        if last == "done" {
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    let said = said.join().unwrap();
+    assert_eq!(last, "done", "the writer did not finish: {said}");
+    assert!(status.success(), "{said}");
+    assert!(said.contains("moved to gateway"), "the writer did not move: {said}");
+    // A wakes with the program's old write (and `fsync`) in its socket.
+    drop(stopped);
+    std::thread::sleep(Duration::from_secs(3));
+    for (at, got) in truth("rounds") {
+        assert_eq!(got.len(), K * BLK, "{at}");
+        for b in 0..K {
+            let r = (0..ROUNDS).filter(|r| r % K == b).max().unwrap();
+            let want = (r % 251 + 1) as u8;
+            let block = &got[b * BLK..(b + 1) * BLK];
+            assert!(block.iter().all(|&x| x == want), "{at}: block {b} holds {} (round {r} wrote {want})", block[0]);
+        }
+    }
+    drop(a);
+}
+
+/// What the volume holds of a file (named from its root), as each place
+/// that can tell sees it — past every mount's page cache, which on one
+/// mount may still hold what another mount's gateway overwrote.
+type Truth<'a> = &'a dyn Fn(&str) -> Vec<(String, Vec<u8>)>;
+
+/// `path` read after its cached pages were dropped on this machine (its
+/// mount then asks the file system).
+fn uncached(path: &Path) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // SAFETY: advice on a descriptor we hold; no memory is passed.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise {}", path.display());
+    fs::read(path).unwrap()
+}
+
+/// On JuiceFS: a client of two gateways leaves the one stopped (SIGSTOP)
+/// within the bound, and the stopped one, continued, applies none of its
+/// old requests (issue #32, item 5): a library client and a program under
+/// `ferry run`.
+#[test]
+fn juicefs_a_stopped_gateway_is_left_and_fenced() {
+    let j = Juicefs::start("jfs-stop");
+    let g = Gateways::over("jfs-stop", j.nodes(), None);
+    let nodes = j.nodes();
+    let truth = |name: &str| nodes.iter().map(|n| (n.display().to_string(), uncached(&n.join(name)))).collect();
+    library_client_leaves_a_stopped_gateway(&g, &truth);
+    ferry_run_leaves_a_stopped_gateway(&g, &truth);
+}
+
+/// The same on GlusterFS.
+#[test]
+fn glusterfs_a_stopped_gateway_is_left_and_fenced() {
+    let (gl, g) = glusterfs_gateways("gl-stop");
+    // The bricks hold what the volume holds (replica 2: both of it).
+    let bricks = gl.bricks();
+    let truth = |name: &str| {
+        let on = |p: &Path| (p.display().to_string(), fs::read(p.join(name)).unwrap());
+        bricks
+            .iter()
+            .map(|b| on(b))
+            .chain(gl.nodes().iter().map(|n| (n.display().to_string(), uncached(&n.join(name)))))
+            .collect()
+    };
+    library_client_leaves_a_stopped_gateway(&g, &truth);
+    ferry_run_leaves_a_stopped_gateway(&g, &truth);
+}
+
+/// One server is waited for, however long it is stopped: the bound applies
+/// only where there is another gateway to go to (and the gateway fences).
+/// Here a server of a shared volume (`--shared-volume`: it fences) alone
+/// in the URL, stopped for longer than the client's bound.
+#[test]
+fn a_single_server_stopped_is_waited_for() {
+    let dir = TempDir::new("gw-single");
+    let state = TempDir::new("gw-single-state");
+    let token = state.path().join("token");
+    let s = Serve::launch_with(dir.path().as_os_str(), 0, &token, &["--shared-volume"]);
+    let opts = Options {
+        token: Some(fs::read_to_string(&token).unwrap().trim().as_bytes().to_vec()),
+        reconnect: Some(Duration::from_secs(20)),
+        same_host: false,
+        gateway_timeout: Duration::from_secs(1),
+        ..Options::default()
+    };
+    let c = Client::connect(&format!("127.0.0.1:{}", s.port), &opts).unwrap();
+    let mut f = c.open("/f", OpenOptions::new().write(true).create(true).truncate(true)).unwrap();
+    f.write_at(b"before", 0).unwrap();
+    let stopped = Stopped::stop(s.pid());
+    let waker = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        drop(stopped);
+    });
+    let t0 = std::time::Instant::now();
+    f.write_at(b"during", 6).unwrap();
+    f.sync_all().unwrap();
+    assert!(t0.elapsed() >= Duration::from_secs(2), "the write did not wait for the stopped server");
+    waker.join().unwrap();
+    assert_eq!(c.reconnect_count(), 0, "the client gave its only server up");
+    assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"beforeduring");
+}

@@ -194,6 +194,8 @@ impl Channels {
             // The main connection's server: of several gateways, the one
             // holding the session.
             let e = Engine::connect(main.addr(), &self.opts)?;
+            // A hung gateway is left whichever connection finds it so.
+            e.set_stall(main.stall());
             attach(&e, &ticket)?;
             if e.welcome().boot_id != main.welcome().boot_id {
                 return Err(Error::Protocol("another server instance answered".into()));

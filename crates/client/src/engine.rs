@@ -91,7 +91,18 @@ pub struct Options {
     pub tls: Option<bool>,
     /// Whom TLS trusts (`tls.rs`); [`Options::tls_from_env`] fills it.
     pub trust: crate::tls::Trust,
+    /// Of several gateways (with `reconnect`): how long a request may go
+    /// unanswered — no byte of any reply, or no byte of it sent — before
+    /// the client takes its gateway for hung and moves to the next, as
+    /// when the connection is lost. Only from a gateway that fences
+    /// (capability `FENCE`): it refuses the moved session's requests if it
+    /// wakes. Zero: wait for it as long as it takes (as for a single
+    /// server, always). `FERRY_GATEWAY_TIMEOUT` (seconds) sets it.
+    pub gateway_timeout: Duration,
 }
+
+/// `Options::gateway_timeout` by default.
+pub const GATEWAY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Moves a descriptor: given the current one, returns a new descriptor for
 /// the same socket (the old one is closed afterwards).
@@ -107,6 +118,7 @@ impl Options {
             self.data_channels =
                 v.parse().map_err(|_| format!("FERRY_DATA_CHANNELS={v}: expected a count (0: none)"))?;
         }
+        self = self.gateways_from_env()?;
         if let Ok(v) = std::env::var("FERRY_DATA_THRESHOLD") {
             self.data_threshold = v.parse().map_err(|_| format!("FERRY_DATA_THRESHOLD={v}: expected bytes"))?;
         }
@@ -116,6 +128,18 @@ impl Options {
             Ok(v) => return Err(format!("FERRY_SAME_HOST={v}: expected 0 or 1")),
         }
         self.tls_from_env()
+    }
+
+    /// These options with `FERRY_GATEWAY_TIMEOUT` (seconds a request may go
+    /// unanswered before the client leaves its gateway for another; 0:
+    /// never) from the environment.
+    pub fn gateways_from_env(mut self) -> std::result::Result<Options, String> {
+        if let Ok(v) = std::env::var("FERRY_GATEWAY_TIMEOUT") {
+            let secs = v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9);
+            let secs = secs.ok_or_else(|| format!("FERRY_GATEWAY_TIMEOUT={v}: expected seconds (0: never)"))?;
+            self.gateway_timeout = Duration::from_secs_f64(secs);
+        }
+        Ok(self)
     }
 
     /// These options with TLS's settings from the environment: `FERRY_TLS`
@@ -161,6 +185,7 @@ impl Default for Options {
             metrics: None,
             tls: None,
             trust: crate::tls::Trust::default(),
+            gateway_timeout: GATEWAY_TIMEOUT,
         }
     }
 }
@@ -275,6 +300,12 @@ pub struct Engine {
     /// The session's leases, once this connection turned them on
     /// (`leases_on`): its breaks come here.
     leases: std::sync::OnceLock<Arc<crate::leases::Leases>>,
+    /// How long a request may go unanswered (or unsent) before the
+    /// connection counts as lost, in nanoseconds (0: no bound): see
+    /// `Options::gateway_timeout`.
+    stall: AtomicU64,
+    /// Whether the connection was given up for that.
+    stalled: std::sync::atomic::AtomicBool,
 }
 
 /// A random first request id in [2^32, 2^62): far from the handshake's ids
@@ -401,7 +432,32 @@ impl Engine {
             pid: rustix::process::getpid(),
             aside: AtomicU64::new(0),
             leases: std::sync::OnceLock::new(),
+            stall: AtomicU64::new(0),
+            stalled: Default::default(),
         })
+    }
+
+    /// Gives up the connection (as lost) when a request goes unanswered or
+    /// unsent for `bound` (`None`: waits as long as it takes).
+    pub(crate) fn set_stall(&self, bound: Option<Duration>) {
+        let nanos = bound.map_or(0, |b| u64::try_from(b.as_nanos()).unwrap_or(u64::MAX).max(1));
+        self.stall.store(nanos, Relaxed);
+        // A receive wakes up at the bound to give up, or at the notice.
+        let wake = bound.map_or(REPLY_NOTICE, |b| b.clamp(Duration::from_millis(10), REPLY_NOTICE));
+        let tx = lock(&self.tx);
+        let _ = tx.0.set_read_timeout(Some(wake));
+        let _ = tx.0.set_write_timeout(Some(bound.map_or(SEND_CHECK, |b| wake.min(SEND_CHECK).min(b))));
+    }
+
+    pub(crate) fn stall(&self) -> Option<Duration> {
+        let n = self.stall.load(Relaxed);
+        (n != 0).then(|| Duration::from_nanos(n))
+    }
+
+    /// Whether the connection was given up because its server did not
+    /// answer within the bound (`set_stall`).
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled.load(Relaxed)
     }
 
     /// Bytes of read replies received aside and copied (see `aside`).
@@ -597,9 +653,12 @@ impl Engine {
             if slot != 0 && self.has_cap(ferry_proto::caps::IDENTITY) {
                 ferry_proto::set_caller_slot(head, slot);
             }
-            send_request(sock, head, req.bulk())
+            send_request(sock, head, req.bulk(), self.stall())
         };
         if let Err(e) = sent {
+            if e.kind() == io::ErrorKind::TimedOut {
+                self.stalled.store(true, Relaxed);
+            }
             let err = Error::from_io(e);
             self.unsent(id);
             self.kill(err.clone());
@@ -906,7 +965,7 @@ impl Engine {
             head.clear();
             Request::LeaseReturn { seq }.encode(0, head);
             // A connection gone meanwhile: its leases are gone with it.
-            let _ = send_request(sock, head, &[]);
+            let _ = send_request(sock, head, &[], None);
         }));
         leases.handle(&b, ret);
         Ok(())
@@ -915,13 +974,20 @@ impl Engine {
     /// Reads exactly one reply frame. Called only by the reader.
     fn read_one(&self, want: Option<u64>, dest: Option<&mut [u8]>) -> Result<(Header, u64, Got)> {
         let mut rx = lock(&self.rx);
+        let stall = self.stall();
+        let lost = |e: io::Error, what: &str| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                self.stalled.store(true, Relaxed);
+            }
+            lost(e, what)
+        };
         let mut hb = [0u8; HEADER_LEN];
-        read_reply(&mut rx, &mut hb).map_err(|e| lost(e, "server closed the connection"))?;
+        read_reply(&mut rx, &mut hb, stall).map_err(|e| lost(e, "server closed the connection"))?;
         let h = Header::decode(&hb);
         h.check_len(self.max_frame).map_err(|e| Error::Protocol(e.to_string()))?;
         if h.is_notice() {
             let mut body = vec![0u8; h.len as usize];
-            read_reply(&mut rx, &mut body).map_err(|e| lost(e, MID_REPLY))?;
+            read_reply(&mut rx, &mut body, stall).map_err(|e| lost(e, MID_REPLY))?;
             drop(rx);
             self.notice(h.op, &body)?;
             return Ok((h, 0, Got::Notice));
@@ -938,7 +1004,7 @@ impl Engine {
                 if len > d.len() {
                     return Err(Error::Protocol(format!("read reply of {len} bytes for a {}-byte buffer", d.len())));
                 }
-                read_reply(&mut rx, &mut d[..len]).map_err(|e| lost(e, MID_REPLY))?;
+                read_reply(&mut rx, &mut d[..len], stall).map_err(|e| lost(e, MID_REPLY))?;
                 return Ok((h, cost, Got::Mine(Ok(Frame { op: h.op, body: Vec::new(), data_len: len }))));
             }
         }
@@ -946,7 +1012,7 @@ impl Engine {
             self.aside.fetch_add(len as u64, Relaxed);
         }
         let mut body = vec![0u8; len];
-        read_reply(&mut rx, &mut body).map_err(|e| lost(e, MID_REPLY))?;
+        read_reply(&mut rx, &mut body, stall).map_err(|e| lost(e, MID_REPLY))?;
         let s = Stored { header: h, body };
         if want == Some(h.id) {
             return Ok((h, cost, Got::Mine(deliver(s, None))));
@@ -1058,16 +1124,20 @@ fn handshake_error(e: ClientError) -> Error {
 const REPLY_NOTICE: Duration = Duration::from_secs(15);
 
 /// `read_exact` for replies, on a socket whose receive timeout is
-/// `REPLY_NOTICE`: a timeout loses nothing read so far and is reported.
-fn read_reply(r: &mut BufReader<Sock>, buf: &mut [u8]) -> io::Result<()> {
+/// `REPLY_NOTICE`: a timeout loses nothing read so far and is reported. With
+/// a `stall` bound (shorter receive timeout), a silence that long is a
+/// `TimedOut` error: the connection is given up.
+fn read_reply(r: &mut BufReader<Sock>, buf: &mut [u8], stall: Option<Duration>) -> io::Result<()> {
     let mut n = 0;
     let mut said = false;
+    let mut heard = Instant::now();
     let peer = |r: &BufReader<Sock>| r.get_ref().0.peer_name();
     while n < buf.len() {
         match r.read(&mut buf[n..]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(k) => {
                 n += k;
+                heard = Instant::now();
                 if said {
                     eprintln!("ferry: {}: answering again", peer(r));
                     said = false;
@@ -1075,6 +1145,15 @@ fn read_reply(r: &mut BufReader<Sock>, buf: &mut [u8]) -> io::Result<()> {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                if let Some(bound) = stall.filter(|b| heard.elapsed() >= *b) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no reply for {} s (gateway hung or stopped)", bound.as_secs_f64()),
+                    ));
+                }
+                if heard.elapsed() < REPLY_NOTICE {
+                    continue;
+                }
                 if !said {
                     let secs = REPLY_NOTICE.as_secs();
                     eprintln!("ferry: {}: no reply for {secs} s (server busy or stopped); still waiting", peer(r));
@@ -1106,7 +1185,7 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 /// away must give the caller an error, not kill it with SIGPIPE (the
 /// client runs inside other people's programs, via the preload library).
 fn write_all_vectored(w: &Socket, head: &[u8], bulk: &[u8]) -> io::Result<()> {
-    send(w, head, bulk, false)
+    send(w, head, bulk, None)
 }
 
 /// How often a blocked send looks whether the server hung up.
@@ -1118,8 +1197,9 @@ const SEND_NOTICE: Duration = Duration::from_secs(15);
 /// `fsync` stalls its connection), but not on a server that hung up: a peer
 /// that shut its side down without reading (a half-closed connection)
 /// would otherwise leave the send blocked for ever.
-fn send_request(w: &Socket, head: &[u8], bulk: &[u8]) -> io::Result<()> {
-    send(w, head, bulk, true)
+/// With a `stall` bound, a send blocked that long is a `TimedOut` error.
+fn send_request(w: &Socket, head: &[u8], bulk: &[u8], stall: Option<Duration>) -> io::Result<()> {
+    send(w, head, bulk, Some(stall))
 }
 
 /// Whether the peer has closed or shut down its side of `w`.
@@ -1133,7 +1213,9 @@ fn hung_up(w: &Socket) -> bool {
     }
 }
 
-fn send(w: &Socket, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
+/// `patient`: `None` gives up at the socket's send timeout; `Some(stall)`
+/// waits for the server to read, up to `stall` if given.
+fn send(w: &Socket, head: &[u8], bulk: &[u8], patient: Option<Option<Duration>>) -> io::Result<()> {
     match w.tls() {
         // Sealed into records first; what goes on the wire goes as below.
         Some(t) => t.send(&[head, bulk], |sealed| send_raw(w, sealed, &[], patient)),
@@ -1141,7 +1223,7 @@ fn send(w: &Socket, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
     }
 }
 
-fn send_raw(w: &Socket, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<()> {
+fn send_raw(w: &Socket, head: &[u8], bulk: &[u8], patient: Option<Option<Duration>>) -> io::Result<()> {
     let mut bufs = [IoSlice::new(head), IoSlice::new(bulk)];
     let mut slices: &mut [IoSlice<'_>] = if bulk.is_empty() { &mut bufs[..1] } else { &mut bufs[..] };
     let mut blocked: Option<(std::time::Instant, bool)> = None;
@@ -1155,11 +1237,17 @@ fn send_raw(w: &Socket, head: &[u8], bulk: &[u8], patient: bool) -> io::Result<(
         let n = match sent {
             Ok(n) => n,
             Err(rustix::io::Errno::INTR) => continue,
-            Err(rustix::io::Errno::AGAIN) if patient => {
+            Err(rustix::io::Errno::AGAIN) if patient.is_some() => {
                 if hung_up(w) {
                     return Err(io::Error::new(io::ErrorKind::ConnectionReset, "server closed the connection"));
                 }
                 let (since, said) = blocked.get_or_insert_with(|| (std::time::Instant::now(), false));
+                if let Some(bound) = patient.flatten().filter(|b| since.elapsed() >= *b) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("not reading requests for {} s (gateway hung or stopped)", bound.as_secs_f64()),
+                    ));
+                }
                 if !*said && since.elapsed() >= SEND_NOTICE {
                     let peer = w.peer_name();
                     eprintln!("ferry: {peer}: not reading requests for {} s; still waiting", SEND_NOTICE.as_secs());

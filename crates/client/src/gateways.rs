@@ -1,7 +1,10 @@
 //! Several servers ("gateways") exporting the same file system, named by
 //! one address list (`h1:7070,h2:7070`, from `ferry://h1:7070,h2:7070/`):
 //! a client starts at a random one, so that clients spread over them, and
-//! moves on to the next when the one it uses stops answering.
+//! moves on to the next when the one it uses stops answering: when its
+//! connection is lost, or — from a gateway that fences — when a request
+//! goes unanswered for `Options::gateway_timeout` (a stopped or hung
+//! gateway, whose connection the kernel keeps alive).
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -35,6 +38,28 @@ impl Gateways {
         self.addrs.len() > 1
     }
 
+    /// How long a request on `e` may go unanswered before the client
+    /// leaves it: only with another gateway to go to, a client that
+    /// reconnects, and a gateway that fences the session left (a hung
+    /// gateway that woke would otherwise apply the client's old requests
+    /// after newer ones sent through the next).
+    fn stall_for(&self, e: &Engine, opts: &Options) -> Option<std::time::Duration> {
+        let fences = e.has_cap(ferry_proto::caps::FENCE);
+        (self.is_several() && opts.reconnect.is_some() && fences && !opts.gateway_timeout.is_zero())
+            .then_some(opts.gateway_timeout)
+    }
+
+    /// After `addr` was given up for not answering: the next gateway is
+    /// tried first (the one given up last), so that a stopped gateway,
+    /// which still accepts connections, does not hold the move up for a
+    /// handshake's timeout.
+    pub(crate) fn pass(&self, addr: &str) {
+        let at = self.at.load(Relaxed);
+        if self.addrs[at] == addr {
+            self.at.store((at + 1) % self.addrs.len(), Relaxed);
+        }
+    }
+
     /// A connection to the first gateway that answers, trying each once
     /// from the one in use. An authentication refusal ends the round: the
     /// gateways share their tokens, and the others would refuse too.
@@ -45,6 +70,9 @@ impl Gateways {
             let at = (start + i) % self.addrs.len();
             match Engine::connect(&self.addrs[at], opts) {
                 Ok(e) => {
+                    if let Some(bound) = self.stall_for(&e, opts) {
+                        e.set_stall(Some(bound));
+                    }
                     self.at.store(at, Relaxed);
                     return Ok(e);
                 }

@@ -72,6 +72,12 @@ pub(crate) struct Redial {
     made: AtomicU64,
     /// The client's leases, turned on again on every new connection.
     pub(crate) leases: Mutex<Option<Arc<crate::leases::Leases>>>,
+    /// The secret that names this client's fence record on a shared volume
+    /// (drawn here: a forked child makes its own client, and its own), and
+    /// how many sessions it made there: each new one fences the ones
+    /// before, on whichever gateway they are (PROTOCOL.md 8.3).
+    owner: [u8; 32],
+    fence_epoch: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -102,6 +108,18 @@ pub(crate) fn new_session(e: &Engine, keeps_handles: bool) -> Result<SessionTick
     }
 }
 
+/// Names `e`'s session the `epoch`-th of `owner` on a gateway that fences:
+/// from now on the gateways refuse requests of the ones before.
+fn fence(e: &Engine, owner: &[u8; 32], epoch: u64) -> Result<()> {
+    if !e.has_cap(caps::FENCE) {
+        return Ok(());
+    }
+    match e.call(&Request::SessionFence { owner: *owner, epoch })?.reply()? {
+        Reply::Empty => Ok(()),
+        r => Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+    }
+}
+
 pub(crate) fn attach(e: &Engine, t: &SessionTicket) -> Result<()> {
     if !e.has_cap(caps::SESSIONS) {
         return Err(Error::remote(libc::ENOSYS));
@@ -119,6 +137,19 @@ impl Redial {
     pub(crate) fn new(gateways: Gateways, opts: &Options, bound: Duration, first: &Engine) -> Redial {
         // A server without sessions still gets reconnects, just never resumes.
         let ticket = new_session(first, opts.session_keeps_handles).ok();
+        let mut owner = [0u8; 32];
+        // Without randomness the owner is weak, not shared: a process id
+        // and the time are this client's still.
+        if getrandom::getrandom(&mut owner).is_err() {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            owner[..16].copy_from_slice(&t.as_nanos().to_le_bytes());
+            owner[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+        }
+        if ticket.is_some() {
+            if let Err(e) = fence(first, &owner, 1) {
+                eprintln!("ferry: {}: session not fenced: {e}", first.addr());
+            }
+        }
         Redial {
             gateways,
             opts: opts.clone(),
@@ -128,6 +159,8 @@ impl Redial {
             lost: AtomicU64::new(0),
             made: AtomicU64::new(0),
             leases: Mutex::new(None),
+            owner,
+            fence_epoch: AtomicU64::new(1),
         }
     }
 
@@ -156,6 +189,9 @@ impl Redial {
         let mut cur = lock(slot);
         if !Arc::ptr_eq(&cur, failed) {
             return Ok(());
+        }
+        if failed.stalled() {
+            self.gateways.pass(failed.addr());
         }
         // `Duration::MAX` (a hard mount): no deadline at all.
         let mut patience = Patience::new(self.bound, Duration::from_secs(1));
@@ -190,7 +226,9 @@ impl Redial {
                             (true, false) => "server restarted, session resumed: files open before are opened again",
                             _ => "new session: files open before are opened again",
                         };
-                        if moved {
+                        if moved && failed.stalled() {
+                            eprintln!("ferry: {}: {why}; moved to gateway {e_addr} ({how})", failed.addr());
+                        } else if moved {
                             eprintln!("ferry: {}: lost; moved to gateway {e_addr} ({how})", failed.addr());
                         } else {
                             eprintln!("ferry: {e_addr}: reconnected ({how})");
@@ -223,6 +261,20 @@ impl Redial {
         }
     }
 
+    /// Fences this client's sessions before the one of `e`. Fails only if
+    /// the connection was lost: a gateway that cannot fence is said, and
+    /// used all the same (as one that does not offer it is).
+    fn fence(&self, e: &Engine) -> Result<()> {
+        match fence(e, &self.owner, self.fence_epoch.load(Relaxed)) {
+            Err(err) if is_lost(&err) => Err(err),
+            Err(err) => {
+                eprintln!("ferry: {}: session not fenced: {err}", e.addr());
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
     /// Rejoins the session, or starts a new one when the server no longer
     /// has it (restarted without its state, or the lease ran out). Says
     /// whether the session was rejoined, and whether on the instance that
@@ -238,6 +290,8 @@ impl Redial {
                     // A volatile session's handles went with the connection.
                     let same = ticket.boot == boot && ticket.keeps_handles;
                     ticket.boot = boot;
+                    // Again: a restarted gateway kept the session, not its fence.
+                    self.fence(e)?;
                     return Ok((true, same));
                 }
                 Err(err) if is_lost(&err) => return Err(err),
@@ -245,7 +299,11 @@ impl Redial {
             }
         }
         match new_session(e, self.opts.session_keeps_handles) {
-            Ok(n) => *t = Some(n),
+            Ok(n) => {
+                *t = Some(n);
+                self.fence_epoch.fetch_add(1, Relaxed);
+                self.fence(e)?;
+            }
             Err(err) if is_lost(&err) => return Err(err),
             Err(_) => *t = None,
         }

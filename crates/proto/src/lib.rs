@@ -105,6 +105,10 @@ pub mod caps {
     /// attributes or entries are promised until the server breaks them
     /// (PROTOCOL.md 8.9). Needs `SESSIONS`.
     pub const LEASES: u64 = 1 << 13;
+    /// `SessionFence`: the server keeps fence records on a shared volume,
+    /// so that a gateway a client left refuses that client's old requests
+    /// (PROTOCOL.md 8.3). Offered only by servers of a shared volume.
+    pub const FENCE: u64 = 1 << 14;
     /// Everything this implementation offers.
     pub const ALL: u64 = READDIRPLUS
         | XATTR
@@ -119,7 +123,8 @@ pub mod caps {
         | DATA_CHANNELS
         | SAME_HOST
         | IDENTITY
-        | LEASES;
+        | LEASES
+        | FENCE;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

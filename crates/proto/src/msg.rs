@@ -69,6 +69,9 @@ pub mod op {
     pub const LEASE_BREAK: u16 = 54;
     /// The client's answer to a `LeaseBreak` (no reply comes back).
     pub const LEASE_RETURN: u16 = 55;
+    /// Fences the client's earlier sessions on other gateways (capability
+    /// `FENCE`).
+    pub const SESSION_FENCE: u16 = 56;
 
     /// The operation's name (lower case, as in `PROTOCOL.md`), or
     /// `"unknown"`: for logs and metrics.
@@ -123,6 +126,7 @@ pub mod op {
             LEASE_ON => "lease_on",
             LEASE_BREAK => "lease_break",
             LEASE_RETURN => "lease_return",
+            SESSION_FENCE => "session_fence",
             _ => "unknown",
         }
     }
@@ -423,6 +427,16 @@ pub enum Request<'a> {
         id: u64,
         proof: [u8; 32],
     },
+    /// Names this connection's session the client's `epoch`-th (capability
+    /// `FENCE`): the gateway raises the fence record of `owner` (a secret
+    /// the client drew; the record is named by its hash) on the shared
+    /// volume to `epoch`, and every gateway refuses requests of a session
+    /// of `owner` with a lower epoch from then on. `ESTALE` if the record is
+    /// past `epoch` already.
+    SessionFence {
+        owner: [u8; 32],
+        epoch: u64,
+    },
 }
 
 /// Most supplementary groups a `Caller` names (Linux's `NGROUPS_MAX`).
@@ -542,6 +556,7 @@ impl<'a> Request<'a> {
             Request::SessionNew => op::SESSION_NEW,
             Request::SessionNewVolatile => op::SESSION_NEW_VOLATILE,
             Request::SessionAttach { .. } => op::SESSION_ATTACH,
+            Request::SessionFence { .. } => op::SESSION_FENCE,
             Request::Caller { .. } => op::CALLER,
             Request::LeaseOn => op::LEASE_ON,
             Request::LeaseReturn { .. } => op::LEASE_RETURN,
@@ -595,6 +610,10 @@ impl<'a> Request<'a> {
             Request::SessionAttach { id, proof } => {
                 w.u64(*id);
                 w.raw(proof);
+            }
+            Request::SessionFence { owner, epoch } => {
+                w.raw(owner);
+                w.u64(*epoch);
             }
             Request::Open { path, flags, mode } | Request::OpenId { path, flags, mode } => {
                 w.u32(*flags);
@@ -897,6 +916,9 @@ impl<'a> Request<'a> {
             op::SESSION_NEW_VOLATILE => Request::SessionNewVolatile,
             op::SESSION_ATTACH => {
                 Request::SessionAttach { id: r.u64("session_attach.id")?, proof: r.array32("session_attach.proof")? }
+            }
+            op::SESSION_FENCE => {
+                Request::SessionFence { owner: r.array32("session_fence.owner")?, epoch: r.u64("session_fence.epoch")? }
             }
             op::LOCK | op::GETLOCK => {
                 let handle = r.u64("lock.handle")?;
@@ -1226,7 +1248,8 @@ impl<'a> Reply<'a> {
             | op::REMOVEXATTR
             | op::CACHE_SET
             | op::LOCK
-            | op::CALLER => Reply::Empty,
+            | op::CALLER
+            | op::SESSION_FENCE => Reply::Empty,
             op::LEASE_ON => Reply::LeaseTime { ms: r.u32("lease_time.ms")? },
             op::SESSION_NEW | op::SESSION_NEW_VOLATILE | op::SESSION_ATTACH => {
                 Reply::Session { id: r.u64("session.id")?, lease_ms: r.u32("session.lease_ms")? }

@@ -12,7 +12,8 @@ use proptest::prelude::*;
 use proptest::sample::select;
 
 /// Every operation code this crate knows.
-const ALL_OPS: [u16; 48] = [
+const ALL_OPS: [u16; 49] = [
+    op::SESSION_FENCE,
     op::CALLER,
     op::LOCAL_ADDR,
     op::FILE_FD,
@@ -66,7 +67,7 @@ const ALL_OPS: [u16; 48] = [
 // ---------------------------------------------------------------------------
 // Requests. Strategies produce owned values; `build_request` borrows them.
 
-const REQUEST_VARIANTS: usize = 48;
+const REQUEST_VARIANTS: usize = 49;
 
 /// Index of a request's variant. No wildcard arm: a new variant fails to
 /// compile here until the tests below cover it.
@@ -120,6 +121,7 @@ fn request_index(r: &Request) -> usize {
         Request::Caller { .. } => 45,
         Request::LeaseOn => 46,
         Request::LeaseReturn { .. } => 47,
+        Request::SessionFence { .. } => 48,
     }
 }
 
@@ -236,6 +238,7 @@ fn build_request(r: &RawRequest) -> Request<'_> {
         },
         46 => Request::LeaseOn,
         47 => Request::LeaseReturn { seq: r.a },
+        48 => Request::SessionFence { owner: [r.d as u8; 32], epoch: r.b },
         n => unreachable!("request variant {n}"),
     }
 }
@@ -371,6 +374,7 @@ fn reply_ops(variant: usize) -> &'static [u16] {
             op::CACHE_SET,
             op::LOCK,
             op::CALLER,
+            op::SESSION_FENCE,
         ],
         3 => &[op::OPEN],
         4 => &[op::READ, op::PREAD],

@@ -117,6 +117,8 @@ pub struct Common<B: Backend> {
     pub dirs: Arc<crate::dirpolicy::DirPolicies>,
     pub seals: Arc<crate::fileseal::Seals>,
     pub sessions: Arc<Sessions<B>>,
+    /// Fence records (`Config::fence_dir`).
+    pub fences: Option<Arc<crate::fence::Fences>>,
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -135,6 +137,7 @@ impl<B: Backend> Clone for Common<B> {
             dirs: Arc::clone(&self.dirs),
             seals: Arc::clone(&self.seals),
             sessions: Arc::clone(&self.sessions),
+            fences: self.fences.clone(),
         }
     }
 }
@@ -421,6 +424,11 @@ impl<B: Backend> Conn<B> {
         if self.common.cfg.identity.is_none() {
             caps &= !caps::IDENTITY;
         }
+        // A read-only gateway applies nothing a fence would keep out, and
+        // must not write records to the volume for its clients.
+        if self.common.fences.is_none() || self.common.cfg.read_only {
+            caps &= !caps::FENCE;
+        }
         let offer = ServerOffer {
             caps,
             max_frame: self.common.cfg.max_frame,
@@ -534,6 +542,31 @@ impl<B: Backend> Conn<B> {
         Ok(id)
     }
 
+    /// `SessionFence`: this connection's session is its client's `epoch`-th;
+    /// the client's earlier ones, on any gateway of the volume, are fenced.
+    fn session_fence(&self, caps: u64, owner: &[u8; 32], epoch: u64) -> Result<(), Errno> {
+        let fences = self.common.fences.as_ref().filter(|_| caps & caps::FENCE != 0).ok_or(Errno::NOSYS)?;
+        let j = lock(&self.joined);
+        // Only a registered session can be left, and so fenced.
+        let (Some(_), Some(session)) = (j.id, &j.session) else { return Err(Errno::INVAL) };
+        session.set_fence(fences.raise(owner, epoch)?);
+        Ok(())
+    }
+
+    /// A request of a fenced session: refused, and the session dropped and
+    /// the connection ended (its client went on elsewhere).
+    fn fenced_out(&mut self, h: Header) -> Result<(), End> {
+        let id = lock(&self.joined).id;
+        tracing::warn!(peer = %self.peer, "session fenced: its client moved to another gateway; its requests here are refused");
+        let message = "this session was fenced: its client moved to another gateway";
+        ErrorReply { errno: libc::ESTALE as u32, message }.encode(h.op, h.id, &mut self.out);
+        let _ = self.flush();
+        if let Some(id) = id {
+            self.common.sessions.drop_fenced(id);
+        }
+        Err(End::Protocol("session fenced: its client moved to another gateway".into()))
+    }
+
     /// Tells this thread what the client may use of the exports
     /// (`--config`), again whenever they were reloaded.
     fn grant(&mut self) {
@@ -610,7 +643,13 @@ impl<B: Backend> Conn<B> {
         if matches!(req, Request::Hello { .. } | Request::Auth { .. }) {
             return self.queue_error(h, Errno::INVAL, "handshake already done");
         }
-        if matches!(req, Request::SessionNew | Request::SessionNewVolatile | Request::SessionAttach { .. }) {
+        if matches!(
+            req,
+            Request::SessionNew
+                | Request::SessionNewVolatile
+                | Request::SessionAttach { .. }
+                | Request::SessionFence { .. }
+        ) {
             // The session's journal is the server's own: its files are made
             // with the server's ids, not a caller's the thread last wore
             // (a squashed root could not write the state directory).
@@ -622,6 +661,13 @@ impl<B: Backend> Conn<B> {
             Request::SessionAttach { id, proof } => Some(self.session_attach(caps, id, &proof)),
             _ => None,
         };
+        if let Request::SessionFence { owner, epoch } = req {
+            match self.session_fence(caps, &owner, epoch) {
+                Ok(()) => Reply::Empty.encode(h.op, h.id, &mut self.out),
+                Err(e) => encode_errno(e, h.op, h.id, &mut self.out),
+            }
+            return self.maybe_flush();
+        }
         if let Some(r) = control {
             match r {
                 Ok(id) => {
@@ -646,6 +692,13 @@ impl<B: Backend> Conn<B> {
                 s
             }
         };
+        if let Some(f) = session.fence() {
+            match fenced(&f, &mut self.creds, self.common.fences.as_deref()) {
+                Ok(false) => {}
+                Ok(true) => return self.fenced_out(h),
+                Err(e) => return self.queue_error(h, e, "the session's fence record cannot be read"),
+            }
+        }
         let holder = session.lease.get().cloned();
         if let Some(l) = &holder {
             l.heard(&self.common.leases);
@@ -1307,4 +1360,24 @@ fn sendfile_all(sock: &Socket, fd: std::os::fd::BorrowedFd<'_>, mut offset: u64,
         left -= n;
     }
     Ok(())
+}
+
+/// Whether a session (fence `f`) is fenced: known so, or its record read
+/// again when its last read began `RECHECK` ago or more (a gateway stopped
+/// or stuck while its client moved always did).
+fn fenced(
+    f: &crate::fence::Fence,
+    creds: &mut crate::identity::ThreadCreds,
+    fences: Option<&crate::fence::Fences>,
+) -> Result<bool, Errno> {
+    if f.known_fenced() {
+        return Ok(true);
+    }
+    if let Some(known) = f.recent() {
+        return Ok(known);
+    }
+    let Some(fences) = fences else { return Ok(false) };
+    // The records are the server's own, whoever the thread acted for.
+    creds.wear_own().map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    fences.is_fenced(f)
 }

@@ -14,6 +14,7 @@ mod commit;
 mod conn;
 mod dirpolicy;
 pub mod exports;
+pub mod fence;
 mod fileid;
 mod fileseal;
 #[doc(hidden)]
@@ -96,6 +97,10 @@ pub struct Config {
     /// kept in `state_dir`, or this process's own): gateways of one volume
     /// given the same can each open the files the others' ids name.
     pub id_key: Option<Vec<u8>>,
+    /// Where fence records live, on the shared volume every gateway of it
+    /// names the same (capability `FENCE`, see `fence.rs`); `None`: this
+    /// server fences no session.
+    pub fence_dir: Option<std::path::PathBuf>,
     /// TLS for TCP clients that start with a TLS handshake (`None`: none).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Refuse TCP clients that do not use TLS (`ENOPROTOOPT`).
@@ -132,6 +137,7 @@ impl Default for Config {
             local_addr: None,
             identity: None,
             id_key: None,
+            fence_dir: None,
             tls: None,
             tls_required: false,
             access: None,
@@ -195,6 +201,7 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
             Some(k) => fileseal::Seals::with_key(k),
             None => sessions.seals(),
         }),
+        fences: cfg.fence_dir.as_ref().map(|d| Arc::new(fence::Fences::new(d))),
         sessions,
         backend,
         cfg: Arc::new(cfg),

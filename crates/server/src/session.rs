@@ -164,6 +164,8 @@ pub struct Session<B: Backend> {
     pub once: Mutex<Once>,
     /// Its leases, once a connection of it turned them on (`LeaseOn`).
     pub lease: std::sync::OnceLock<Arc<crate::leases::Holder>>,
+    /// Its fence (`SessionFence`), if its client named one.
+    fence: Mutex<Option<Arc<crate::fence::Fence>>>,
 }
 
 struct Table<F> {
@@ -258,6 +260,7 @@ impl<B: Backend> Session<B> {
             conn: locks::new_conn_id(),
             locked: AtomicBool::new(false),
             once: Mutex::default(),
+            fence: Mutex::default(),
             lease: std::sync::OnceLock::new(),
         }
     }
@@ -286,6 +289,15 @@ impl<B: Backend> Session<B> {
             Target::Path(p) => self.backend.getattr(Node::Path(p)).ok().map(|a| (a.dev, a.ino)),
             Target::PathNoFollow(p) => self.lstat_key(p).map(|(k, _)| k),
         }
+    }
+
+    /// The session's fence, if it has one.
+    pub fn fence(&self) -> Option<Arc<crate::fence::Fence>> {
+        self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_fence(&self, f: crate::fence::Fence) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(f));
     }
 
     /// The id a client gets for `file`, open with attributes `attr`.
@@ -514,6 +526,7 @@ impl<B: Backend> Session<B> {
             | Request::SessionNew
             | Request::SessionNewVolatile
             | Request::SessionAttach { .. }
+            | Request::SessionFence { .. }
             | Request::LocalAddr
             | Request::LeaseOn
             | Request::LeaseReturn { .. }

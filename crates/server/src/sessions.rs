@@ -174,6 +174,18 @@ impl<B: Backend> Sessions<B> {
         }
     }
 
+    /// Drops session `id` at once, its lease or connections notwithstanding
+    /// (it was fenced: its client moved to another gateway). Its handles
+    /// close and its locks go with the last connection's hold of it.
+    pub fn drop_fenced(&self, id: u64) {
+        let gone = self.lock().remove(&id);
+        if gone.is_some() {
+            if let Some(j) = &self.journal {
+                j.forget(id);
+            }
+        }
+    }
+
     /// Drops sessions whose lease ran out; returns how many.
     pub fn reap(&self, now: Instant) -> usize {
         let expired: Vec<(u64, Entry<B>)> = {

@@ -50,6 +50,7 @@ impl Kind {
             Request::SessionNew
                 | Request::SessionNewVolatile
                 | Request::SessionAttach { .. }
+                | Request::SessionFence { .. }
                 | Request::Caller { .. }
                 | Request::FileFd { .. }
                 | Request::LocalAddr

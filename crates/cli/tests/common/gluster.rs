@@ -147,6 +147,11 @@ impl Gluster {
         [self.mounts[0].clone(), self.mounts[1].clone()]
     }
 
+    /// The volume's two bricks: what it holds, past every mount's cache.
+    pub fn bricks(&self) -> [PathBuf; 2] {
+        [self.dir.path().join("brick0"), self.dir.path().join("brick1")]
+    }
+
     /// The processes `glusterd` started for the volume (bricks, self-heal),
     /// by the PID files it keeps in its run directory.
     fn spawned(&self) -> Vec<i32> {

@@ -602,6 +602,7 @@ pub fn init() {
             "FERRY_TOKEN_FILE",
             "FERRY_TOKEN",
             "FERRY_RECONNECT",
+            "FERRY_GATEWAY_TIMEOUT",
             "FERRY_ATTR_TIMEOUT",
             "FERRY_CACHE",
             "FERRY_CACHE_DIR",
@@ -640,6 +641,13 @@ pub fn init() {
                 None
             }),
             ..Default::default()
+        };
+        let options = match options.clone().gateways_from_env() {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("ferry: {e}; the default applies");
+                options
+            }
         };
         // TLS's settings now, before any fork (never read while connecting).
         let options = match options.clone().tls_from_env() {
