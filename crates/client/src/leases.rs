@@ -5,7 +5,7 @@
 //! entries) gives a [`Leases`] its break handler and asks [`Leases::held`]
 //! before it answers from what it keeps. The server sends a break before
 //! it acknowledges a change another session made; the connection's reader
-//! (whoever waits for a reply, else the [watcher](watch)) runs the handler,
+//! (whoever waits for a reply, else the watcher thread) runs the handler,
 //! then answers `LeaseReturn`. So a change another process was told of
 //! has already emptied this cache.
 //!
