@@ -799,18 +799,7 @@ impl Engine {
             Ok((_, _, Got::Notice)) => Ok((st, None)),
             Ok((h, cost, what)) => {
                 let id = h.id;
-                st.outstanding.remove(&id);
-                st.ahead.remove(&id);
-                st.bytes_outstanding -= cost;
-                if let Some((t0, sent)) = st.started.remove(&id) {
-                    if let Some(l) = self.leases.get() {
-                        l.renew(t0);
-                    }
-                    if let Some(m) = &self.metrics {
-                        let data = if !h.is_error() && matches!(h.op, op::READ | op::PREAD) { h.len } else { 0 };
-                        m.request(h.op, t0.elapsed(), h.is_error(), sent, u64::from(data));
-                    }
-                }
+                self.answered(&mut st, &h, cost);
                 match what {
                     Got::Notice => Ok((st, None)),
                     Got::Mine(f) => Ok((st, Some(f))),
@@ -893,14 +882,7 @@ impl Engine {
             match got {
                 Ok((_, _, Got::Notice)) => {}
                 Ok((h, cost, Got::Other(s))) => {
-                    st.outstanding.remove(&h.id);
-                    st.ahead.remove(&h.id);
-                    st.bytes_outstanding -= cost;
-                    if let Some((t0, _)) = st.started.remove(&h.id) {
-                        if let Some(l) = self.leases.get() {
-                            l.renew(t0);
-                        }
-                    }
+                    self.answered(&mut st, &h, cost);
                     if !st.discard.remove(&h.id) {
                         st.stored.insert(h.id, s);
                     }
@@ -969,6 +951,24 @@ impl Engine {
         }));
         leases.handle(&b, ret);
         Ok(())
+    }
+
+    /// The reply `h` was read off the socket (by a caller or the watcher):
+    /// its window slot is free, its send time renews the leases, and the
+    /// metrics count it.
+    fn answered(&self, st: &mut State, h: &Header, cost: u64) {
+        st.outstanding.remove(&h.id);
+        st.ahead.remove(&h.id);
+        st.bytes_outstanding -= cost;
+        if let Some((t0, sent)) = st.started.remove(&h.id) {
+            if let Some(l) = self.leases.get() {
+                l.renew(t0);
+            }
+            if let Some(m) = &self.metrics {
+                let data = if !h.is_error() && matches!(h.op, op::READ | op::PREAD) { h.len } else { 0 };
+                m.request(h.op, t0.elapsed(), h.is_error(), sent, u64::from(data));
+            }
+        }
     }
 
     /// Reads exactly one reply frame. Called only by the reader.
