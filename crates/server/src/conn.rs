@@ -19,8 +19,8 @@ use crate::sessions::{Sessions, Shared};
 
 use ferry_proto::handshake::{Refusal, ServerHandshake, ServerOffer, HANDSHAKE_MAX_FRAME};
 use ferry_proto::{
-    attach_proof, caps, op, proofs_equal, session_secret, Broken, DecodeError, ErrorReply, Header, LeaseBreak, Nonce,
-    Reply, Request, HEADER_LEN,
+    attach_proof, caps, op, proofs_equal, session_secret, DecodeError, ErrorReply, Header, Nonce, Reply, Request,
+    HEADER_LEN,
 };
 
 use crate::backend::{Backend, Errno, ReadData};
@@ -898,10 +898,7 @@ impl<B: Backend> Conn<B> {
         let mut out = std::mem::take(&mut self.out);
         if let (Err(Errno::NOENT), Some(seen), Some(l)) = (&answer, seen, &holder) {
             if let Some(k) = crate::touches::granted_on_miss(&session, &req) {
-                if !leases.grant(l, &[k], seen).is_empty() {
-                    let objects = vec![Broken { dev: k.0, ino: k.1, name: b"" }];
-                    LeaseBreak { seq: leases.seq(), objects }.encode(&mut out);
-                }
+                leases.grant_into(l, &[k], seen, &mut out);
             }
         }
         if let Ok(a) = &answer {
@@ -910,14 +907,7 @@ impl<B: Backend> Conn<B> {
                 leases.changed(holder.as_ref(), &touched);
             }
             if let (Some(seen), Some(l)) = (seen, &holder) {
-                let keys = crate::touches::granted(a);
-                let refused = if keys.is_empty() { Vec::new() } else { leases.grant(l, &keys, seen) };
-                if !refused.is_empty() {
-                    // Changed while it was read: the client drops it
-                    // before it sees the reply.
-                    let objects = refused.iter().map(|k| Broken { dev: k.0, ino: k.1, name: b"" }).collect();
-                    LeaseBreak { seq: leases.seq(), objects }.encode(&mut out);
-                }
+                leases.grant_into(l, &crate::touches::granted(a), seen, &mut out);
             }
         }
         let start = out.len();

@@ -274,6 +274,20 @@ impl Leases {
         refused
     }
 
+    /// `grant`, for a reply about to be written to `out`: a break of the
+    /// refused keys goes into `out` first, so the client drops them before
+    /// it sees the reply.
+    pub fn grant_into(&self, holder: &Arc<Holder>, keys: &[FileKey], seen: u64, out: &mut Vec<u8>) {
+        if keys.is_empty() {
+            return;
+        }
+        let refused = self.grant(holder, keys, seen);
+        if !refused.is_empty() {
+            let objects = refused.iter().map(|k| Broken { dev: k.0, ino: k.1, name: b"" }).collect();
+            LeaseBreak { seq: self.seq(), objects }.encode(out);
+        }
+    }
+
     fn next_seq(&self) -> u64 {
         let mut t = lock(&self.table);
         t.seq += 1;
