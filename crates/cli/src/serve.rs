@@ -366,18 +366,18 @@ fn state_dir(
     none: bool,
     export: &Path,
     addr: &std::net::SocketAddr,
-) -> Result<Option<PathBuf>, String> {
+) -> Result<Option<Arc<ferry_server::StateDir>>, String> {
     if none {
         return Ok(None);
     }
     if let Some(d) = asked {
-        ferry_server::check_state_dir(d).map_err(|e| {
+        let held = ferry_server::open_state_dir(d).map_err(|e| {
             format!(
                 "--state-dir {}: {e} (give each server its own, or use --no-state to keep sessions in memory only)",
                 d.display()
             )
         })?;
-        return Ok(Some(d.clone()));
+        return Ok(Some(held));
     }
     let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
         Some(v) => PathBuf::from(v),
@@ -392,13 +392,13 @@ fn state_dir(
     let key = [export.as_os_str().as_bytes(), b"\n", addr.to_string().as_bytes()].concat();
     let hash = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
     let dir = serve.join(format!("{hash:016x}"));
-    match ferry_server::check_state_dir(&dir) {
-        Ok(()) => {
+    match ferry_server::open_state_dir(&dir) {
+        Ok(held) => {
             // Names the export, for `sweep`. The umask is cleared: the
             // mode is said here, or the file would be everyone's to change
             // (and `sweep` removes what it names the state of).
             let _ = write_private(&dir.join("export"), export.as_os_str().as_bytes());
-            Ok(Some(dir))
+            Ok(Some(held))
         }
         Err(e) => Err(format!(
             "{e}: sessions could not outlive a restart; give this server a state directory of its own \

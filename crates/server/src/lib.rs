@@ -88,7 +88,9 @@ pub struct Config {
     pub local_addr: Option<String>,
     /// Where sessions (their ids, secrets and reply caches) outlive the
     /// process, so exactly-once holds across a restart; `None`: in memory.
-    pub state_dir: Option<std::path::PathBuf>,
+    /// Opened (and locked) before the server says it listens, so that a
+    /// second server started after that line finds it taken.
+    pub state_dir: Option<Arc<StateDir>>,
     /// Act for each request as its caller (capability `IDENTITY`), by this
     /// policy; `None`: as the server's own user for everyone. Only a
     /// server running as root can.
@@ -154,8 +156,25 @@ fn handle_budget(cfg: &Config) -> usize {
     limit.saturating_sub(4 * (cfg.max_connections + 4 * cfg.max_handshakes) + 64).max(64)
 }
 
-/// Whether `dir` can keep sessions (`Config::state_dir`): created if
-/// need be, and not in use by another server.
+/// A directory that keeps sessions (`Config::state_dir`), held locked by
+/// this process from [`open_state_dir`] until it exits.
+pub struct StateDir(std::sync::Mutex<Option<(journal::Journal, Vec<journal::Restored>)>>);
+
+impl std::fmt::Debug for StateDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StateDir")
+    }
+}
+
+/// Opens `dir` to keep sessions (created if need be) and locks it against
+/// other servers; fails if another holds it.
+pub fn open_state_dir(dir: &std::path::Path) -> std::io::Result<Arc<StateDir>> {
+    let j = journal::Journal::open(dir)?;
+    Ok(Arc::new(StateDir(std::sync::Mutex::new(Some(j)))))
+}
+
+/// Whether `dir` could keep sessions: created if need be, and not in use
+/// by another server (the lock is let go again).
 pub fn check_state_dir(dir: &std::path::Path) -> std::io::Result<()> {
     journal::Journal::open(dir).map(drop)
 }
@@ -175,10 +194,11 @@ pub struct Listeners {
 /// Accepts connections forever, one thread each.
 pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config) -> std::io::Result<()> {
     cfg.local_addr = listeners.unix.as_ref().map(|(_, a)| a.clone());
-    let sessions = Arc::new(match &cfg.state_dir {
-        Some(dir) => {
-            let (journal, restored) = journal::Journal::open(dir)?;
-            sessions::Sessions::with_journal(cfg.session_lease, journal, restored)
+    let opened = cfg.state_dir.as_ref().and_then(|s| s.0.lock().unwrap_or_else(|p| p.into_inner()).take());
+    let sessions = Arc::new(match opened {
+        Some((journal, restored)) => sessions::Sessions::with_journal(cfg.session_lease, journal, restored),
+        None if cfg.state_dir.is_some() => {
+            return Err(std::io::Error::other("a state directory serves one server, once"));
         }
         None => sessions::Sessions::new(cfg.session_lease),
     });
