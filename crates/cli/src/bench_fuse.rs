@@ -135,7 +135,12 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let addr = format!("127.0.0.1:{port}");
     // Mount threads inherit this thread's CPU mask as they start.
     let ferry = mount_ferry(&addr, &mp_ferry, FsOptions::default())?;
-    let nocache = FsOptions { attr_timeout: Duration::ZERO, entry_timeout: Duration::ZERO, ..FsOptions::default() };
+    let nocache = FsOptions {
+        attr_timeout: Duration::ZERO,
+        entry_timeout: Duration::ZERO,
+        lease_timeout: Duration::ZERO,
+        ..FsOptions::default()
+    };
     let ferry0 = mount_ferry(&addr, &mp_ferry0, nocache)?;
     let client = Client::connect(&addr, &Options::default()).map_err(|e| e.to_string())?;
 
@@ -148,7 +153,7 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let mut fstat = Series::new("ferry mount stat, no cache, median", "µs");
     let mut fstat99 = Series::new("ferry mount stat, no cache, p99", "µs");
     let mut native = Series::new("tree scan, export dir (native)", "ms");
-    let mut scan = Series::new("tree scan, ferry mount (1 s TTL)", "ms");
+    let mut scan = Series::new("tree scan, ferry mount (default)", "ms");
     let mut scan0 = Series::new("tree scan, ferry mount, no cache", "ms");
     let data = mp_ferry.join("bench-fuse.dat");
     let null_file = mp_null.join(ferry_fuse::NULL_FILE);

@@ -32,6 +32,11 @@ pub struct MountArgs {
     /// before asking the server again; 0 asks every time.
     #[arg(long, default_value_t = 1.0, value_name = "S")]
     entry_timeout: f64,
+    /// Seconds the kernel keeps what a server that sees every change
+    /// promised (a lease): until the server says it changed, and at most
+    /// this. 0: leases never lengthen the two timeouts above.
+    #[arg(long, default_value_t = 60.0, value_name = "S")]
+    lease_timeout: f64,
     /// Let other users use the mount (allow_other). Against a server that
     /// does not act as each caller, implies -o default_permissions, so the
     /// kernel checks their rights.
@@ -87,6 +92,7 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
     let opts = FsOptions {
         attr_timeout: timeout("attr-timeout", a.attr_timeout)?,
         entry_timeout: timeout("entry-timeout", a.entry_timeout)?,
+        lease_timeout: timeout("lease-timeout", a.lease_timeout)?,
         cache: a.cache,
         passthrough: a.passthrough,
     };
@@ -281,6 +287,7 @@ fn background(a: &MountArgs, tf: Option<&Path>) -> Result<(), String> {
     cmd.arg("mount").arg(&a.url).arg(&a.mountpoint).arg("--daemon");
     cmd.arg("--attr-timeout").arg(a.attr_timeout.to_string());
     cmd.arg("--entry-timeout").arg(a.entry_timeout.to_string());
+    cmd.arg("--lease-timeout").arg(a.lease_timeout.to_string());
     cmd.arg("--threads").arg(a.threads.to_string());
     for (on, flag) in [
         (a.read_only, "--read-only"),

@@ -43,6 +43,7 @@ pub fn translate(args: Vec<OsString>) -> Vec<OsString> {
             ("token_file", Some(f)) => out.extend(["--token-file".into(), f.into()]),
             ("attr_timeout", Some(s)) => flags.extend(["--attr-timeout".into(), s.into()]),
             ("entry_timeout", Some(s)) => flags.extend(["--entry-timeout".into(), s.into()]),
+            ("lease_timeout", Some(s)) => flags.extend(["--lease-timeout".into(), s.into()]),
             _ => extra.push(o.to_string()),
         }
     }

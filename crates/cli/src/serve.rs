@@ -196,6 +196,7 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             "identity" => ferry_proto::caps::IDENTITY,
             "leases" => ferry_proto::caps::LEASES,
             "fence" => ferry_proto::caps::FENCE,
+            "watched" => ferry_proto::caps::WATCHED,
             other => return Err(format!("unknown capability '{other}'")),
         };
     }
@@ -239,6 +240,10 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         backend.set_shared(shared);
         if shared && a.fence_dir.is_none() {
             cfg.fence_dir = Some(dir.join(ferry_server::fence::DIR_NAME));
+        }
+        // Other gateways' changes to a shared volume are not seen here.
+        if !shared {
+            cfg.watch = Some(dir.clone());
         }
         cfg.identity = identity;
         state_key = Some(dir);

@@ -479,3 +479,99 @@ fn a_mount_and_ferry_run_see_each_others_changes_at_once() {
     }
     assert!(stale.is_empty(), "{} stale answers:\n{}", stale.len(), stale[..stale.len().min(20)].join("\n"));
 }
+
+/// Under a lease of a server that watches its disk (`WATCHED`), the mount
+/// keeps what it was answered past its plain 1 s timeouts: a `stat` 1.5 s
+/// later is the kernel's own answer, no request reaches the server. And a
+/// program on the server's host changing the export's disk directly (no
+/// ferry in between) is seen soon: the server's `fanotify` notice breaks
+/// the lease. The kernel reports such a change only after it happened, so
+/// "soon" is not "at once": every round must converge well within the
+/// plain timeout (with that timeout alone, a change shows up to 1 s late),
+/// and the figures are printed.
+#[test]
+fn a_mount_keeps_answers_until_a_change_on_the_servers_disk_breaks_them() {
+    use common::scrape::{get, metrics_addr, sample};
+    common::fuse::require_fuse();
+    let srv = Server::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&srv);
+    let watching = common::fuse::wait_for(Duration::from_secs(10), || srv.log().contains("watching"));
+    assert!(watching, "the server watches its export: {}", srv.log());
+    let disk = srv.export.path().join("d");
+    std::fs::create_dir(&disk).unwrap();
+    std::fs::write(disk.join("kept"), "1").unwrap();
+    let m = TempDir::new("m");
+    let _g = common::fuse::Detach(m.path().to_path_buf());
+    let _mounted = common::fuse::mount_url(&srv.url("/"), m.path(), &srv.token_file, &[]);
+    let on_mount = m.path().join("d");
+    assert_eq!(seen_at(&on_mount.join("kept")), truth(&disk.join("kept")));
+    let granted = |a: &str| sample(&get(a, "/metrics").1, "ferry_leases_granted_total");
+    let before = granted(&addr);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(seen_at(&on_mount.join("kept")), truth(&disk.join("kept")));
+    assert_eq!(granted(&addr), before, "a stat past the plain timeout reached the server");
+
+    let names = ["a", "b", "c"];
+    let mut rng = Rng::new(33);
+    let (mut late, mut delays) = (Vec::new(), Vec::new());
+    for round in 0..1000 {
+        for n in names {
+            let _ = seen_at(&on_mount.join(n));
+        }
+        let what = change(&disk, &names, &mut rng);
+        let t0 = Instant::now();
+        loop {
+            let all = names.iter().all(|n| seen_at(&on_mount.join(n)) == truth(&disk.join(n)));
+            if all {
+                delays.push(t0.elapsed());
+                break;
+            }
+            if t0.elapsed() > Duration::from_millis(500) {
+                late.push(format!("round {round} after {what}: not seen in 0.5 s"));
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    delays.sort();
+    let at = |q: f64| delays.get(((delays.len() as f64 - 1.0) * q) as usize).copied().unwrap_or_default();
+    eprintln!(
+        "a change on the server's disk seen by the mount after: median {:?}, p99 {:?}, max {:?} ({} rounds)",
+        at(0.5),
+        at(0.99),
+        at(1.0),
+        delays.len()
+    );
+    assert!(late.is_empty(), "{} late:\n{}", late.len(), late[..late.len().min(20)].join("\n"));
+}
+
+/// The same for a program under `ferry run`: its attribute cache keeps
+/// answers past the 1 s timeout under such a lease, and a change on the
+/// server's disk reaches it soon.
+#[test]
+fn ferry_run_keeps_answers_until_a_change_on_the_servers_disk_breaks_them() {
+    let srv = Server::start(&[]);
+    let local = TempDir::new("local");
+    let disk = srv.export.path().join("d");
+    std::fs::create_dir(&disk).unwrap();
+    let mut b = Observer::start(&srv, local.path());
+    let names = ["a", "b", "c"];
+    let mut rng = Rng::new(34);
+    let mut late = Vec::new();
+    for round in 0..500 {
+        assert_eq!(b.ask("fill", "/remote/d"), "ok");
+        let what = change(&disk, &names, &mut rng);
+        let t0 = Instant::now();
+        for n in names {
+            let p = format!("/remote/d/{n}");
+            while b.ask("stat", &p) != truth(&disk.join(n)) {
+                if t0.elapsed() > Duration::from_millis(500) {
+                    late.push(format!("round {round} after {what}: {n} not seen in 0.5 s"));
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+    assert!(late.is_empty(), "{} late:\n{}", late.len(), late[..late.len().min(20)].join("\n"));
+}

@@ -3,37 +3,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
+
+use common::scrape::{get, metrics_addr, sample};
 
 use common::{random_bytes, Server};
 use ferry_client::{Client, OpenOptions, Options};
-
-/// The metrics address the server said on stderr.
-fn metrics_addr(srv: &Server) -> String {
-    let found = common::fuse::wait_for(Duration::from_secs(10), || srv.log().contains("metrics at http://"));
-    assert!(found, "no metrics address in the log: {}", srv.log());
-    let log = srv.log();
-    let at = log.split("metrics at http://").nth(1).unwrap();
-    at.split("/metrics").next().unwrap().to_string()
-}
-
-/// `GET path` on `addr`: the status line and the body.
-fn get(addr: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
-/// The value of the sample `name` (with its labels) in `text`, 0 if absent.
-fn sample(text: &str, name: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
-}
 
 #[test]
 fn the_metrics_endpoint_counts_what_clients_did() {

@@ -915,6 +915,11 @@ impl Engine {
         true
     }
 
+    /// Request `id` is still waiting for its answer.
+    pub(crate) fn is_outstanding(&self, id: u64) -> bool {
+        lock(&self.st).outstanding.contains_key(&id)
+    }
+
     /// A caller holds the reader's role now.
     pub(crate) fn reader_busy(&self) -> bool {
         lock(&self.st).reader_busy

@@ -16,7 +16,7 @@
 //! connection ends them all.
 
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,11 @@ pub struct Leases {
     /// Which connection carries them (`start`): a connection lost after
     /// another took over does not turn them off.
     conn: AtomicU64,
+    /// The promise ran out by the clock and the cache was told (once per
+    /// lapse; a renewal that restores it clears this).
+    lapsed: AtomicBool,
+    /// A keep-alive is on its way (its id + 1; 0: none).
+    ping: AtomicU64,
 }
 
 /// What the client keeps of the lease time the server gave: a margin for
@@ -81,6 +86,8 @@ impl Leases {
             renewed_us: AtomicU64::new(0),
             breaks: AtomicU64::new(0),
             conn: AtomicU64::new(0),
+            lapsed: AtomicBool::new(false),
+            ping: AtomicU64::new(0),
         })
     }
 
@@ -106,6 +113,31 @@ impl Leases {
     pub(crate) fn renew(&self, at: Instant) {
         let us = at.saturating_duration_since(self.base).as_micros() as u64 + 1;
         self.renewed_us.fetch_max(us, Relaxed);
+        if self.lapsed.load(Relaxed) && self.held() {
+            self.lapsed.store(false, Relaxed);
+        }
+    }
+
+    /// Ends the promise by the clock: once a lease time has passed since
+    /// the server last heard from us (by our count, which starts earlier
+    /// than its own), the server may apply a change without our answer, so
+    /// the cache forgets all — before the server can go on. Called by the
+    /// watcher; a cache that keeps answers beyond its own look at
+    /// [`Leases::held`] (the kernel's, for the mount) relies on it.
+    fn lapse_if_due(&self) {
+        let (time, renewed) = (self.time_us.load(Relaxed), self.renewed_us.load(Relaxed));
+        if time == 0 || renewed == 0 || self.held() || self.lapsed.swap(true, Relaxed) {
+            return;
+        }
+        self.breaks.fetch_add(1, Relaxed);
+        (self.on_break)(&[Broken::ALL], Return::none());
+    }
+
+    /// Whether an idle client should let the server hear from it, so its
+    /// leases keep holding: half the lease time has gone by unrenewed.
+    fn renewal_due(&self) -> bool {
+        let (time, renewed) = (self.time_us.load(Relaxed), self.renewed_us.load(Relaxed));
+        time != 0 && renewed != 0 && self.now_us() >= renewed - 1 + time / 2
     }
 
     /// The server granted leases of `time` on a connection.
@@ -162,6 +194,12 @@ fn run(weak: Weak<Engine>) {
             return;
         }
         let busy = e.reader_busy();
+        if let Some(l) = e.leases() {
+            l.lapse_if_due();
+            if l.renewal_due() {
+                keep_alive(&e, l);
+            }
+        }
         let (flags, look) = match busy {
             true => (PollFlags::RDHUP, BUSY_LOOK),
             false => (PollFlags::IN | PollFlags::RDHUP, LOOK),
@@ -184,6 +222,24 @@ fn run(weak: Weak<Engine>) {
         if !revents.is_empty() || (!busy && e.buffered()) {
             e.watch_once();
         }
+    }
+}
+
+/// Sends a `Ping` whose answer renews the leases (read by whoever reads
+/// next, this watcher when nobody else does); one at a time.
+fn keep_alive(e: &Engine, l: &Leases) {
+    let pending = l.ping.load(Relaxed);
+    if pending != 0 && e.is_outstanding(pending - 1) {
+        return;
+    }
+    match e.try_start(&ferry_proto::Request::Ping, 0) {
+        Ok(Some(id)) => {
+            e.forget(id);
+            l.ping.store(id + 1, Relaxed);
+        }
+        // No room in the window: requests are on their way, and their
+        // answers renew the leases as well.
+        Ok(None) | Err(_) => {}
     }
 }
 

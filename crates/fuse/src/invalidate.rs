@@ -104,27 +104,47 @@ impl Invalidator {
     /// answer with `forget`s, which take it).
     fn apply(&self, n: &Notifier, objects: &[(u64, u64, Vec<u8>)]) {
         let mut inodes = Vec::new();
-        let mut entries = Vec::new();
+        let mut entries: Vec<(u64, std::ffi::OsString)> = Vec::new();
         {
-            let nodes = lock(&self.nodes);
+            let mut nodes = lock(&self.nodes);
             for (dev, ino, name) in objects {
                 if *dev == 0 && *ino == 0 {
-                    inodes.extend(nodes.all());
+                    // Every node's attributes and every name the kernel
+                    // may keep for long: a directory's entry dropped alone
+                    // could be found again with its old children.
+                    let all = nodes.all();
+                    for &node in &all {
+                        entries.extend(nodes.entries_of(node));
+                    }
+                    entries.extend(nodes.take_all_misses());
+                    nodes.unlist_all();
+                    inodes.extend(all);
                     continue;
                 }
                 for node in nodes.by_server_id((*dev, *ino)) {
                     inodes.push(node);
-                    if !name.is_empty() {
-                        entries.push((node, name.clone()));
+                    // Dropped with the node's pages below.
+                    nodes.unlist(node);
+                    if name.is_empty() {
+                        // The object itself changed, was removed or
+                        // renamed: the names it is kept under go too.
+                        entries.extend(nodes.entries_of(node));
+                    } else {
+                        entries.push((node, OsStr::from_bytes(name).to_owned()));
                     }
+                    // Its lease is gone: no break will say that a name
+                    // came into it, so the misses kept there go.
+                    entries.extend(nodes.take_misses(node));
                 }
             }
         }
         inodes.sort_unstable();
         inodes.dedup();
+        entries.sort_unstable();
+        entries.dedup();
         for (dir, name) in entries {
             // ENOENT: the kernel had no such entry; nothing to drop.
-            let _ = n.inval_entry(INodeNo(dir), OsStr::from_bytes(&name));
+            let _ = n.inval_entry(INodeNo(dir), &name);
         }
         for node in inodes {
             let _ = n.inval_inode(INodeNo(node), 0, 0);

@@ -63,6 +63,11 @@ pub struct FsOptions {
     /// passthrough where it offers it (else their pages are kept); see
     /// `passthrough` for what that costs other opens.
     pub passthrough: bool,
+    /// How long the kernel may keep an answer the server promised (a lease
+    /// from a server that sees every change, capability `WATCHED`): until
+    /// a break drops it, and at most this. Zero: leases only shorten the
+    /// timeouts above, never lengthen them.
+    pub lease_timeout: Duration,
 }
 
 impl Default for FsOptions {
@@ -72,6 +77,7 @@ impl Default for FsOptions {
             entry_timeout: Duration::from_secs(1),
             cache: false,
             passthrough: false,
+            lease_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -124,8 +130,19 @@ impl Mounted {
 pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     // Leases, where the server grants them: its breaks become the kernel's
     // invalidations (queued until the mount is up).
+    let mut fs = fs;
     let inval = Invalidator::new(Arc::clone(&fs.nodes), Arc::clone(&fs.recent));
-    let leased = fs.client.leases_on(ferry_client::Leases::new(inval.on_break())).is_ok();
+    let leases = ferry_client::Leases::new(inval.on_break());
+    let leased = fs.client.leases_on(Arc::clone(&leases)).is_ok();
+    // Long-kept answers need every change to reach the server's lease
+    // table, and — where the mount serves several users by one kernel
+    // cache — the kernel checking each user's rights itself: a name one
+    // user looked up is otherwise walked through by another without the
+    // server being asked.
+    let kernel_checks = cfg.options.iter().any(|o| o == "default_permissions");
+    if leased && (!cfg.allow_other || kernel_checks || !fs.callers.on()) && !fs.opts.lease_timeout.is_zero() {
+        fs.leases = Some(leases);
+    }
     // Options travel comma-separated (to `fusermount3` too): a URL of
     // several gateways has its commas escaped as `mount.fuse` reads them.
     let mut opts = vec![MountOption::FSName(cfg.fsname.replace(',', "\\,")), MountOption::Subtype("ferry".into())];
@@ -405,6 +422,9 @@ struct DirItem {
 enum Handle {
     File(Arc<OpenFile>),
     Dir(Arc<Vec<DirItem>>),
+    /// A directory opened with the kernel's listing cache kept: listed
+    /// only if the kernel asks after all (its cache was evicted).
+    LazyDir(u64),
 }
 
 /// What a `setattr` changes.
@@ -431,6 +451,9 @@ pub struct FerryFs {
     modes: passthrough::IoModes,
     /// Who made each request, for a server that acts as each caller.
     callers: callers::Callers,
+    /// The mount's leases, where answers may be kept for long under them
+    /// (`long_ttl`).
+    leases: Option<Arc<ferry_client::Leases>>,
 }
 
 thread_local! {
@@ -456,6 +479,7 @@ impl FerryFs {
             recent: Arc::default(),
             passthrough: false,
             modes: passthrough::IoModes::default(),
+            leases: None,
         }
     }
 
@@ -511,10 +535,44 @@ impl FerryFs {
     }
 
     fn dir(&self, fh: FileHandle) -> R<Arc<Vec<DirItem>>> {
-        match lock(&self.handles).get(&fh.0) {
-            Some(Handle::Dir(d)) => Ok(Arc::clone(d)),
-            _ => Err(Errno::EBADF),
+        let ino = match lock(&self.handles).get(&fh.0) {
+            Some(Handle::Dir(d)) => return Ok(Arc::clone(d)),
+            Some(Handle::LazyDir(ino)) => *ino,
+            _ => return Err(Errno::EBADF),
+        };
+        let path = self.path(INodeNo(ino))?;
+        let (items, _) = self.list(&path)?;
+        let items = Arc::new(items);
+        if let Some(h) = lock(&self.handles).get_mut(&fh.0) {
+            *h = Handle::Dir(Arc::clone(&items));
         }
+        Ok(items)
+    }
+
+    /// The listing of `path`, from the server, and whether it may be kept
+    /// for long (fetched under a lease nothing broke meanwhile).
+    fn list(&self, path: &OsStr) -> R<(Vec<DirItem>, bool)> {
+        let gen = self.recent.generation();
+        let entries = self.client.read_dir(path).map_err(errno)?;
+        self.recent.put(
+            gen,
+            entries
+                .iter()
+                .filter_map(|e| Some((join(path, OsStr::from_bytes(&e.name)).into_os_string(), e.attr.as_ref()?))),
+        );
+        let items = entries
+            .into_iter()
+            .map(|e| DirItem {
+                kind: e.attr.as_ref().map_or_else(|| kind_of_dt(e.kind), |a| kind_of_mode(a.mode)),
+                dt: e.kind,
+                ino: e.ino,
+                name: OsString::from_vec(e.name),
+                attr: e.attr,
+                gen,
+            })
+            .collect();
+        let long = self.long_ttl().is_some() && self.recent.generation() == gen;
+        Ok((items, long))
     }
 
     /// The server's handle behind a FUSE file handle.
@@ -535,10 +593,27 @@ impl FerryFs {
     /// meanwhile — the answer may be from before that change, and the
     /// kernel must not keep it.
     fn ttls_since(&self, gen: u64) -> (Duration, Duration) {
-        match self.recent.generation() == gen {
-            true => (self.opts.attr_timeout, self.opts.entry_timeout),
-            false => (Duration::ZERO, Duration::ZERO),
+        if self.recent.generation() != gen {
+            return (Duration::ZERO, Duration::ZERO);
         }
+        match self.long_ttl() {
+            Some(t) => (self.opts.attr_timeout.max(t), self.opts.entry_timeout.max(t)),
+            None => (self.opts.attr_timeout, self.opts.entry_timeout),
+        }
+    }
+
+    /// How long the kernel may keep what the server answers now: the lease
+    /// timeout while a lease the server keeps for long holds (a lapse, a
+    /// lost connection or any break then empties the kernel's caches, and
+    /// moves `recent`'s generation so an answer fetched across it is not
+    /// kept at all).
+    fn long_ttl(&self) -> Option<Duration> {
+        let l = self.leases.as_ref()?;
+        // Zero timeouts ask the server every time, as they say.
+        if self.opts.attr_timeout.is_zero() || self.opts.entry_timeout.is_zero() {
+            return None;
+        }
+        (l.held() && self.client.engine().has_cap(ferry_client::caps::WATCHED)).then_some(self.opts.lease_timeout)
     }
 
     /// `entry` for an answer fetched since `gen` (`ttls_since`).
@@ -881,7 +956,14 @@ impl Filesystem for FerryFs {
             Err(e) if e.errno() == libc::ENOENT && !self.opts.entry_timeout.is_zero() => {
                 let mut a = file_attr(0, &Attr::default());
                 a.ino = INodeNo(0);
-                reply.entry_with_ttls(&Duration::ZERO, &self.ttls_since(gen).1, &a, Generation(0));
+                let mut ttl = self.ttls_since(gen).1;
+                // A miss kept past the plain timeout must be dropped when
+                // the directory's lease breaks for any name: remembered,
+                // within a bound.
+                if ttl > self.opts.entry_timeout && !lock(&self.nodes).keep_miss(parent.0, name) {
+                    ttl = self.opts.entry_timeout;
+                }
+                reply.entry_with_ttls(&Duration::ZERO, &ttl, &a, Generation(0));
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -1236,26 +1318,20 @@ impl Filesystem for FerryFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
-        let gen = self.recent.generation();
-        let entries = tri!(reply, self.client.read_dir(&path).map_err(errno));
-        self.recent.put(
-            gen,
-            entries
-                .iter()
-                .filter_map(|e| Some((join(&path, OsStr::from_bytes(&e.name)).into_os_string(), e.attr.as_ref()?))),
-        );
-        let items = entries
-            .into_iter()
-            .map(|e| DirItem {
-                kind: e.attr.as_ref().map_or_else(|| kind_of_dt(e.kind), |a| kind_of_mode(a.mode)),
-                dt: e.kind,
-                ino: e.ino,
-                name: OsString::from_vec(e.name),
-                attr: e.attr,
-                gen,
-            })
-            .collect();
-        reply.opened(self.add_handle(Handle::Dir(Arc::new(items))), FopenFlags::empty());
+        // The kernel's own copy of the listing is still what the server
+        // promised: keep it, ask nothing. A break of the directory (or of
+        // everything) unmarks it before the kernel's copy is dropped.
+        if self.long_ttl().is_some() && lock(&self.nodes).is_listed(ino.0) {
+            let flags = FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE;
+            return reply.opened(self.add_handle(Handle::LazyDir(ino.0)), flags);
+        }
+        let (items, long) = tri!(reply, self.list(&path));
+        let flags = match long && lock(&self.nodes).mark_listed(ino.0) {
+            // The kernel keeps what this open lists, for the next opens.
+            true => FopenFlags::FOPEN_CACHE_DIR,
+            false => FopenFlags::empty(),
+        };
+        reply.opened(self.add_handle(Handle::Dir(Arc::new(items))), flags);
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -1282,7 +1358,9 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let items = tri!(reply, self.dir(fh));
         let dir_path = tri!(reply, self.path(ino));
-        let ttl = self.opts.attr_timeout.min(self.opts.entry_timeout);
+        // Each listing's answers count from when it was fetched (`it.gen`).
+        let plain = self.opts.attr_timeout.min(self.opts.entry_timeout);
+        let ttl = self.long_ttl().map_or(plain, |t| t.max(plain));
         // The kernel takes no reference for "." and "..", only their names
         // and numbers.
         let parent = match dir_path.as_bytes().iter().rposition(|&c| c == b'/') {

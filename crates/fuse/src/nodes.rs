@@ -55,8 +55,27 @@ pub(crate) struct Nodes {
     /// Directories by the server's `(dev, ino)`, as last seen: what a lease
     /// break names them by.
     dirs: HashMap<Key, u64>,
+    /// Names the kernel was told are missing, by directory node, for longer
+    /// than the plain timeout (`keep_miss`).
+    misses: HashMap<u64, std::collections::HashSet<OsString>>,
+    miss_count: usize,
+    /// Directories whose listing the kernel keeps (`FOPEN_CACHE_DIR`)
+    /// under a lease nothing broke since.
+    listed: std::collections::HashSet<u64>,
+    /// Node ids the kernel forgot, by the server's `(dev, ino)`: a file
+    /// looked up again gets its old number back (`st_ino` is the node id),
+    /// so an invalidation or the kernel's own reclaim never changes the
+    /// inode number a program sees (`find -inum`, tar's and rsync's hard
+    /// link detection). Bounded; emptied when full.
+    gone: HashMap<Key, u64>,
     next: u64,
 }
+
+/// Forgotten node ids kept at most.
+const MAX_GONE: usize = 1 << 18;
+
+/// Misses remembered at most: past it a miss gets the plain timeout.
+const MAX_MISSES: usize = 1 << 16;
 
 pub(crate) const ROOT: u64 = 1;
 
@@ -79,6 +98,10 @@ impl Nodes {
             by_path: HashMap::new(),
             by_key: HashMap::new(),
             dirs: HashMap::new(),
+            misses: HashMap::new(),
+            miss_count: 0,
+            listed: std::collections::HashSet::new(),
+            gone: HashMap::new(),
             next: ROOT + 1,
         };
         let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1, former: None };
@@ -150,6 +173,75 @@ impl Nodes {
         self.by_ino.keys().copied().collect()
     }
 
+    /// The kernel's entries of node `ino`: `(directory node, name)` for
+    /// each name it is known by (none for the root).
+    pub(crate) fn entries_of(&self, ino: u64) -> Vec<(u64, OsString)> {
+        let Some(n) = self.by_ino.get(&ino) else { return Vec::new() };
+        let mut out = Vec::new();
+        for p in &n.paths {
+            let b = p.as_bytes();
+            let Some(i) = b.iter().rposition(|&c| c == b'/') else { continue };
+            let parent = if i == 0 { OsStr::new("/") } else { OsStr::from_bytes(&b[..i]) };
+            if let Some(&dir) = self.by_path.get(parent) {
+                if dir != ino && i + 1 < b.len() {
+                    out.push((dir, OsStr::from_bytes(&b[i + 1..]).to_owned()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Remembers that the kernel keeps `name` in directory `dir` as missing
+    /// for long; false (not kept) past the bound.
+    pub(crate) fn keep_miss(&mut self, dir: u64, name: &OsStr) -> bool {
+        if self.miss_count >= MAX_MISSES {
+            return false;
+        }
+        if self.misses.entry(dir).or_default().insert(name.to_owned()) {
+            self.miss_count += 1;
+        }
+        true
+    }
+
+    /// The misses kept in `dir`, forgotten: its lease broke, so a name may
+    /// have come into it unheard of.
+    pub(crate) fn take_misses(&mut self, dir: u64) -> Vec<(u64, OsString)> {
+        let names = self.misses.remove(&dir).unwrap_or_default();
+        self.miss_count -= names.len();
+        names.into_iter().map(|n| (dir, n)).collect()
+    }
+
+    /// The kernel keeps directory `ino`'s listing from now on; false if
+    /// the node is not known (any more).
+    pub(crate) fn mark_listed(&mut self, ino: u64) -> bool {
+        if !self.by_ino.contains_key(&ino) {
+            return false;
+        }
+        self.listed.insert(ino);
+        true
+    }
+
+    pub(crate) fn is_listed(&self, ino: u64) -> bool {
+        self.listed.contains(&ino)
+    }
+
+    /// Directory `ino`'s listing may have changed: the kernel's copy is
+    /// not kept past this open.
+    pub(crate) fn unlist(&mut self, ino: u64) {
+        self.listed.remove(&ino);
+    }
+
+    /// No listing is kept.
+    pub(crate) fn unlist_all(&mut self) {
+        self.listed.clear();
+    }
+
+    /// Every miss kept, forgotten.
+    pub(crate) fn take_all_misses(&mut self) -> Vec<(u64, OsString)> {
+        self.miss_count = 0;
+        self.misses.drain().flat_map(|(d, names)| names.into_iter().map(move |n| (d, n))).collect()
+    }
+
     fn remember_node(&mut self, path: &OsStr, attr: &Attr) -> u64 {
         let key = key_of(attr);
         let fmt = attr.mode & libc::S_IFMT;
@@ -190,8 +282,13 @@ impl Nodes {
                 }
             }
         }
-        let ino = self.next;
-        self.next += 1;
+        let ino = match self.gone.remove(&(attr.dev, attr.ino)) {
+            Some(old) if attr.dev != u64::MAX && !self.by_ino.contains_key(&old) => old,
+            _ => {
+                self.next += 1;
+                self.next - 1
+            }
+        };
         self.by_ino.insert(ino, Node { paths: vec![path.to_owned()], key, fmt, lookups: 1, former: None });
         self.by_path.insert(path.to_owned(), ino);
         if let Some(k) = key {
@@ -220,8 +317,21 @@ impl Nodes {
                     self.by_key.remove(&k);
                 }
             }
+            let server = node.key.or_else(|| self.dirs.iter().find(|(_, i)| **i == ino).map(|(k, _)| *k));
+            if let Some(k) = server.filter(|k| k.0 != u64::MAX) {
+                if self.gone.len() >= MAX_GONE {
+                    self.gone.clear();
+                }
+                self.gone.insert(k, ino);
+            }
             if node.fmt == libc::S_IFDIR {
                 self.dirs.retain(|_, i| *i != ino);
+                // The kernel drops a directory's entries before the
+                // directory itself.
+                if let Some(names) = self.misses.remove(&ino) {
+                    self.miss_count -= names.len();
+                }
+                self.listed.remove(&ino);
             }
         }
     }
@@ -371,7 +481,9 @@ mod tests {
         assert!(n.path(x).is_ok());
         n.forget(x, 1);
         assert!(n.path(x).is_err());
-        assert_ne!(n.remember(OsStr::new("/x"), &file(10)), x);
+        // The same file looked up again keeps its number (`st_ino`).
+        assert_eq!(n.remember(OsStr::new("/x"), &file(10)), x);
+        assert_ne!(n.remember(OsStr::new("/y"), &file(12)), x);
         n.forget(ROOT, 100);
         assert_eq!(n.path(ROOT).unwrap(), "/");
     }
@@ -399,7 +511,8 @@ mod tests {
         // Three lookups counted (/a, /d/b, /f); all forgotten, all gone.
         n.forget(a, 3);
         assert!(n.path(a).is_err() && !n.by_key.contains_key(&(1, 10)) && !n.by_path.contains_key(OsStr::new("/f")));
-        assert_ne!(n.remember(OsStr::new("/f"), &with_links(file(10), 2)), a);
+        // Looked up again, the file is the node it was (its `st_ino` kept).
+        assert_eq!(n.remember(OsStr::new("/f"), &with_links(file(10), 2)), a);
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! process's lease before it acknowledges that change, and a break empties
 //! the cache; what is kept is answered only while the lease holds. A change
 //! made on the server's disk by a program outside ferry shows within the
-//! timeout, as with NFS's attribute cache.
+//! timeout, as with NFS's attribute cache — or, from a server that watches
+//! its disk (`WATCHED`), as soon as its notice of the change breaks the
+//! lease; answers are then kept until a break (60 s at most).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -90,7 +92,7 @@ struct Cache {
     listed: usize,
     /// The leases of each mount's connection, where the server grants
     /// them: what is kept of a mount is answered only while they hold.
-    leases: Vec<(usize, Arc<Leases>)>,
+    leases: Vec<(usize, Arc<Leases>, bool)>,
 }
 
 impl Cache {
@@ -193,9 +195,14 @@ pub fn get(mount: usize, path: &[u8], follow: bool) -> Option<Attr> {
     }
     let mut c = CACHE.lock();
     let c = c.as_mut()?;
-    if let Some((_, l)) = c.leases.iter().find(|(m, _)| *m == mount) {
+    let mut ttl = ttl;
+    if let Some((_, l, long)) = c.leases.iter().find(|(m, _, _)| *m == mount) {
         if !l.held() {
             return None;
+        }
+        // Promised by a server that sees every change: good until broken.
+        if *long {
+            ttl = ttl.max(LEASED);
         }
     }
     let m = c.mounts.iter_mut().find(|m| m.mount == mount)?;
@@ -233,13 +240,19 @@ pub fn changed() {
     }
 }
 
+/// How long an answer is kept under a lease of a server that sees every
+/// change (`WATCHED`): a bound on what a break lost on the way could cost.
+const LEASED: Duration = Duration::from_secs(60);
+
 /// From now on what is kept of `mounts` holds only while `leases` do
 /// (their connection turned them on); their breaks empty the cache.
-pub fn set_leases(mounts: &[usize], leases: &Arc<Leases>) {
+/// `long`: the server sees every change, so what it promised is kept past
+/// the timeout, until broken.
+pub fn set_leases(mounts: &[usize], leases: &Arc<Leases>, long: bool) {
     let mut c = CACHE.lock();
     let c = c.get_or_insert_with(Cache::default);
-    c.leases.retain(|(m, _)| !mounts.contains(m));
-    c.leases.extend(mounts.iter().map(|&m| (m, Arc::clone(leases))));
+    c.leases.retain(|(m, _, _)| !mounts.contains(m));
+    c.leases.extend(mounts.iter().map(|&m| (m, Arc::clone(leases), long)));
 }
 
 /// The break handler of a connection's leases.

@@ -166,7 +166,8 @@ pub fn client(mount: usize) -> Result<Client, i32> {
             // attribute timeout alone.
             let leases = ferry_client::Leases::new(crate::attrs::on_break());
             if c.leases_on(std::sync::Arc::clone(&leases)).is_ok() {
-                crate::attrs::set_leases(&same, &leases);
+                let long = c.engine().has_cap(ferry_client::caps::WATCHED);
+                crate::attrs::set_leases(&same, &leases, long);
             }
             conns.live.push((addr, c.clone()));
             Ok(c)

@@ -109,6 +109,14 @@ pub mod caps {
     /// so that a gateway a client left refuses that client's old requests
     /// (PROTOCOL.md 8.3). Offered only by servers of a shared volume.
     pub const FENCE: u64 = 1 << 14;
+    /// Every change to the export reaches the server's lease table: its
+    /// clients' through it, and those of programs on its host through the
+    /// kernel's notices (`fanotify`), so a lease may stand for long — the
+    /// mount keeps leased answers in the kernel until a break. Offered,
+    /// with `LEASES`, only by servers that see every change (PROTOCOL.md
+    /// 8.10). Without it a lease still breaks for clients' changes, but
+    /// clients keep answers no longer than their timeouts.
+    pub const WATCHED: u64 = 1 << 15;
     /// Everything this implementation offers.
     pub const ALL: u64 = READDIRPLUS
         | XATTR
@@ -124,7 +132,8 @@ pub mod caps {
         | SAME_HOST
         | IDENTITY
         | LEASES
-        | FENCE;
+        | FENCE
+        | WATCHED;
 }
 
 /// The smallest frame-body limit a peer may announce (16 MiB of data plus room

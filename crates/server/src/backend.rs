@@ -151,6 +151,13 @@ pub trait Backend: Send + Sync + 'static {
     fn listxattr(&self, node: Node<'_, Self::File>) -> Result<Vec<u8>>;
     fn removexattr(&self, node: Node<'_, Self::File>, name: &[u8]) -> Result<()>;
 
+    /// Every change to what it serves goes through this server (a memory
+    /// backend): leases may be promised for long (`WATCHED`) without
+    /// watching anything.
+    fn sees_every_change(&self) -> bool {
+        false
+    }
+
     /// The open file's lasting identity, which `reopen` takes, so a client
     /// finds the same file again after the server restarted. Empty when the
     /// backend has none beyond `(dev, ino)`.

@@ -131,8 +131,25 @@ struct Table {
     /// Files whose descriptor a client on this host writes through
     /// (`FileFd`): the server does not see those changes, so nobody gets
     /// a lease on them while one is lent.
-    lent: HashMap<FileKey, usize>,
+    lent: HashMap<FileKey, Lent>,
 }
+
+/// A file lent for writing, or lent until a moment ago.
+#[derive(Default)]
+struct Lent {
+    /// Descriptors lent now.
+    count: usize,
+    /// The sessions they were lent to: the kernel's notices of their
+    /// writes (`watch.rs`) are their own changes, not news to them.
+    by: Vec<std::sync::Weak<Holder>>,
+    /// When the last one was given back: notices of writes through it may
+    /// still be on their way for a moment.
+    closed: Option<Instant>,
+}
+
+/// How long after a lent descriptor's close its writes' notices are still
+/// taken for its session's own.
+const LATE_NOTICE: Duration = Duration::from_secs(2);
 
 /// Entries made between two prunes of those no lease needs.
 const PRUNE_EVERY: usize = 1 << 14;
@@ -239,7 +256,7 @@ impl Leases {
             let forgot = t.forgot;
             for &key in keys {
                 let obj = t.objects.get(&key);
-                if obj.map_or(forgot, |o| o.changed) > seen || t.lent.contains_key(&key) {
+                if obj.map_or(forgot, |o| o.changed) > seen || t.lent.get(&key).is_some_and(|l| l.count > 0) {
                     refused.push(key);
                     continue;
                 }
@@ -325,8 +342,17 @@ impl Leases {
 
     /// A descriptor of `key` is lent for writing: no lease on it until the
     /// mark is dropped (with the handle that lent it).
-    pub fn lend(self: &Arc<Self>, key: FileKey) -> LentMark {
-        *lock(&self.table).lent.entry(key).or_default() += 1;
+    pub fn lend(self: &Arc<Self>, key: FileKey, by: Option<&Arc<Holder>>) -> LentMark {
+        let mut t = lock(&self.table);
+        let l = t.lent.entry(key).or_default();
+        l.count += 1;
+        l.closed = None;
+        if let Some(h) = by {
+            if !l.by.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(h))) {
+                l.by.push(Arc::downgrade(h));
+            }
+        }
+        drop(t);
         LentMark { leases: Arc::clone(self), key }
     }
 
@@ -334,6 +360,17 @@ impl Leases {
     /// every other holder's leases on them, and returns once each returned
     /// them or its lease time ran out.
     pub fn changed(&self, mine: Option<&Arc<Holder>>, touched: &[Touched]) {
+        self.breaks_for(mine, touched, true)
+    }
+
+    /// A change of `touched` made outside the server has been seen (it is
+    /// done already): breaks every holder's leases on them, without
+    /// waiting for their returns.
+    pub fn changed_outside(&self, touched: &[Touched]) {
+        self.breaks_for(None, touched, false)
+    }
+
+    fn breaks_for(&self, mine: Option<&Arc<Holder>>, touched: &[Touched], wait: bool) {
         if touched.is_empty() || !self.active() {
             return;
         }
@@ -376,8 +413,16 @@ impl Leases {
                     obj.changed = seq;
                     let mut kept = Vec::new();
                     let mut losing = Vec::new();
+                    // Seen by the kernel's notice, a write through a lent
+                    // descriptor is its borrower's own change.
+                    let lenders = match wait {
+                        false => t.lent.get(&key).map(|l| l.by.clone()).unwrap_or_default(),
+                        true => Vec::new(),
+                    };
+                    let obj = t.objects.get_mut(&key).expect("just made");
                     for (h, e) in obj.holders.drain(..) {
-                        if mine.is_some_and(|m| Arc::ptr_eq(m, &h)) {
+                        let lender = lenders.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&h)));
+                        if lender || mine.is_some_and(|m| Arc::ptr_eq(m, &h)) {
                             kept.push((h, e));
                         } else if !h.gone.load(Relaxed) && h.epoch.load(Relaxed) == e {
                             h.count.fetch_sub(1, Relaxed);
@@ -417,7 +462,7 @@ impl Leases {
             self.send(&h, seq, &objects, deadline);
             waiting.push((h, deadline));
         }
-        if waiting.is_empty() {
+        if waiting.is_empty() || !wait {
             return;
         }
         self.counts.waits.fetch_add(1, Relaxed);
@@ -489,12 +534,13 @@ pub struct LentMark {
 impl Drop for LentMark {
     fn drop(&mut self) {
         let mut t = lock(&self.leases.table);
-        if let Some(n) = t.lent.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                t.lent.remove(&self.key);
+        if let Some(l) = t.lent.get_mut(&self.key) {
+            l.count = l.count.saturating_sub(1);
+            if l.count == 0 {
+                l.closed = Some(Instant::now());
             }
         }
+        t.lent.retain(|_, l| l.count > 0 || l.closed.is_some_and(|c| c.elapsed() < LATE_NOTICE));
     }
 }
 

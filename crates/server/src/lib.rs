@@ -36,6 +36,7 @@ pub mod tls;
 mod touches;
 mod turns;
 pub mod volume;
+mod watch;
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -99,6 +100,11 @@ pub struct Config {
     /// kept in `state_dir`, or this process's own): gateways of one volume
     /// given the same can each open the files the others' ids name.
     pub id_key: Option<Vec<u8>>,
+    /// The export directory to watch for changes made on this host outside
+    /// the server (`watch.rs`), so that leases may be promised for long
+    /// (capability `WATCHED`); `None`, or a watch that cannot start: not
+    /// offered (unless the backend sees every change itself).
+    pub watch: Option<std::path::PathBuf>,
     /// Where fence records live, on the shared volume every gateway of it
     /// names the same (capability `FENCE`, see `fence.rs`); `None`: this
     /// server fences no session.
@@ -139,6 +145,7 @@ impl Default for Config {
             local_addr: None,
             identity: None,
             id_key: None,
+            watch: None,
             fence_dir: None,
             tls: None,
             tls_required: false,
@@ -191,6 +198,32 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
 }
 
+/// Starts what lets the server promise leases for long, if it can: the
+/// capability bits to take away if not.
+fn watched<B: Backend>(cfg: &Config, backend: &B, leases: &Arc<leases::Leases>) -> u64 {
+    use ferry_proto::caps::{LEASES, WATCHED};
+    if cfg.caps & LEASES == 0 || cfg.caps & WATCHED == 0 {
+        return WATCHED;
+    }
+    if backend.sees_every_change() {
+        return 0;
+    }
+    let Some(dir) = &cfg.watch else { return WATCHED };
+    match watch::start(dir, Arc::clone(leases)) {
+        Ok(()) => {
+            tracing::info!("watching {} for changes outside ferry: leases hold until broken", dir.display());
+            0
+        }
+        Err(e) => {
+            tracing::info!(
+                "changes to {} outside ferry cannot be watched ({e}): clients keep leased answers no longer than their timeouts",
+                dir.display()
+            );
+            WATCHED
+        }
+    }
+}
+
 /// Accepts connections forever, one thread each.
 pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config) -> std::io::Result<()> {
     cfg.local_addr = listeners.unix.as_ref().map(|(_, a)| a.clone());
@@ -210,12 +243,14 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
             sessions.reap(std::time::Instant::now());
         })?;
     }
+    let leases = Arc::new(leases::Leases::new(cfg.lease_time));
+    cfg.caps &= !watched(&cfg, &*backend, &leases);
     let common = conn::Common {
         budget: Arc::new(HandleBudget::new(handle_budget(&cfg))),
         pool: Arc::new(bufpool::BufPool::new(cfg.frame_pool_bytes)),
         locks: Arc::new(locks::LockTable::default()),
         changes: Arc::default(),
-        leases: Arc::new(leases::Leases::new(cfg.lease_time)),
+        leases,
         dirs: Arc::default(),
         seals: Arc::new(match &cfg.id_key {
             Some(k) => fileseal::Seals::with_key(k),

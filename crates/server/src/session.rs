@@ -506,7 +506,7 @@ impl<B: Backend> Session<B> {
             self.writable()?;
             h.changed();
             h.lent.store(true, Ordering::Relaxed);
-            h.lent_mark.get_or_init(|| leases.lend(h.key));
+            h.lent_mark.get_or_init(|| leases.lend(h.key, self.lease.get()));
         }
         Ok((Arc::clone(&h.file), writable, h.key))
     }

@@ -7,6 +7,7 @@ pub mod gluster;
 pub mod preload;
 pub mod proxy;
 pub mod restart;
+pub mod scrape;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

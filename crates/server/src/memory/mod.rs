@@ -492,6 +492,10 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
+    fn sees_every_change(&self) -> bool {
+        true
+    }
+
     type File = MemoryFile;
 
     fn file_id(&self, file: &MemoryFile) -> Vec<u8> {
