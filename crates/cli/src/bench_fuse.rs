@@ -154,6 +154,7 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let mut fstat99 = Series::new("ferry mount stat, no cache, p99", "µs");
     let mut native = Series::new("tree scan, export dir (native)", "ms");
     let mut scan = Series::new("tree scan, ferry mount (default)", "ms");
+    let mut warm = Series::new("tree scan again, ferry mount (warm)", "ms");
     let mut scan0 = Series::new("tree scan, ferry mount, no cache", "ms");
     let data = mp_ferry.join("bench-fuse.dat");
     let null_file = mp_null.join(ferry_fuse::NULL_FILE);
@@ -172,6 +173,8 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         fstat99.values.push(f99);
         native.values.push(tree_scan(&dir.join("tree"), files)?);
         scan.values.push(tree_scan(&mp_ferry.join("tree"), files)?);
+        // At once again: what the kernel kept (under leases, all of it).
+        warm.values.push(tree_scan(&mp_ferry.join("tree"), files)?);
         scan0.values.push(tree_scan(&mp_ferry0.join("tree"), files)?);
     }
     drop(client);
@@ -202,6 +205,7 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         (&fstat99, String::new()),
         (&native, String::new()),
         (&scan, format!("{:.1} x native", scan.median() / native.median())),
+        (&warm, format!("{:.1} x native", warm.median() / native.median())),
         (&scan0, format!("{:.1} x native", scan0.median() / native.median())),
     ] {
         println!(
@@ -218,6 +222,12 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         "target: ferry mount read >= 80 % of null FUSE read: {} ({:.0} %)",
         if ratio >= 0.8 { "met" } else { "NOT met" },
         100.0 * ratio
+    );
+    // Speeds, so higher is better: native time over the mount's.
+    let warm_speed = native.median() / warm.median();
+    println!(
+        "target: warm tree scan on the mount >= 0.8 x native speed: {} ({warm_speed:.2} x)",
+        if warm_speed >= 0.8 { "met" } else { "NOT met" }
     );
     Ok(())
 }

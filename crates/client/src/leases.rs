@@ -232,14 +232,11 @@ fn keep_alive(e: &Engine, l: &Leases) {
     if pending != 0 && e.is_outstanding(pending - 1) {
         return;
     }
-    match e.try_start(&ferry_proto::Request::Ping, 0) {
-        Ok(Some(id)) => {
-            e.forget(id);
-            l.ping.store(id + 1, Relaxed);
-        }
-        // No room in the window: requests are on their way, and their
-        // answers renew the leases as well.
-        Ok(None) | Err(_) => {}
+    // No room in the window (`None`): requests are on their way, and
+    // their answers renew the leases as well.
+    if let Ok(Some(id)) = e.try_start(&ferry_proto::Request::Ping, 0) {
+        e.forget(id);
+        l.ping.store(id + 1, Relaxed);
     }
 }
 
