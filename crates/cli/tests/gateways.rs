@@ -47,7 +47,7 @@ impl Gateways {
         // opens by its id a file the other named, renamed meanwhile.
         let mut ports = [0; 2];
         for i in 0..2 {
-            let s = Gateways::serve(&exports[i], 0, &tokens[i], &state[0]);
+            let s = Gateways::serve(&exports[i], 0, &tokens[i], &state[0], &state[i]);
             ports[i] = s.port;
             if i == 0 {
                 fs::copy(&tokens[0], &tokens[1]).unwrap();
@@ -57,13 +57,20 @@ impl Gateways {
     }
 
     fn start(&self, i: usize) -> Serve {
-        Gateways::serve(&self.exports[i], self.ports[i], &self.tokens[i], &self._state[0])
+        Gateways::serve(&self.exports[i], self.ports[i], &self.tokens[i], &self._state[0], &self._state[i])
     }
 
-    /// A gateway sealing file ids with the one secret both have (in `state`).
-    fn serve(export: &Path, port: u16, token: &Path, state: &TempDir) -> Serve {
-        let key = state.path().join("id-key");
-        Serve::launch_with(export.as_os_str(), port, token, &["--id-key", key.to_str().unwrap()])
+    /// A gateway sealing file ids with the one secret both have (in `key`),
+    /// its log in `own` (`serve.log`).
+    fn serve(export: &Path, port: u16, token: &Path, key: &TempDir, own: &TempDir) -> Serve {
+        let key = key.path().join("id-key");
+        let log = own.path().join("serve.log");
+        Serve::launch_logged(export.as_os_str(), port, token, &["--id-key", key.to_str().unwrap()], Some(&log))
+    }
+
+    /// What gateway `i` logged, every start of it.
+    fn log(&self, i: usize) -> String {
+        read(&self._state[i].path().join("serve.log"))
     }
 
     /// Where the tests look at the files behind the gateways' back.
@@ -640,6 +647,95 @@ fn glusterfs_library_client_moves() {
     let (gl, g) = glusterfs_gateways("gl-lib");
     let (_c, data, _a) = library_client_moves(&g, 1, 31);
     assert!(fs::read(gl.nodes()[0].join("new")).unwrap() == data, "the volume differs");
+}
+
+/// On GlusterFS, a file a client keeps open is renamed, and its directory
+/// too, through the other gateway's mount while its gateway dies: the
+/// gateway it moves to finds the file by its gfid (`.gfid/<uuid>` of a
+/// mount made with `-o aux-gfid-mount`), not by its old name, which names
+/// nothing now, nor by the kernel's file handle, which differs between the
+/// two mounts. A program under `ferry run` (writing and reading back) and a
+/// library client go on with no error, and the file is what they wrote.
+#[test]
+fn glusterfs_a_file_renamed_across_a_move_is_found_by_its_gfid() {
+    use std::io::{BufRead, BufReader, Write};
+    let (mut gl, g) = glusterfs_gateways("gl-rename");
+    const N: usize = 32;
+    let block = |i: usize| vec![(i % 251) as u8; BLK];
+    let model: Vec<u8> = (0..N).flat_map(block).collect();
+    let on_b = |p: &str| g.exports[1].join(p);
+    fs::create_dir(on_b("dir")).unwrap();
+    // A program under `ferry run`, on A (B is down when it starts).
+    let mut a = g.start(0);
+    let script = r#"
+import os, sys
+path, n, blk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+for i in range(n):
+    if i == n // 2:
+        print("half", flush=True)
+        sys.stdin.readline()
+    os.pwrite(fd, bytes([i % 251]) * blk, i * blk)
+os.fsync(fd)
+back = os.pread(fd, n * blk, 0)
+if back != b"".join(bytes([i % 251]) * blk for i in range(n)):
+    sys.exit("read back through the moved gateway: differs")
+os.close(fd)
+print("done", flush=True)
+"#;
+    let mut child = g
+        .python_under_ferry_run(120)
+        .args(["-c", script, "/remote/dir/f", &N.to_string(), &BLK.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "half", "the writer did not get going: {}", g.log(0));
+    fs::rename(on_b("dir/f"), on_b("dir/g")).unwrap();
+    fs::rename(on_b("dir"), on_b("moved")).unwrap();
+    let mut b = g.start(1);
+    a.kill();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let said = stderr(&o);
+    let logs = || format!("A: {}\nB: {}", g.log(0), g.log(1));
+    assert!(o.status.success(), "the writer failed: {said}; {}", logs());
+    assert!(said.contains("moved to gateway"), "the writer did not move: {said}");
+    assert!(!said.contains("Stale"), "{said}");
+    for p in [on_b("moved/g"), g.exports[0].join("moved/g"), gl.bricks()[0].join("moved/g")] {
+        assert!(uncached(&p) == model, "{} differs from what the program wrote", p.display());
+    }
+    // A library client with the file open on B; renamed again through A's
+    // mount while B dies and A comes back.
+    let c = Client::connect(&g.list(), &g.options()).unwrap();
+    let mut f = c.open("/moved/g", OpenOptions::new().read(true).write(true)).unwrap();
+    f.write_at(&block(7), 0).unwrap();
+    fs::rename(g.exports[0].join("moved/g"), g.exports[0].join("moved/h")).unwrap();
+    fs::rename(g.exports[0].join("moved"), g.exports[0].join("again")).unwrap();
+    let _a = g.start(0);
+    b.kill();
+    f.write_at(&block(9), BLK as u64).unwrap_or_else(|e| panic!("a write after the move: {e}; {}", logs()));
+    f.sync_all().unwrap();
+    let mut got = vec![0u8; 2 * BLK];
+    f.read_at(&mut got, 0).unwrap();
+    assert!(got[..BLK] == block(7)[..] && got[BLK..] == block(9)[..], "read back after the move differs");
+    f.close().unwrap();
+    let mut model = model;
+    model[..BLK].fill(7);
+    model[BLK..2 * BLK].fill(9);
+    for p in [g.exports[0].join("again/h"), gl.bricks()[1].join("again/h")] {
+        assert!(uncached(&p) == model, "{} differs from what the client wrote", p.display());
+    }
+    // A gateway on a mount without `aux-gfid-mount` says what it cannot do.
+    let plain = gl.mount_without_gfid_access();
+    let log = TempDir::new("gl-plain");
+    let at = log.path().join("serve.log");
+    drop(Serve::launch_logged(plain.as_os_str(), 0, &g.tokens[0], &[], Some(&at)));
+    assert!(read(&at).contains("without -o aux-gfid-mount"), "the gateway did not say so: {}", read(&at));
 }
 
 /// A program writing 1 MiB `write`s (no positions: what `dd` and `cp` do)
