@@ -807,6 +807,11 @@ print("done")
 /// `ferry mount` of both gateways (over TCP), `a` running; the caller
 /// kills the mount by dropping what is returned (daemon, detach guard).
 fn mount_gateways(g: &Gateways, state: &TempDir) -> (PathBuf, PathBuf, impl Drop) {
+    mount_gateways_with(g, state, &[])
+}
+
+/// As `mount_gateways`, the mount run with `env` added to its environment.
+fn mount_gateways_with(g: &Gateways, state: &TempDir, env: &[(&str, &str)]) -> (PathBuf, PathBuf, impl Drop) {
     struct Daemon(std::process::Child, Detach);
     impl Drop for Daemon {
         fn drop(&mut self) {
@@ -826,6 +831,7 @@ fn mount_gateways(g: &Gateways, state: &TempDir) -> (PathBuf, PathBuf, impl Drop
         .arg(&mp)
         .env("FERRY_TOKEN_FILE", &g.tokens[0])
         .env("FERRY_SAME_HOST", "0")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap())
@@ -1050,13 +1056,42 @@ fn library_client_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
     drop(a);
 }
 
-/// A program under `ferry run` writes and `fsync`s a block per round, round
-/// `r` into block `r % 4` (value `r % 251 + 1`); after round 10 its gateway
-/// A is stopped. Its next round must end within the bound (plus slack),
+/// A program under `ferry run` leaves its stopped gateway
+/// (`writer_leaves_a_stopped_gateway`).
+fn ferry_run_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+    let a = g.start(0);
+    let writer = g.python_under_ferry_run(120);
+    writer_leaves_a_stopped_gateway(g, a, writer, Path::new("/remote/rounds"), &String::new, truth);
+}
+
+/// A program writing through the mount (over TCP) leaves its stopped
+/// gateway (`writer_leaves_a_stopped_gateway`).
+fn mount_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+    let a = g.start(0);
+    let state = TempDir::new("stop-mp");
+    let (mp, log, m) = mount_gateways_with(g, &state, &[("FERRY_GATEWAY_TIMEOUT", &STALL.as_secs_f64().to_string())]);
+    let mut writer = Command::new("timeout");
+    writer.args(["120", "python3"]);
+    writer_leaves_a_stopped_gateway(g, a, writer, &mp.join("rounds"), &|| read(&log), truth);
+    drop(m);
+}
+
+/// A program (`writer`, a command ending in `python3`, its client on
+/// gateway A, `a`, alone up) writes and `fsync`s a block of `path` per
+/// round, round `r` into block `r % 4` (value `r % 251 + 1`); after round
+/// 10 A is stopped. Its next round must end within the bound (plus slack),
 /// through B, and its rounds go on; A, continued once the program is done,
 /// must apply none of the program's old writes: every block holds the last
-/// round's value written to it.
-fn ferry_run_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+/// round's value written to it. `log`: what the client said elsewhere
+/// than on the program's stderr (the mount's log).
+fn writer_leaves_a_stopped_gateway(
+    g: &Gateways,
+    a: Serve,
+    mut writer: Command,
+    path: &Path,
+    log: &dyn Fn() -> String,
+    truth: Truth<'_>,
+) {
     use std::io::{BufRead, BufReader};
     use std::sync::mpsc;
     use std::time::Instant;
@@ -1074,11 +1109,11 @@ for r in range(rounds):
 os.close(fd)
 print("done", flush=True)
 "#;
-    let a = g.start(0);
-    let mut child = g
-        .python_under_ferry_run(120)
+    let mut child = writer
         .env("FERRY_GATEWAY_TIMEOUT", STALL.as_secs_f64().to_string())
-        .args(["-c", script, "/remote/rounds", &ROUNDS.to_string(), &K.to_string()])
+        .args(["-c", script])
+        .arg(path)
+        .args([&ROUNDS.to_string(), &K.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -1108,7 +1143,7 @@ print("done", flush=True)
         drop(stopped);
         let _ = child.kill();
         let _ = child.wait();
-        panic!("the writer did not go on without its stopped gateway: {}", said.join().unwrap());
+        panic!("the writer did not go on without its stopped gateway: {}{}", said.join().unwrap(), log());
     };
     let took = at - t0;
     assert!(took <= STALL + MOVE_SLACK, "round {l} ended {took:?} after the stop (bound {STALL:?})");
@@ -1120,7 +1155,7 @@ print("done", flush=True)
         }
     }
     let status = child.wait().unwrap();
-    let said = said.join().unwrap();
+    let said = format!("{}{}", said.join().unwrap(), log());
     assert_eq!(last, "done", "the writer did not finish: {said}");
     assert!(status.success(), "{said}");
     assert!(said.contains("moved to gateway"), "the writer did not move: {said}");
@@ -1157,8 +1192,8 @@ fn uncached(path: &Path) -> Vec<u8> {
 
 /// On JuiceFS: a client of two gateways leaves the one stopped (SIGSTOP)
 /// within the bound, and the stopped one, continued, applies none of its
-/// old requests (issue #32, item 5): a library client and a program under
-/// `ferry run`.
+/// old requests (issue #32, item 5): a library client, a program under
+/// `ferry run` and a program writing through the mount over TCP.
 #[test]
 fn juicefs_a_stopped_gateway_is_left_and_fenced() {
     let j = Juicefs::start("jfs-stop");
@@ -1167,6 +1202,7 @@ fn juicefs_a_stopped_gateway_is_left_and_fenced() {
     let truth = |name: &str| nodes.iter().map(|n| (n.display().to_string(), uncached(&n.join(name)))).collect();
     library_client_leaves_a_stopped_gateway(&g, &truth);
     ferry_run_leaves_a_stopped_gateway(&g, &truth);
+    mount_leaves_a_stopped_gateway(&g, &truth);
 }
 
 /// The same on GlusterFS.
@@ -1185,6 +1221,7 @@ fn glusterfs_a_stopped_gateway_is_left_and_fenced() {
     };
     library_client_leaves_a_stopped_gateway(&g, &truth);
     ferry_run_leaves_a_stopped_gateway(&g, &truth);
+    mount_leaves_a_stopped_gateway(&g, &truth);
 }
 
 /// One server is waited for, however long it is stopped: the bound applies

@@ -6,7 +6,7 @@
 //! made with `-o aux-gfid-mount` opens any file as `.gfid/<uuid>` at its
 //! root.
 //!
-//! A file id (`fileid`) of a file on GlusterFS is then [`GFID_TYPE`]
+//! A file id (`fileid`) of a file on GlusterFS is then `GFID_TYPE`
 //! (`i32`, little-endian), the 16 bytes of the gfid, and the kernel handle's
 //! id of the file (possibly empty), which a gateway whose mount lacks
 //! `aux-gfid-mount` can still use for its own files (after a restart). The
