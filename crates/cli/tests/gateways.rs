@@ -730,12 +730,34 @@ print("done", flush=True)
     for p in [g.exports[0].join("again/h"), gl.bricks()[1].join("again/h")] {
         assert!(uncached(&p) == model, "{} differs from what the client wrote", p.display());
     }
-    // A gateway on a mount without `aux-gfid-mount` says what it cannot do.
+    drop(c);
+    // A gateway on a mount without `aux-gfid-mount` says what it cannot
+    // do, and a client moving there finds a file by name, inode number and
+    // gfid: a file renamed meanwhile, another put at its name, is `ESTALE`
+    // — never the other file.
     let plain = gl.mount_without_gfid_access();
-    let log = TempDir::new("gl-plain");
-    let at = log.path().join("serve.log");
-    drop(Serve::launch_logged(plain.as_os_str(), 0, &g.tokens[0], &[], Some(&at)));
-    assert!(read(&at).contains("without -o aux-gfid-mount"), "the gateway did not say so: {}", read(&at));
+    let g2 = Gateways::over("gl-plain", [g.exports[0].clone(), plain], None);
+    assert!(g2.log(1).contains("without -o aux-gfid-mount"), "the gateway did not say so: {}", g2.log(1));
+    let on_a = |p: &str| g.exports[0].join(p);
+    fs::write(on_a("kept"), b"kept").unwrap();
+    fs::write(on_a("swapped"), b"swapped").unwrap();
+    let mut a2 = g2.start(0);
+    let c = Client::connect(&g2.list(), &g2.options()).unwrap();
+    let mut rw = OpenOptions::new();
+    rw.read(true).write(true);
+    let (mut kept, swapped) = (c.open("/kept", &rw).unwrap(), c.open("/swapped", &rw).unwrap());
+    fs::rename(on_a("swapped"), on_a("swapped-away")).unwrap();
+    fs::write(on_a("swapped"), b"another file").unwrap();
+    let _b2 = g2.start(1);
+    a2.kill();
+    kept.write_at(b"KEPT", 0).unwrap_or_else(|e| panic!("a file not renamed, after the move: {e}; {}", g2.log(1)));
+    kept.sync_all().unwrap();
+    let e = swapped.write_at(b"WRONG", 0).expect_err("a write went to another file");
+    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+    drop((kept, swapped, c));
+    assert_eq!(uncached(&on_a("kept")), b"KEPT");
+    assert_eq!(uncached(&on_a("swapped")), b"another file");
+    assert_eq!(uncached(&on_a("swapped-away")), b"swapped");
 }
 
 /// A program writing 1 MiB `write`s (no positions: what `dd` and `cp` do)
