@@ -730,6 +730,20 @@ print("done", flush=True)
     for p in [g.exports[0].join("again/h"), gl.bricks()[1].join("again/h")] {
         assert!(uncached(&p) == model, "{} differs from what the client wrote", p.display());
     }
+    // The mount opens the file by gfid for anyone on the gateway's host;
+    // a client of the gateway cannot (only an id the gateway sealed).
+    let o = Command::new("python3")
+        .args(["-c", "import os, sys; print(os.getxattr(sys.argv[1], 'glusterfs.gfid.string').decode())"])
+        .arg(g.exports[0].join("again/h"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let uuid = stdout(&o).trim().trim_end_matches('\0').to_string();
+    assert!(fs::metadata(g.exports[0].join(".gfid").join(&uuid)).is_ok(), "the mount has no .gfid/{uuid}");
+    for p in [format!("/.gfid/{uuid}"), format!("/again/../.gfid/{uuid}")] {
+        let e = c.open(&p, OpenOptions::new().read(true)).map(drop).expect_err("a client opened a file by its gfid");
+        assert_eq!(e.errno(), libc::ENOENT, "{p}: {e}");
+    }
     drop(c);
     // A gateway on a mount without `aux-gfid-mount` says what it cannot
     // do, and a client moving there finds a file by name, inode number and

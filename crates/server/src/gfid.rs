@@ -29,6 +29,10 @@ const GFID_TYPE: i32 = -0x4647;
 /// gfid, as a UUID string.
 const XATTR: &str = "glusterfs.gfid.string";
 
+/// The directory at a mount's root where `aux-gfid-mount` shows files by
+/// gfid (not listed in the root).
+pub const DIR: &[u8] = b".gfid";
+
 /// The volume's root directory's gfid, which every volume has.
 const ROOT: Gfid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 

@@ -160,7 +160,20 @@ impl PosixBackend {
         if !follow {
             flags |= OFlags::NOFOLLOW;
         }
-        resolve(&self.root, rel(path)?, flags, Mode::empty())
+        resolve(&self.root, self.rel(path)?, flags, Mode::empty())
+    }
+
+    /// `rel`, and on a mount that opens files by gfid, no way through its
+    /// `.gfid` directory: a gfid reaches a file past the directories above
+    /// it, which the server allows only for an id it sealed (`locate`).
+    /// Lexical: a symlink on the volume to `/.gfid/…` is followed as the
+    /// mount follows it for anyone.
+    fn rel<'p>(&self, path: &'p [u8]) -> Result<&'p [u8]> {
+        let p = rel(path)?;
+        if self.by_gfid && p.split(|&b| b == b'/').any(|c| c == crate::gfid::DIR) {
+            return Err(Errno::NOENT);
+        }
+        Ok(p)
     }
 
     fn is_root(&self, fd: &OwnedFd) -> bool {
@@ -172,7 +185,7 @@ impl PosixBackend {
 
     /// Parent directory (confined) and final component of `path`.
     fn split<'p>(&self, path: &'p [u8]) -> Result<(OwnedFd, Final<'p>)> {
-        let p = rel(path)?;
+        let p = self.rel(path)?;
         let p = &p[..p.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
         let (parent, name) = match p.iter().rposition(|&b| b == b'/') {
             Some(i) => (&p[..i], &p[i + 1..]),
@@ -367,7 +380,7 @@ impl Backend for PosixBackend {
         // O_NONBLOCK keeps a FIFO in the export from stalling the connection.
         let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
         let mode = if flags & libc::O_CREAT as u32 != 0 { mode & 0o7777 } else { 0 };
-        let fd = resolve(&self.root, rel(path)?, oflags, Mode::from_bits_retain(mode))?;
+        let fd = resolve(&self.root, self.rel(path)?, oflags, Mode::from_bits_retain(mode))?;
         file_from(fd, flags)
     }
 
