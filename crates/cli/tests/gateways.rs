@@ -47,7 +47,7 @@ impl Gateways {
         // opens by its id a file the other named, renamed meanwhile.
         let mut ports = [0; 2];
         for i in 0..2 {
-            let s = Gateways::serve(&exports[i], 0, &tokens[i], &state[0]);
+            let s = Gateways::serve(&exports[i], 0, &tokens[i], &state[0], &state[i]);
             ports[i] = s.port;
             if i == 0 {
                 fs::copy(&tokens[0], &tokens[1]).unwrap();
@@ -57,13 +57,20 @@ impl Gateways {
     }
 
     fn start(&self, i: usize) -> Serve {
-        Gateways::serve(&self.exports[i], self.ports[i], &self.tokens[i], &self._state[0])
+        Gateways::serve(&self.exports[i], self.ports[i], &self.tokens[i], &self._state[0], &self._state[i])
     }
 
-    /// A gateway sealing file ids with the one secret both have (in `state`).
-    fn serve(export: &Path, port: u16, token: &Path, state: &TempDir) -> Serve {
-        let key = state.path().join("id-key");
-        Serve::launch_with(export.as_os_str(), port, token, &["--id-key", key.to_str().unwrap()])
+    /// A gateway sealing file ids with the one secret both have (in `key`),
+    /// its log in `own` (`serve.log`).
+    fn serve(export: &Path, port: u16, token: &Path, key: &TempDir, own: &TempDir) -> Serve {
+        let key = key.path().join("id-key");
+        let log = own.path().join("serve.log");
+        Serve::launch_logged(export.as_os_str(), port, token, &["--id-key", key.to_str().unwrap()], Some(&log))
+    }
+
+    /// What gateway `i` logged, every start of it.
+    fn log(&self, i: usize) -> String {
+        read(&self._state[i].path().join("serve.log"))
     }
 
     /// Where the tests look at the files behind the gateways' back.
@@ -642,6 +649,131 @@ fn glusterfs_library_client_moves() {
     assert!(fs::read(gl.nodes()[0].join("new")).unwrap() == data, "the volume differs");
 }
 
+/// On GlusterFS, a file a client keeps open is renamed, and its directory
+/// too, through the other gateway's mount while its gateway dies: the
+/// gateway it moves to finds the file by its gfid (`.gfid/<uuid>` of a
+/// mount made with `-o aux-gfid-mount`), not by its old name, which names
+/// nothing now, nor by the kernel's file handle, which differs between the
+/// two mounts. A program under `ferry run` (writing and reading back) and a
+/// library client go on with no error, and the file is what they wrote.
+#[test]
+fn glusterfs_a_file_renamed_across_a_move_is_found_by_its_gfid() {
+    use std::io::{BufRead, BufReader, Write};
+    let (mut gl, g) = glusterfs_gateways("gl-rename");
+    const N: usize = 32;
+    let block = |i: usize| vec![(i % 251) as u8; BLK];
+    let model: Vec<u8> = (0..N).flat_map(block).collect();
+    let on_b = |p: &str| g.exports[1].join(p);
+    fs::create_dir(on_b("dir")).unwrap();
+    // A program under `ferry run`, on A (B is down when it starts).
+    let mut a = g.start(0);
+    let script = r#"
+import os, sys
+path, n, blk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+for i in range(n):
+    if i == n // 2:
+        print("half", flush=True)
+        sys.stdin.readline()
+    os.pwrite(fd, bytes([i % 251]) * blk, i * blk)
+os.fsync(fd)
+back = os.pread(fd, n * blk, 0)
+if back != b"".join(bytes([i % 251]) * blk for i in range(n)):
+    sys.exit("read back through the moved gateway: differs")
+os.close(fd)
+print("done", flush=True)
+"#;
+    let mut child = g
+        .python_under_ferry_run(120)
+        .args(["-c", script, "/remote/dir/f", &N.to_string(), &BLK.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "half", "the writer did not get going: {}", g.log(0));
+    fs::rename(on_b("dir/f"), on_b("dir/g")).unwrap();
+    fs::rename(on_b("dir"), on_b("moved")).unwrap();
+    let mut b = g.start(1);
+    a.kill();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let said = stderr(&o);
+    let logs = || format!("A: {}\nB: {}", g.log(0), g.log(1));
+    assert!(o.status.success(), "the writer failed: {said}; {}", logs());
+    assert!(said.contains("moved to gateway"), "the writer did not move: {said}");
+    assert!(!said.contains("Stale"), "{said}");
+    for p in [on_b("moved/g"), g.exports[0].join("moved/g"), gl.bricks()[0].join("moved/g")] {
+        assert!(uncached(&p) == model, "{} differs from what the program wrote", p.display());
+    }
+    // A library client with the file open on B; renamed again through A's
+    // mount while B dies and A comes back.
+    let c = Client::connect(&g.list(), &g.options()).unwrap();
+    let mut f = c.open("/moved/g", OpenOptions::new().read(true).write(true)).unwrap();
+    f.write_at(&block(7), 0).unwrap();
+    fs::rename(g.exports[0].join("moved/g"), g.exports[0].join("moved/h")).unwrap();
+    fs::rename(g.exports[0].join("moved"), g.exports[0].join("again")).unwrap();
+    let _a = g.start(0);
+    b.kill();
+    f.write_at(&block(9), BLK as u64).unwrap_or_else(|e| panic!("a write after the move: {e}; {}", logs()));
+    f.sync_all().unwrap();
+    let mut got = vec![0u8; 2 * BLK];
+    f.read_at(&mut got, 0).unwrap();
+    assert!(got[..BLK] == block(7)[..] && got[BLK..] == block(9)[..], "read back after the move differs");
+    f.close().unwrap();
+    let mut model = model;
+    model[..BLK].fill(7);
+    model[BLK..2 * BLK].fill(9);
+    for p in [g.exports[0].join("again/h"), gl.bricks()[1].join("again/h")] {
+        assert!(uncached(&p) == model, "{} differs from what the client wrote", p.display());
+    }
+    // The mount opens the file by gfid for anyone on the gateway's host;
+    // a client of the gateway cannot (only an id the gateway sealed).
+    let o = Command::new("python3")
+        .args(["-c", "import os, sys; print(os.getxattr(sys.argv[1], 'glusterfs.gfid.string').decode())"])
+        .arg(g.exports[0].join("again/h"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let uuid = stdout(&o).trim().trim_end_matches('\0').to_string();
+    assert!(fs::metadata(g.exports[0].join(".gfid").join(&uuid)).is_ok(), "the mount has no .gfid/{uuid}");
+    for p in [format!("/.gfid/{uuid}"), format!("/again/../.gfid/{uuid}")] {
+        let e = c.open(&p, OpenOptions::new().read(true)).map(drop).expect_err("a client opened a file by its gfid");
+        assert_eq!(e.errno(), libc::ENOENT, "{p}: {e}");
+    }
+    drop(c);
+    // A gateway on a mount without `aux-gfid-mount` says what it cannot
+    // do, and a client moving there finds a file by name, inode number and
+    // gfid: a file renamed meanwhile, another put at its name, is `ESTALE`
+    // — never the other file.
+    let plain = gl.mount_without_gfid_access();
+    let g2 = Gateways::over("gl-plain", [g.exports[0].clone(), plain], None);
+    assert!(g2.log(1).contains("without -o aux-gfid-mount"), "the gateway did not say so: {}", g2.log(1));
+    let on_a = |p: &str| g.exports[0].join(p);
+    fs::write(on_a("kept"), b"kept").unwrap();
+    fs::write(on_a("swapped"), b"swapped").unwrap();
+    let mut a2 = g2.start(0);
+    let c = Client::connect(&g2.list(), &g2.options()).unwrap();
+    let mut rw = OpenOptions::new();
+    rw.read(true).write(true);
+    let (mut kept, swapped) = (c.open("/kept", &rw).unwrap(), c.open("/swapped", &rw).unwrap());
+    fs::rename(on_a("swapped"), on_a("swapped-away")).unwrap();
+    fs::write(on_a("swapped"), b"another file").unwrap();
+    let _b2 = g2.start(1);
+    a2.kill();
+    kept.write_at(b"KEPT", 0).unwrap_or_else(|e| panic!("a file not renamed, after the move: {e}; {}", g2.log(1)));
+    kept.sync_all().unwrap();
+    let e = swapped.write_at(b"WRONG", 0).expect_err("a write went to another file");
+    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+    drop((kept, swapped, c));
+    assert_eq!(uncached(&on_a("kept")), b"KEPT");
+    assert_eq!(uncached(&on_a("swapped")), b"another file");
+    assert_eq!(uncached(&on_a("swapped-away")), b"swapped");
+}
+
 /// A program writing 1 MiB `write`s (no positions: what `dd` and `cp` do)
 /// and then `fsync`: run by `writer` (a command ending in `python3`) on
 /// `path`; when a quarter is in the volume, B starts and A is killed. Every
@@ -711,6 +843,11 @@ print("done")
 /// `ferry mount` of both gateways (over TCP), `a` running; the caller
 /// kills the mount by dropping what is returned (daemon, detach guard).
 fn mount_gateways(g: &Gateways, state: &TempDir) -> (PathBuf, PathBuf, impl Drop) {
+    mount_gateways_with(g, state, &[])
+}
+
+/// As `mount_gateways`, the mount run with `env` added to its environment.
+fn mount_gateways_with(g: &Gateways, state: &TempDir, env: &[(&str, &str)]) -> (PathBuf, PathBuf, impl Drop) {
     struct Daemon(std::process::Child, Detach);
     impl Drop for Daemon {
         fn drop(&mut self) {
@@ -730,6 +867,7 @@ fn mount_gateways(g: &Gateways, state: &TempDir) -> (PathBuf, PathBuf, impl Drop
         .arg(&mp)
         .env("FERRY_TOKEN_FILE", &g.tokens[0])
         .env("FERRY_SAME_HOST", "0")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap())
@@ -954,13 +1092,42 @@ fn library_client_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
     drop(a);
 }
 
-/// A program under `ferry run` writes and `fsync`s a block per round, round
-/// `r` into block `r % 4` (value `r % 251 + 1`); after round 10 its gateway
-/// A is stopped. Its next round must end within the bound (plus slack),
+/// A program under `ferry run` leaves its stopped gateway
+/// (`writer_leaves_a_stopped_gateway`).
+fn ferry_run_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+    let a = g.start(0);
+    let writer = g.python_under_ferry_run(120);
+    writer_leaves_a_stopped_gateway(g, a, writer, Path::new("/remote/rounds"), &String::new, truth);
+}
+
+/// A program writing through the mount (over TCP) leaves its stopped
+/// gateway (`writer_leaves_a_stopped_gateway`).
+fn mount_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+    let a = g.start(0);
+    let state = TempDir::new("stop-mp");
+    let (mp, log, m) = mount_gateways_with(g, &state, &[("FERRY_GATEWAY_TIMEOUT", &STALL.as_secs_f64().to_string())]);
+    let mut writer = Command::new("timeout");
+    writer.args(["120", "python3"]);
+    writer_leaves_a_stopped_gateway(g, a, writer, &mp.join("rounds"), &|| read(&log), truth);
+    drop(m);
+}
+
+/// A program (`writer`, a command ending in `python3`, its client on
+/// gateway A, `a`, alone up) writes and `fsync`s a block of `path` per
+/// round, round `r` into block `r % 4` (value `r % 251 + 1`); after round
+/// 10 A is stopped. Its next round must end within the bound (plus slack),
 /// through B, and its rounds go on; A, continued once the program is done,
 /// must apply none of the program's old writes: every block holds the last
-/// round's value written to it.
-fn ferry_run_leaves_a_stopped_gateway(g: &Gateways, truth: Truth<'_>) {
+/// round's value written to it. `log`: what the client said elsewhere
+/// than on the program's stderr (the mount's log).
+fn writer_leaves_a_stopped_gateway(
+    g: &Gateways,
+    a: Serve,
+    mut writer: Command,
+    path: &Path,
+    log: &dyn Fn() -> String,
+    truth: Truth<'_>,
+) {
     use std::io::{BufRead, BufReader};
     use std::sync::mpsc;
     use std::time::Instant;
@@ -978,11 +1145,11 @@ for r in range(rounds):
 os.close(fd)
 print("done", flush=True)
 "#;
-    let a = g.start(0);
-    let mut child = g
-        .python_under_ferry_run(120)
+    let mut child = writer
         .env("FERRY_GATEWAY_TIMEOUT", STALL.as_secs_f64().to_string())
-        .args(["-c", script, "/remote/rounds", &ROUNDS.to_string(), &K.to_string()])
+        .args(["-c", script])
+        .arg(path)
+        .args([&ROUNDS.to_string(), &K.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -1012,7 +1179,7 @@ print("done", flush=True)
         drop(stopped);
         let _ = child.kill();
         let _ = child.wait();
-        panic!("the writer did not go on without its stopped gateway: {}", said.join().unwrap());
+        panic!("the writer did not go on without its stopped gateway: {}{}", said.join().unwrap(), log());
     };
     let took = at - t0;
     assert!(took <= STALL + MOVE_SLACK, "round {l} ended {took:?} after the stop (bound {STALL:?})");
@@ -1024,7 +1191,7 @@ print("done", flush=True)
         }
     }
     let status = child.wait().unwrap();
-    let said = said.join().unwrap();
+    let said = format!("{}{}", said.join().unwrap(), log());
     assert_eq!(last, "done", "the writer did not finish: {said}");
     assert!(status.success(), "{said}");
     assert!(said.contains("moved to gateway"), "the writer did not move: {said}");
@@ -1061,8 +1228,8 @@ fn uncached(path: &Path) -> Vec<u8> {
 
 /// On JuiceFS: a client of two gateways leaves the one stopped (SIGSTOP)
 /// within the bound, and the stopped one, continued, applies none of its
-/// old requests (issue #32, item 5): a library client and a program under
-/// `ferry run`.
+/// old requests (issue #32, item 5): a library client, a program under
+/// `ferry run` and a program writing through the mount over TCP.
 #[test]
 fn juicefs_a_stopped_gateway_is_left_and_fenced() {
     let j = Juicefs::start("jfs-stop");
@@ -1071,6 +1238,7 @@ fn juicefs_a_stopped_gateway_is_left_and_fenced() {
     let truth = |name: &str| nodes.iter().map(|n| (n.display().to_string(), uncached(&n.join(name)))).collect();
     library_client_leaves_a_stopped_gateway(&g, &truth);
     ferry_run_leaves_a_stopped_gateway(&g, &truth);
+    mount_leaves_a_stopped_gateway(&g, &truth);
 }
 
 /// The same on GlusterFS.
@@ -1089,6 +1257,7 @@ fn glusterfs_a_stopped_gateway_is_left_and_fenced() {
     };
     library_client_leaves_a_stopped_gateway(&g, &truth);
     ferry_run_leaves_a_stopped_gateway(&g, &truth);
+    mount_leaves_a_stopped_gateway(&g, &truth);
 }
 
 /// One server is waited for, however long it is stopped: the bound applies

@@ -5,7 +5,8 @@
 //! An id is the handle type (`i32`, little-endian) followed by the handle's
 //! bytes. Ids come back from clients, so they are untrusted: the kernel
 //! checks a handle's generation, and the caller must check that the file
-//! it opens lies inside the export.
+//! it opens lies inside the export. On GlusterFS, whose mounts do not
+//! share handles, an id leads with the file's gfid (`gfid`).
 
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

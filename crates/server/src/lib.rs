@@ -20,6 +20,7 @@ mod fileseal;
 #[doc(hidden)]
 pub mod fuzz;
 mod gate;
+mod gfid;
 pub mod identity;
 mod journal;
 mod leases;

@@ -46,6 +46,37 @@ pub struct PosixBackend {
     /// The export is a whole file system (`volume::is_fs_root`): every file
     /// of its device is inside it.
     whole_fs: bool,
+    /// The export is on GlusterFS: file ids carry the file's gfid, which
+    /// every gateway of the volume can resolve.
+    gfids: bool,
+    /// The export is the root of a GlusterFS mount that opens files by
+    /// gfid (`-o aux-gfid-mount`): ids are found by their gfid.
+    by_gfid: bool,
+}
+
+/// Says at start how a client moving here from another gateway of a
+/// GlusterFS volume finds its open files again, and what is missing for
+/// the best way (by gfid).
+fn say_how_files_are_found(root: &Path, whole_fs: bool, by_gfid: bool) {
+    let at = root.display();
+    if by_gfid {
+        tracing::info!(
+            "{at} is a GlusterFS mount with aux-gfid-mount: a client moving here from another gateway finds \
+             its open files by gfid, also when renamed meanwhile"
+        );
+    } else if whole_fs {
+        tracing::warn!(
+            "{at} is a GlusterFS mount without -o aux-gfid-mount: a client moving here from another gateway \
+             finds its open files by name and inode number, and a file renamed meanwhile is ESTALE \
+             (mount it with -o aux-gfid-mount to find files by gfid)"
+        );
+    } else {
+        tracing::warn!(
+            "{at} is a directory inside a GlusterFS mount: a client moving here from another gateway finds \
+             its open files by name and inode number, and a file renamed meanwhile is ESTALE (export the \
+             mount point itself, mounted with -o aux-gfid-mount, to find files by gfid)"
+        );
+    }
 }
 
 /// An open file; directories carry a lazily created stream for `readdir`.
@@ -66,7 +97,13 @@ impl PosixBackend {
     /// Exports `root`, which must be a directory.
     pub fn new(root: &Path) -> std::io::Result<PosixBackend> {
         let fd = rfs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(PosixBackend { root: fd, shared: false, whole_fs: crate::volume::is_fs_root(root) })
+        let whole_fs = crate::volume::is_fs_root(root);
+        let gfids = crate::volume::fs_type(root).as_deref() == Some(crate::volume::GLUSTERFS);
+        let by_gfid = gfids && whole_fs && crate::gfid::opens_by_gfid(fd.as_fd());
+        if gfids {
+            say_how_files_are_found(root, whole_fs, by_gfid);
+        }
+        Ok(PosixBackend { root: fd, shared: false, whole_fs, gfids, by_gfid })
     }
 
     /// Declares the export one of several gateways' views of one shared
@@ -123,7 +160,20 @@ impl PosixBackend {
         if !follow {
             flags |= OFlags::NOFOLLOW;
         }
-        resolve(&self.root, rel(path)?, flags, Mode::empty())
+        resolve(&self.root, self.rel(path)?, flags, Mode::empty())
+    }
+
+    /// `rel`, and on a mount that opens files by gfid, no way through its
+    /// `.gfid` directory: a gfid reaches a file past the directories above
+    /// it, which the server allows only for an id it sealed (`locate`).
+    /// Lexical: a symlink on the volume to `/.gfid/…` is followed as the
+    /// mount follows it for anyone.
+    fn rel<'p>(&self, path: &'p [u8]) -> Result<&'p [u8]> {
+        let p = rel(path)?;
+        if self.by_gfid && p.split(|&b| b == b'/').any(|c| c == crate::gfid::DIR) {
+            return Err(Errno::NOENT);
+        }
+        Ok(p)
     }
 
     fn is_root(&self, fd: &OwnedFd) -> bool {
@@ -135,7 +185,7 @@ impl PosixBackend {
 
     /// Parent directory (confined) and final component of `path`.
     fn split<'p>(&self, path: &'p [u8]) -> Result<(OwnedFd, Final<'p>)> {
-        let p = rel(path)?;
+        let p = self.rel(path)?;
         let p = &p[..p.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
         let (parent, name) = match p.iter().rposition(|&b| b == b'/') {
             Some(i) => (&p[..i], &p[i + 1..]),
@@ -330,20 +380,30 @@ impl Backend for PosixBackend {
         // O_NONBLOCK keeps a FIFO in the export from stalling the connection.
         let oflags = OFlags::from_bits_retain(flags) | OFlags::CLOEXEC | OFlags::NONBLOCK;
         let mode = if flags & libc::O_CREAT as u32 != 0 { mode & 0o7777 } else { 0 };
-        let fd = resolve(&self.root, rel(path)?, oflags, Mode::from_bits_retain(mode))?;
+        let fd = resolve(&self.root, self.rel(path)?, oflags, Mode::from_bits_retain(mode))?;
         file_from(fd, flags)
     }
 
     fn file_id(&self, file: &PosixFile) -> Vec<u8> {
-        crate::fileid::of(file.fd.as_fd()).unwrap_or_default()
+        let handle = crate::fileid::of(file.fd.as_fd()).unwrap_or_default();
+        match self.gfids.then(|| crate::gfid::of(file.fd.as_fd())).flatten() {
+            Some(g) => crate::gfid::id(&g, &handle),
+            None => handle,
+        }
     }
 
     fn locate(&self, id: &[u8], _path: &[u8], key: (u64, u64)) -> Result<PosixFile> {
-        // The kernel wants a real descriptor of the file system, not the
-        // `O_PATH` one the export is held by.
-        let mount = rfs::openat(&self.root, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
         // `O_PATH`: found, not opened; the caller's open comes after.
-        let fd = crate::fileid::open(mount.as_fd(), id, OFlags::PATH | OFlags::CLOEXEC)?;
+        let fd = match crate::gfid::split(id) {
+            (Some(g), _) if self.by_gfid => crate::gfid::find(self.root.as_fd(), &g)?,
+            (_, handle) => {
+                // The kernel wants a real descriptor of the file system,
+                // not the `O_PATH` one the export is held by.
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+                let mount = rfs::openat(&self.root, ".", flags, Mode::empty())?;
+                crate::fileid::open(mount.as_fd(), handle, OFlags::PATH | OFlags::CLOEXEC)?
+            }
+        };
         let st = rfs::fstat(&fd)?;
         let symlink = rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink;
         if !self.same_file(&st, key) || symlink || !self.inside(&fd)? {
@@ -355,7 +415,7 @@ impl Backend for PosixBackend {
     fn reopen(
         &self,
         found: Option<PosixFile>,
-        _id: &[u8],
+        id: &[u8],
         path: &[u8],
         flags: u32,
         key: (u64, u64),
@@ -375,7 +435,15 @@ impl Backend for PosixBackend {
             }
             return file_from(fd, flags);
         }
-        crate::backend::reopen_by_path(self, path, flags, |a| self.same_inode(a.dev, a.ino, key))
+        let (f, a) = crate::backend::reopen_by_path(self, path, flags, |a| self.same_inode(a.dev, a.ino, key))?;
+        // Where the id names the file by its gfid, the file at the path
+        // must have that gfid too (it has the inode number already).
+        if let (Some(want), true) = (crate::gfid::split(id).0, self.gfids) {
+            if crate::gfid::of(f.fd.as_fd()).is_some_and(|g| g != want) {
+                return Err(Errno::STALE);
+            }
+        }
+        Ok((f, a))
     }
 
     fn fd_of<'f>(&self, file: &'f PosixFile) -> Option<std::os::fd::BorrowedFd<'f>> {

@@ -29,10 +29,19 @@ const SHARED: &[&str] = &[
 
 /// The type of the shared file system `dir` lies on, if it is one.
 pub fn shared_fs_type(dir: &Path) -> Option<String> {
+    fs_type(dir).filter(|t| SHARED.contains(&t.as_str()))
+}
+
+/// The type of the file system `dir` lies on, as `/proc/self/mountinfo`
+/// names it.
+pub fn fs_type(dir: &Path) -> Option<String> {
     let dev = std::fs::metadata(dir).ok()?.dev();
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    fs_type_of(&info, dev).filter(|t| SHARED.contains(&t.as_str()))
+    fs_type_of(&info, dev)
 }
+
+/// GlusterFS's FUSE client, whose files have gfids (`gfid`).
+pub const GLUSTERFS: &str = "fuse.glusterfs";
 
 /// Whether `dir` is where a whole file system is mounted (its own root,
 /// not a bind mount of a directory inside): then every file of that file

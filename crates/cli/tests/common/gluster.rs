@@ -97,23 +97,38 @@ impl Gluster {
         g.created = true;
         g.ok(&["volume", "start", &vname]);
         for i in 0..2 {
-            let mp = d.join(format!("node{i}"));
-            fs::create_dir(&mp).unwrap();
-            let o = Command::new("timeout")
-                .args(["60", "mount", "-t", "glusterfs", "-o"])
-                .arg(format!("log-file={}", d.join(format!("log/node{i}.log")).display()))
-                .arg(format!("{h}:/{vname}"))
-                .arg(&mp)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "mount -t glusterfs: {}; {}", stderr(&o), g.log(&format!("node{i}.log")));
-            g.mounts.push(mp.clone());
-            let up = wait_for(Duration::from_secs(30), || {
-                fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| m.contains(&format!(" {} ", mp.display())))
-            });
-            assert!(up, "gluster mount {i} did not come up: {}", g.log(&format!("node{i}.log")));
+            g.mount(&format!("node{i}"), true);
         }
         g
+    }
+
+    /// Mounts the volume at `name` in the test's directory, with
+    /// `-o aux-gfid-mount` (files open by their gfid at `.gfid/<uuid>`) if
+    /// `gfid_access`; unmounted on drop.
+    fn mount(&mut self, name: &str, gfid_access: bool) -> PathBuf {
+        let (h, vname, d) = (host(), self.volume.clone(), self.dir.path().to_path_buf());
+        let mp = d.join(name);
+        fs::create_dir(&mp).unwrap();
+        let log = format!("log-file={}", d.join(format!("log/{name}.log")).display());
+        let opts = if gfid_access { format!("aux-gfid-mount,{log}") } else { log };
+        let o = Command::new("timeout")
+            .args(["60", "mount", "-t", "glusterfs", "-o", &opts])
+            .arg(format!("{h}:/{vname}"))
+            .arg(&mp)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "mount -t glusterfs: {}; {}", stderr(&o), self.log(&format!("{name}.log")));
+        self.mounts.push(mp.clone());
+        let up = wait_for(Duration::from_secs(30), || {
+            fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| m.contains(&format!(" {} ", mp.display())))
+        });
+        assert!(up, "gluster mount {name} did not come up: {}", self.log(&format!("{name}.log")));
+        mp
+    }
+
+    /// One more mount of the volume, without `aux-gfid-mount`: no `.gfid`.
+    pub fn mount_without_gfid_access(&mut self) -> PathBuf {
+        self.mount("plain", false)
     }
 
     fn cli(&self, args: &[&str]) -> Output {

@@ -28,6 +28,21 @@ impl Serve {
     }
 
     pub fn launch_with(export: &std::ffi::OsStr, port: u16, token_file: &Path, extra: &[&str]) -> Serve {
+        Serve::launch_logged(export, port, token_file, extra, None)
+    }
+
+    /// As `launch_with`, the server's log (its stderr) appended to `log`.
+    pub fn launch_logged(
+        export: &std::ffi::OsStr,
+        port: u16,
+        token_file: &Path,
+        extra: &[&str],
+        log: Option<&Path>,
+    ) -> Serve {
+        let stderr = match log {
+            Some(p) => Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(p).unwrap()),
+            None => Stdio::null(),
+        };
         let mut child = Command::new(FERRY)
             .arg("serve")
             .arg(export)
@@ -37,7 +52,7 @@ impl Serve {
             // The sessions' default state directory, beside the token.
             .env("XDG_STATE_HOME", token_file.parent().unwrap())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let mut line = String::new();
