@@ -1,6 +1,8 @@
 # Builds and installs ferry: the binary, the preload library `ferry run`
 # loads (found in ../lib/ferry from the binary), and optionally the mount(8)
-# helper (`mount -t fuse.ferry`, /etc/fstab) and a systemd unit.
+# helper (`mount -t fuse.ferry`, /etc/fstab) and a systemd unit. The man
+# pages and shell completions are made by the built `ferry` from the same
+# tables as its --help (`ferry man --dir`, `ferry completions SHELL`).
 #
 #   make install PREFIX=~/.local             # as a user: ~/.local/bin/ferry
 #   sudo make install                        # /usr/local/bin/ferry
@@ -13,6 +15,10 @@ LIBDIR ?= $(PREFIX)/lib/ferry
 # mount(8) looks for helpers in /sbin only.
 SBINDIR ?= /sbin
 UNITDIR ?= /etc/systemd/system
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 CARGO ?= cargo
 
 .PHONY: build install install-mount-helper install-systemd uninstall
@@ -24,7 +30,12 @@ install: build
 	install -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(LIBDIR)"
 	install -m 755 target/release/ferry "$(DESTDIR)$(BINDIR)/ferry"
 	install -m 644 target/release/libferry_preload.so "$(DESTDIR)$(LIBDIR)/libferry_preload.so"
-	@echo "installed $(BINDIR)/ferry and $(LIBDIR)/libferry_preload.so"
+	target/release/ferry man --dir "$(DESTDIR)$(MANDIR)/man1"
+	install -d "$(DESTDIR)$(BASHCOMPDIR)" "$(DESTDIR)$(ZSHCOMPDIR)" "$(DESTDIR)$(FISHCOMPDIR)"
+	target/release/ferry completions bash > "$(DESTDIR)$(BASHCOMPDIR)/ferry"
+	target/release/ferry completions zsh > "$(DESTDIR)$(ZSHCOMPDIR)/_ferry"
+	target/release/ferry completions fish > "$(DESTDIR)$(FISHCOMPDIR)/ferry.fish"
+	@echo "installed $(BINDIR)/ferry, $(LIBDIR)/libferry_preload.so, man pages in $(MANDIR)/man1 and shell completions"
 
 install-mount-helper:
 	install -d "$(DESTDIR)$(SBINDIR)"
@@ -41,4 +52,6 @@ install-systemd:
 uninstall:
 	rm -f "$(DESTDIR)$(BINDIR)/ferry" "$(DESTDIR)$(LIBDIR)/libferry_preload.so" \
 	      "$(DESTDIR)$(SBINDIR)/mount.fuse.ferry" "$(DESTDIR)$(UNITDIR)/ferry-serve@.service"
+	rm -f "$(DESTDIR)$(MANDIR)"/man1/ferry.1 "$(DESTDIR)$(MANDIR)"/man1/ferry-*.1 \
+	      "$(DESTDIR)$(BASHCOMPDIR)/ferry" "$(DESTDIR)$(ZSHCOMPDIR)/_ferry" "$(DESTDIR)$(FISHCOMPDIR)/ferry.fish"
 	-rmdir "$(DESTDIR)$(LIBDIR)"

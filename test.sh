@@ -26,9 +26,10 @@ done
 # end-to-end tests run on the mount, Redis (JuiceFS's metadata) and
 # GlusterFS (server and client: a private glusterd and a replica-2 volume
 # mounted twice, with -o aux-gfid-mount, which the client package has), for
-# the gateway tests.
+# the gateway tests; groff and man, which render the man pages `ferry man`
+# makes.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc prove:perl rsync:rsync runuser:util-linux unshare:util-linux ip:iproute2 systemd-analyze:systemd mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client; do
+for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc prove:perl rsync:rsync runuser:util-linux unshare:util-linux ip:iproute2 systemd-analyze:systemd mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client groff:groff-base man:man-db; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

@@ -104,7 +104,7 @@ fn mbps(bytes: u64, d: Duration) -> f64 {
 pub const QUICK_NOTE: &str =
     "--quick: tiny sizes, one run, to check that everything works; these figures are not measurements";
 
-pub fn run(mut a: BenchArgs, _tf: Option<&Path>) -> Result<(), String> {
+pub fn run(mut a: BenchArgs) -> Result<(), String> {
     if a.quick {
         println!("{QUICK_NOTE}");
         a.size_mib = a.size_mib.min(8);
@@ -193,7 +193,8 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     // stat is a cross-core round trip, beside the plaintext cross-core one.
     let mut tstat = Series::new("  same, TLS", "µs");
     let calls = if a.quick { 100 } else { 2000 };
-    for _ in 0..a.runs {
+    for run in 0..a.runs {
+        progress("throughput: raw TCP, sendfile, ferry read and write, TLS", run, a.runs);
         tcp.values.push(raw_stream(bytes)?);
         write.values.push(ferry_write(&client, bytes, block)?);
         swrite.values.push(ferry_write(&session, bytes, block)?);
@@ -208,6 +209,7 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         sendfile.values.push(raw_sendfile(&dir.join("bench.dat"), bytes)?);
         recvwrite.values.push(raw_recv_write(&dir.join("raw.dat"), bytes)?);
         let addr = format!("127.0.0.1:{port}");
+        progress("latency: ping-pong, null request, stat", run, a.runs);
         let lat = latencies(&addr, server.0.id(), a.rtts, 0, cross)?;
         ping.values.push(lat.raw);
         null.values.push(lat.null);
@@ -275,6 +277,12 @@ fn measure(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
         println!("{:<36} {:>7.1} {:<4} {:>10.1}..{:<10.1} {ratio}", s.name, s.median(), s.unit, s.min(), s.max());
     }
     Ok(())
+}
+
+/// Which measurement of which run is going, on stderr (the table comes on
+/// stdout at the end; a full run takes minutes).
+pub(crate) fn progress(what: &str, run: usize, runs: usize) {
+    eprintln!("ferry bench: run {}/{runs}: {what}", run + 1);
 }
 
 pub(crate) fn start_server(dir: &Path) -> Result<(Reap, u16), String> {

@@ -159,7 +159,8 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let data = mp_ferry.join("bench-fuse.dat");
     let null_file = mp_null.join(ferry_fuse::NULL_FILE);
     let files = s.dirs * s.files_per_dir;
-    for _ in 0..a.runs {
+    for run in 0..a.runs {
+        crate::bench::progress("FUSE: read, write, stat and tree scan, ferry mount and null", run, a.runs);
         // Alternating ferry and null, so a noisy moment hits both.
         fwrite.values.push(write_file(&data, s.bytes, s.block, true)?);
         nwrite.values.push(write_file(&null_file, s.bytes, s.block, false)?);

@@ -78,7 +78,8 @@ pub fn run(runs: usize, bytes: u64, quick: bool, dir: &Path) -> Result<(), Strin
         reads.push((Series::new(label("read"), "MB/s"), Series::new("  context switches per GiB", "")));
         writes.push((Series::new(label("write"), "MB/s"), Series::new("  context switches per GiB", "")));
     }
-    for _ in 0..runs {
+    for run in 0..runs {
+        crate::bench::progress("ferry run: dd at 1M, 64k, 4k, and the library", run, runs);
         lib_write.values.push(ferry_write(&client, bytes, 1 << 20)?);
         lib_read.values.push(ferry_read(&client, "/bench.dat", bytes, 1 << 20)?);
         for (i, (bs, name)) in sizes.iter().enumerate() {

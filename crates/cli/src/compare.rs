@@ -525,7 +525,7 @@ fn start_fuse(run: &mut Run, port: u16, env: &[(String, String)]) -> Result<Syst
     Err("ferry mount did not appear within 10 s".into())
 }
 
-pub fn run(a: CompareArgs, _token_file: Option<&Path>) -> Result<(), String> {
+pub fn run(a: CompareArgs) -> Result<(), String> {
     if !a.worker.is_empty() {
         return worker::main(&a.worker);
     }

@@ -200,14 +200,6 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             other => return Err(format!("unknown capability '{other}'")),
         };
     }
-    if !a.no_auth && a.config.is_none() {
-        let path = match token_file {
-            Some(p) => p.to_path_buf(),
-            None => ferry_client::token::default_token_file()
-                .ok_or("no token file: set --token-file, HOME or XDG_CONFIG_HOME, or use --no-auth")?,
-        };
-        cfg.token = Some(server_token(&path)?);
-    }
     raise_fd_limit();
     // Clients send the modes they want; their own umask is already applied.
     rustix::process::umask(rustix::fs::Mode::empty());
@@ -287,6 +279,16 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
         }
         None => None,
     };
+    // The token last: a server that cannot start (a typo in the export's
+    // name, an address in use) must not leave a new secret behind.
+    if !a.no_auth && a.config.is_none() {
+        let path = match token_file {
+            Some(p) => p.to_path_buf(),
+            None => ferry_client::token::default_token_file()
+                .ok_or("no token file: set --token-file, HOME or XDG_CONFIG_HOME, or use --no-auth")?,
+        };
+        cfg.token = Some(server_token(&path)?);
+    }
     // Scripts wait for this exact first line. One write: a script that
     // reads only it and closes the pipe must not fail the second.
     let mut said = format!("listening on {local}\n");

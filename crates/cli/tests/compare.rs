@@ -20,6 +20,11 @@ fn compare_quick_runs_every_experiment() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "ferry compare failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    // Which experiment and run is going, on stderr, as it goes.
+    for what in ["raw limits, run 1/1", "experiment 1, run 1/1", "experiment 6, run 1/1", "experiment 9, run 1/1"] {
+        assert!(stderr.contains(&format!("ferry compare: {what}\n")), "no progress {what:?} on stderr:\n{stderr}");
+    }
+    assert!(!stdout.contains(", run 1/1"), "progress on stdout:\n{stdout}");
     // Its figures are for checking, and it says so first.
     assert!(stdout.lines().next().unwrap_or("").contains("not measurements"), "{stdout}");
     for title in [

@@ -122,7 +122,7 @@ fn the_readme_is_short_and_links_every_page() {
     }
 }
 
-/// `ferry SUB --help` of each subcommand, and the global options.
+/// `ferry SUB --help` of each subcommand: its own options and the connection options it takes.
 fn options_of(sub: &str, cache: &mut HashMap<String, Option<String>>) -> Option<String> {
     cache
         .entry(sub.to_string())
@@ -182,7 +182,9 @@ fn ferry_commands(block: &str) -> Vec<(String, Vec<String>)> {
 #[test]
 fn every_ferry_command_in_the_docs_exists_with_its_options() {
     let mut cache = HashMap::new();
-    let global = options_of("serve", &mut cache).map(|_| vec!["--token-file", "--tls-ca", "--help"]).unwrap();
+    // Each command's help lists the connection options it takes (given
+    // before the command or after it): no option is taken by all.
+    let global = ["--help"];
     let mut wrong = Vec::new();
     let mut seen = 0;
     for (file, info, body) in blocks() {

@@ -368,3 +368,53 @@ fn a_stopped_server_is_reported_while_the_client_waits() {
     assert_eq!(out.stdout, b"still here\n");
     assert!(err.contains("no reply for 15 s") && err.contains("answering again"), "{err}");
 }
+
+/// A server that cannot start makes no token: a typo in the export's name
+/// or a bad address left a fresh secret in ~/.config/ferry/token (or the
+/// file named), which the next, right, command then served with.
+#[test]
+fn a_serve_that_cannot_start_leaves_no_token_behind() {
+    let home = TempDir::new("serve-no-token");
+    let export = TempDir::new("serve-no-token-export");
+    let default = home.path().join(".config/ferry/token");
+    let named = home.path().join("named-token");
+    let typo = export.path().join("dtaa");
+    let typo = typo.to_str().unwrap();
+    let exp = export.path().to_str().unwrap();
+    let state = home.path().join("state");
+    let state = state.to_str().unwrap();
+    for (args, token) in [
+        (vec![typo, "--listen", "127.0.0.1:0"], &default),
+        (vec![typo, "--listen", "127.0.0.1:0", "--token-file", named.to_str().unwrap()], &named),
+        (vec![exp, "--listen", "127.0.0.1:99999"], &default),
+        (vec![exp, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:99999"], &default),
+    ] {
+        let out = std::process::Command::new(common::FERRY)
+            .arg("serve")
+            .args(&args)
+            .args(["--state-dir", state])
+            .env("HOME", home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("FERRY_TOKEN_FILE")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "ferry serve {args:?} started");
+        assert!(out.stdout.is_empty(), "ferry serve {args:?}: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(!token.exists(), "ferry serve {args:?} failed ({}) but made {}", stderr(&out), token.display());
+    }
+    // The same, right, makes it and serves.
+    let mut child = std::process::Command::new(common::FERRY)
+        .args(["serve", exp, "--listen", "127.0.0.1:0", "--state-dir", state])
+        .env("HOME", home.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("listening on 127.0.0.1:"), "{line:?}");
+    assert!(default.exists(), "no token made by a server that started");
+}

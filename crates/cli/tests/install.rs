@@ -36,6 +36,22 @@ fn make_install_puts_ferry_and_its_library_where_ferry_run_finds_them() {
     make(&["install", &format!("PREFIX={}", prefix.display())]);
     let ferry = prefix.join("bin/ferry");
     assert!(ferry.is_file() && prefix.join("lib/ferry/libferry_preload.so").is_file());
+    // The man pages and completions, made by the installed ferry.
+    let page = prefix.join("share/man/man1/ferry-cp.1");
+    let bash = prefix.join("share/bash-completion/completions/ferry");
+    let zsh = prefix.join("share/zsh/site-functions/_ferry");
+    let fish = prefix.join("share/fish/vendor_completions.d/ferry.fish");
+    assert!(std::fs::read_to_string(&page).unwrap().contains(".TH ferry-cp 1"));
+    assert!(prefix.join("share/man/man1/ferry.1").is_file());
+    assert!(std::fs::read_to_string(&bash).unwrap().contains("complete -F _ferry"));
+    assert!(zsh.is_file() && fish.is_file());
+    let o = Command::new("man")
+        .arg("-w")
+        .arg("ferry-cp")
+        .env("PATH", format!("{}:/usr/bin:/bin", prefix.join("bin").display()))
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&o).trim(), page.to_str().unwrap(), "man does not find the page from PATH: {}", stderr(&o));
     let srv = Server::start(&[]);
     std::fs::write(srv.export.path().join("f"), b"through the installed ferry\n").unwrap();
     let o = Command::new(&ferry)
@@ -55,6 +71,7 @@ fn make_install_puts_ferry_and_its_library_where_ferry_run_finds_them() {
         &format!("UNITDIR={}", units.display()),
     ]);
     assert!(!ferry.exists());
+    assert!(!page.exists() && !bash.exists() && !zsh.exists() && !fish.exists());
 }
 
 /// The line of /proc/self/mountinfo for `mp`.

@@ -42,6 +42,7 @@ pub(super) fn exp_read(plan: &Plan, runs: usize, systems: &[System], res: &mut R
     eprintln!("ferry compare: experiment 1, sequential read vs request size");
     let mut errors = Vec::new();
     for run in 0..runs {
+        progress("experiment 1", run, runs);
         for &s in &plan.read_sizes {
             let limit = plan.read_limit(s);
             for sys in rotated(systems, run, runs) {
@@ -78,6 +79,7 @@ pub(super) fn exp_write(
     let mut errors = Vec::new();
     let biggest = plan.write_sizes.last().copied().unwrap_or(0);
     for run in 0..runs {
+        progress("experiment 2", run, runs);
         for &size in &plan.write_sizes {
             for sys in rotated(systems, run, runs).filter(|s| s.writes) {
                 let name = format!("/w-{}.dat", sys.name);
@@ -118,7 +120,8 @@ pub(super) fn exp_fetch(
     eprintln!("ferry compare: experiment 7, fetch with the client cache cold, warm and bypassed");
     let cold = cache.to_string_lossy().into_owned();
     let mut errors = Vec::new();
-    for _ in 0..runs {
+    for run in 0..runs {
+        progress("experiment 7", run, runs);
         for &size in &plan.fetch_sizes {
             let label = size_label(size);
             let repeat = (plan.fetch_bytes / size).max(1);
@@ -218,7 +221,8 @@ pub(super) fn exp_split(
     let biggest = plan.fetch_sizes.last().copied().unwrap_or(MIB);
     let stats = (plan.stats / 5).max(20).to_string();
     let mut errors = Vec::new();
-    for _ in 0..runs {
+    for run in 0..runs {
+        progress("experiment 9", run, runs);
         for sys in variants.iter().chain([local]) {
             for &size in &plan.fetch_sizes {
                 let label = size_label(size);
@@ -272,7 +276,8 @@ fn largest_data_file(cache: &Path) -> Option<String> {
 pub(super) fn exp_window(plan: &Plan, runs: usize, ferry: &System, res: &mut Results) -> Result<(), String> {
     eprintln!("ferry compare: experiment 3, window sweep");
     let limit = plan.read_limit(64 * KIB);
-    for _ in 0..runs {
+    for run in 0..runs {
+        progress("experiment 3", run, runs);
         for &w in &plan.windows {
             let m =
                 measure(ferry, &["readw", "/big.dat", &(64 * KIB).to_string(), &limit.to_string(), &w.to_string()])?;
@@ -291,6 +296,7 @@ pub(super) fn exp_stat(plan: &Plan, runs: usize, systems: &[System], res: &mut R
     eprintln!("ferry compare: experiment 4, stat latency");
     let mut errors = Vec::new();
     for run in 0..runs {
+        progress("experiment 4", run, runs);
         for sys in rotated(systems, run, runs) {
             let Some(m) = try_measure(sys, &["stat", "/big.dat", &plan.stats.to_string()], &mut errors) else {
                 continue;
@@ -313,6 +319,7 @@ pub(super) fn exp_scan(plan: &Plan, runs: usize, systems: &[System], res: &mut R
     let mut errors = Vec::new();
     let files = (plan.tree.0 * plan.tree.1) as f64;
     for run in 0..runs {
+        progress("experiment 5", run, runs);
         for sys in rotated(systems, run, runs) {
             for (read, param) in [("0", "readdir+stat"), ("1", "readdir+stat+read")] {
                 let Some(m) = try_measure(sys, &["scan", "/tree", read], &mut errors) else { continue };
@@ -338,7 +345,8 @@ pub(super) fn exp_clients(
     let mut errors = Vec::new();
     let mut points: Vec<(usize, bool)> = plan.clients.iter().map(|&n| (n, false)).collect();
     points.push((plan.mix_clients, true));
-    for _ in 0..runs {
+    for run in 0..runs {
+        progress("experiment 6", run, runs);
         for &(n, mix) in &points {
             for sys in systems.iter().filter(|s| !s.local && (s.writes || !mix)) {
                 match parallel(sys, n, mix, plan.duration) {
@@ -426,7 +434,8 @@ pub(super) fn raw_limits(
 ) -> Result<(), String> {
     eprintln!("ferry compare: raw limits");
     let sent = plan.raw_bytes.min(std::fs::metadata(big).map_err(|e| format!("{}: {e}", big.display()))?.len());
-    for _ in 0..runs {
+    for run in 0..runs {
+        progress("raw limits", run, runs);
         let (mbps, cpu) = bench::raw_stream_cpu(plan.raw_bytes)?;
         res.add("0", "raw", "TCP stream, 1 MiB writes", "throughput", "MB/s", mbps);
         // What receiving costs a raw receiver, by how the sender sent: the
@@ -447,7 +456,8 @@ pub(super) fn raw_limits(
     let srv = rustix::process::Pid::from_raw(server as i32);
     let addr = format!("127.0.0.1:{port}");
     let mut r = Ok(());
-    for _ in 0..runs {
+    for run in 0..runs {
+        progress("raw limits, pinned latencies", run, runs);
         for (cpu, label) in [(0usize, "same core"), (1, "cross core")] {
             if cpu == 1 && !cross {
                 continue;
@@ -502,4 +512,10 @@ fn memcpy() -> f64 {
         std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
     }
     (reps as u64 * 64 * MIB) as f64 / t.elapsed().as_secs_f64() / 1e6
+}
+
+/// Which run of which experiment is going, on stderr: a full comparison
+/// takes many minutes, its tables come only at the end.
+fn progress(what: &str, run: usize, runs: usize) {
+    eprintln!("ferry compare: {what}, run {}/{runs}", run + 1);
 }
