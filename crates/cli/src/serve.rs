@@ -134,7 +134,7 @@ pub struct ServeArgs {
     map_gid: Vec<String>,
     /// Turn capabilities off (readdirplus, xattr, rename-flags, locks,
     /// sessions, file-ids, replay, open-read, list-dir, caching,
-    /// data-channels, same-host, identity, leases): to serve as an older server would, and to test how
+    /// data-channels, same-host, identity, leases, fence, watched): to serve as an older server would, and to test how
     /// clients degrade. Without identity a root server acts as the anonymous user for everyone.
     #[arg(long, value_delimiter = ',')]
     disable_caps: Vec<String>,

@@ -63,6 +63,7 @@ const COMMANDS: &[(&str, &[&str], &[&str])] = &[
             "--read-only",
             "--attr-timeout",
             "--entry-timeout",
+            "--lease-timeout",
             "--allow-other",
             "--cache",
             "--passthrough",
