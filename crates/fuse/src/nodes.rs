@@ -1,9 +1,10 @@
 //! The mount's node table: FUSE names files by node id, the protocol by
-//! path. One node id (never reused) per directory path and per server
-//! `(dev, ino)` for everything else, so the hard links of a file are one
-//! node with several names and one `st_ino`; lookups counted so `forget`
-//! can drop a node; renames and removals followed so a node keeps pointing
-//! at its file.
+//! path. One node id per directory path and per server `(dev, ino)` for
+//! everything else, so the hard links of a file are one node with several
+//! names and one `st_ino` (given back to the same file after the kernel
+//! forgot it, never to another while it holds it); lookups counted so
+//! `forget` can drop a node; renames and removals followed so a node keeps
+//! pointing at its file.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
