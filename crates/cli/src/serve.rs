@@ -234,7 +234,9 @@ pub fn run(a: ServeArgs, token_file: Option<&Path>) -> Result<(), String> {
             cfg.fence_dir = Some(dir.join(ferry_server::fence::DIR_NAME));
         }
         // Other gateways' changes to a shared volume are not seen here.
-        if !shared {
+        if shared {
+            tracing::info!("a shared volume: clients keep leased answers no longer than their timeouts");
+        } else {
             cfg.watch = Some(dir.clone());
         }
         cfg.identity = identity;

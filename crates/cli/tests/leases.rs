@@ -575,3 +575,31 @@ fn ferry_run_keeps_answers_until_a_change_on_the_servers_disk_breaks_them() {
     }
     assert!(late.is_empty(), "{} late:\n{}", late.len(), late[..late.len().min(20)].join("\n"));
 }
+
+/// A `--shared-volume` export cannot see the changes other gateways make,
+/// so it does not promise for long (`WATCHED` is not offered): the mount
+/// asks again once its plain 1 s timeout has passed — the staleness bound
+/// such an export keeps — while a change through this server still breaks
+/// its lease at once.
+#[test]
+fn a_shared_volume_export_keeps_the_plain_timeouts() {
+    use common::scrape::{get, metrics_addr, sample};
+    common::fuse::require_fuse();
+    let srv = Server::start(&["--metrics", "127.0.0.1:0", "--shared-volume"]);
+    let addr = metrics_addr(&srv);
+    let said = common::fuse::wait_for(Duration::from_secs(10), || srv.log().contains("a shared volume"));
+    assert!(said && !srv.log().contains("watching"), "{}", srv.log());
+    std::fs::write(srv.export.path().join("f"), "1").unwrap();
+    let m = TempDir::new("m");
+    let _g = common::fuse::Detach(m.path().to_path_buf());
+    let _mounted = common::fuse::mount_url(&srv.url("/"), m.path(), &srv.token_file, &[]);
+    let f = m.path().join("f");
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 1);
+    let granted = |a: &str| sample(&get(a, "/metrics").1, "ferry_leases_granted_total");
+    let before = granted(&addr);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 1);
+    assert!(granted(&addr) > before, "past its 1 s timeout the mount asks the server again");
+    srv.client().truncate(Target::Path(b"/f"), 5).unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 5, "a change through this server is seen at once");
+}
