@@ -89,7 +89,7 @@ pub(crate) enum Loc {
     Remote(Url, PathBuf),
 }
 
-fn loc(s: &OsStr) -> Result<Loc, String> {
+pub(crate) fn loc(s: &OsStr) -> Result<Loc, String> {
     if Url::is_url(s.as_bytes()) {
         let u = parse(s.to_str().ok_or_else(|| format!("{}: a ferry:// URL must be UTF-8", s.to_string_lossy()))?)?;
         let p = PathBuf::from(&u.path);
@@ -99,7 +99,7 @@ fn loc(s: &OsStr) -> Result<Loc, String> {
     }
 }
 
-fn base_name(l: &Loc) -> OsString {
+pub(crate) fn base_name(l: &Loc) -> OsString {
     let p = match l {
         Loc::Local(p) | Loc::Remote(_, p) => p.as_os_str().as_bytes(),
     };
@@ -107,7 +107,7 @@ fn base_name(l: &Loc) -> OsString {
     OsStr::from_bytes(p.rsplit(|&b| b == b'/').next().unwrap_or(b"")).to_owned()
 }
 
-fn child(l: &Loc, name: &OsStr) -> Loc {
+pub(crate) fn child(l: &Loc, name: &OsStr) -> Loc {
     match l {
         Loc::Local(p) => Loc::Local(p.join(name)),
         Loc::Remote(u, p) => Loc::Remote(u.clone(), ferry_client::join(p, name)),
@@ -127,7 +127,7 @@ pub(crate) fn remote_fail(l: &Loc, e: Error) -> String {
 }
 
 /// (is_dir, mode, size) of a source, or None if it does not exist.
-fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
+pub(crate) fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
     match l {
         Loc::Local(p) => match fs::metadata(p) {
             Ok(m) => Ok(Some((m.is_dir(), m.permissions().mode(), m.len()))),
@@ -168,31 +168,43 @@ pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, o: CpOpts) -> Result<(), 
     if let Some((true, _, _)) = probe(&mut c, &dst)? {
         dst = child(&dst, &base_name(&src));
     }
-    let start = Instant::now();
-    let p = Progress { bar: progress_bar(), files: Cell::new(0), bytes: Cell::new(0) };
+    let p = Progress::new();
     copy_any(&mut c, &src, &dst, &p, o)?;
-    p.bar.finish_and_clear();
-    if o.verbose || io::stderr().is_terminal() {
-        eprintln!("{}", summary(p.files.get(), p.bytes.get(), start.elapsed()));
-    }
+    p.finish(o.verbose, "copied", "");
     Ok(())
 }
 
 /// What a copy has done so far: the bar people watch, and the counts of
 /// its summary line.
-struct Progress {
+pub(crate) struct Progress {
     bar: ProgressBar,
-    files: Cell<u64>,
-    bytes: Cell<u64>,
+    pub(crate) files: Cell<u64>,
+    pub(crate) bytes: Cell<u64>,
+    start: Instant,
+}
+
+impl Progress {
+    pub(crate) fn new() -> Progress {
+        Progress { bar: progress_bar(), files: Cell::new(0), bytes: Cell::new(0), start: Instant::now() }
+    }
+
+    /// Clears the bar; says the summary line (`verb` and what follows the
+    /// rate in `more`) with `verbose` or on a terminal.
+    pub(crate) fn finish(&self, verbose: bool, verb: &str, more: &str) {
+        self.bar.finish_and_clear();
+        if verbose || io::stderr().is_terminal() {
+            eprintln!("{}{more}", summary(verb, self.files.get(), self.bytes.get(), self.start.elapsed()));
+        }
+    }
 }
 
 /// `copied 3 files, 12.6 MB in 0.21 s, 60.0 MB/s` (MB: 10^6 bytes, as
 /// in `ferry bench`'s figures).
-fn summary(files: u64, bytes: u64, took: Duration) -> String {
+fn summary(verb: &str, files: u64, bytes: u64, took: Duration) -> String {
     let secs = took.as_secs_f64();
     let mb = bytes as f64 / 1e6;
     let plural = if files == 1 { "" } else { "s" };
-    format!("copied {files} file{plural}, {mb:.1} MB in {secs:.2} s, {:.1} MB/s", mb / secs.max(1e-6))
+    format!("{verb} {files} file{plural}, {mb:.1} MB in {secs:.2} s, {:.1} MB/s", mb / secs.max(1e-6))
 }
 
 fn progress_bar() -> ProgressBar {
@@ -218,7 +230,7 @@ fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, p: &Progress, o: CpOpts) -> R
     let (is_dir, mode, size) = probe(c, src)?.ok_or_else(|| format!("{}: No such file or directory", display(src)))?;
     if !is_dir {
         p.bar.inc_length(size);
-        copy_file(c, src, dst, mode & 0o7777, p)?;
+        copy_file(c, src, dst, mode & 0o7777, p, false)?;
         p.files.set(p.files.get() + 1);
     } else {
         make_dir(c, dst, mode & 0o7777)?;
@@ -233,7 +245,7 @@ fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, p: &Progress, o: CpOpts) -> R
     Ok(())
 }
 
-fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
+pub(crate) fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
     match d {
         Loc::Local(p) => match fs::create_dir(p) {
             Ok(()) => Ok(()),
@@ -248,7 +260,7 @@ fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
     }
 }
 
-fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
+pub(crate) fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
     let mut names: Vec<OsString> = match d {
         Loc::Local(p) => fs::read_dir(p)
             .map_err(|e| local_fail(p, e))?
@@ -268,7 +280,7 @@ fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
 
 type Reader = Box<dyn Read>;
 
-fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
+pub(crate) fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
     Ok(match src {
         Loc::Local(p) => Box::new(fs::File::open(p).map_err(|e| local_fail(p, e))?),
         Loc::Remote(u, p) => {
@@ -331,10 +343,10 @@ fn in_place(c: &mut Clients, dst: &Loc) -> Result<bool, String> {
 }
 
 impl Sink {
-    fn open(c: &mut Clients, dst: &Loc, mode: u32) -> Result<Sink, String> {
+    fn open(c: &mut Clients, dst: &Loc, mode: u32, replace: bool) -> Result<Sink, String> {
         // Written in place, the destination is its own "temporary" name:
         // `finish` renames nothing, `Drop` removes nothing.
-        let tmp = if in_place(c, dst)? { dst.clone() } else { temp_name(dst)? };
+        let tmp = if !replace && in_place(c, dst)? { dst.clone() } else { temp_name(dst)? };
         let (file, client) = match &tmp {
             Loc::Local(p) => {
                 let f = fs::OpenOptions::new()
@@ -408,9 +420,19 @@ fn named(l: &Loc, e: String) -> String {
     format!("{}: {e}", display(l))
 }
 
-fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, p: &Progress) -> Result<(), String> {
+/// Copies the bytes of `src` to `dst` (created with `mode`). With `replace`
+/// the copy always goes under a temporary name renamed over `dst`, even
+/// where `cp` writes into `dst` (a file with other hard links).
+pub(crate) fn copy_file(
+    c: &mut Clients,
+    src: &Loc,
+    dst: &Loc,
+    mode: u32,
+    p: &Progress,
+    replace: bool,
+) -> Result<(), String> {
     let mut r = open_src(c, src)?;
-    let mut w = Sink::open(c, dst, mode)?;
+    let mut w = Sink::open(c, dst, mode, replace)?;
     let mut buf = vec![0u8; COPY_BUF];
     loop {
         let n = match r.read(&mut buf) {
@@ -426,7 +448,7 @@ fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, p: &Progress) -> 
     w.finish()
 }
 
-fn strip(e: &io::Error) -> String {
+pub(crate) fn strip(e: &io::Error) -> String {
     let s = e.to_string();
     s.split(" (os error").next().unwrap_or(&s).to_string()
 }
