@@ -235,7 +235,7 @@ fn checksum_finds_what_times_hide() {
     std::fs::write(dst.join("top.txt"), b"TOP file\n").unwrap();
     let ts = rustix::fs::Timespec { tv_sec: m.mtime(), tv_nsec: m.mtime_nsec() as _ };
     let times = rustix::fs::Timestamps { last_access: ts, last_modification: ts };
-    rustix::fs::utimensat(rustix::fs::CWD, &dst.join("top.txt"), &times, rustix::fs::AtFlags::empty()).unwrap();
+    rustix::fs::utimensat(rustix::fs::CWD, dst.join("top.txt"), &times, rustix::fs::AtFlags::empty()).unwrap();
     let o = srv.ferry(&["sync", "-v", s(&src), &srv.url("/d")]);
     ok(&o);
     assert_eq!(counts(&o), (0, 5, 0));
