@@ -6,7 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, IsTerminal, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -126,20 +126,43 @@ pub(crate) fn remote_fail(l: &Loc, e: Error) -> String {
     format!("{}: {e}", display(l))
 }
 
-/// (is_dir, mode, size) of a source, or None if it does not exist.
-pub(crate) fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
+/// What copies compare of a file: its mode (type bits too), size and
+/// modification time.
+pub(crate) struct Stat {
+    pub mode: u32,
+    pub size: u64,
+    pub mtime: ferry_client::Time,
+}
+
+/// The `Stat` of `l`, a symbolic link followed if `follow`; None if
+/// nothing is there (nor can be: a name below a file).
+pub(crate) fn stat_of(c: &mut Clients, l: &Loc, follow: bool) -> Result<Option<Stat>, String> {
+    let gone = |errno: Option<i32>| errno == Some(libc::ENOENT) || errno == Some(libc::ENOTDIR);
     match l {
-        Loc::Local(p) => match fs::metadata(p) {
-            Ok(m) => Ok(Some((m.is_dir(), m.permissions().mode(), m.len()))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Loc::Local(p) => match if follow { fs::metadata(p) } else { fs::symlink_metadata(p) } {
+            Ok(m) => {
+                let mtime = ferry_client::Time { sec: m.mtime(), nsec: m.mtime_nsec() as u32 };
+                Ok(Some(Stat { mode: m.mode(), size: m.len(), mtime }))
+            }
+            Err(e) if gone(e.raw_os_error()) => Ok(None),
             Err(e) => Err(local_fail(p, e)),
         },
-        Loc::Remote(u, p) => match c.get(u)?.metadata(p) {
-            Ok(a) => Ok(Some((a.is_dir(), a.mode, a.size))),
-            Err(e) if e.errno() == libc::ENOENT => Ok(None),
-            Err(e) => Err(remote_fail(l, e)),
-        },
+        Loc::Remote(u, p) => {
+            let client = c.get(u)?;
+            match if follow { client.metadata(p) } else { client.symlink_metadata(p) } {
+                Ok(a) => Ok(Some(Stat { mode: a.mode, size: a.size, mtime: a.mtime })),
+                Err(e) if gone(Some(e.errno())) => Ok(None),
+                Err(e) => Err(remote_fail(l, e)),
+            }
+        }
     }
+}
+
+/// (is_dir, mode, size) of a source, a link followed, or None if it does
+/// not exist.
+pub(crate) fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
+    let s = stat_of(c, l, true)?;
+    Ok(s.map(|s| (s.mode & libc::S_IFMT == libc::S_IFDIR, s.mode, s.size)))
 }
 
 /// How `ferry cp` copies.

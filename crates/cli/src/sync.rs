@@ -8,14 +8,13 @@ use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use ferry_client::Time;
 
 use crate::commands::{
-    base_name, child, copy_file, display, list_names, loc, local_fail, make_dir, open_src, probe, remote_fail, strip,
-    Clients, Loc, Progress,
+    base_name, child, copy_file, display, list_names, loc, local_fail, make_dir, open_src, probe, remote_fail, stat_of,
+    strip, Clients, Loc, Progress, Stat,
 };
 use crate::preserve::{copy_attrs, link_target, make_symlink};
 
@@ -41,42 +40,20 @@ enum Kind {
     Special,
 }
 
-/// What sync compares of an entry (a link is not followed).
-struct Entry {
-    kind: Kind,
-    mode: u32,
-    size: u64,
-    mtime: Time,
-}
-
-fn kind_of(mode: u32) -> Kind {
-    match mode & libc::S_IFMT {
-        libc::S_IFREG => Kind::File,
-        libc::S_IFDIR => Kind::Dir,
-        libc::S_IFLNK => Kind::Link,
-        _ => Kind::Special,
+impl Stat {
+    fn kind(&self) -> Kind {
+        match self.mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Link,
+            _ => Kind::Special,
+        }
     }
 }
 
-fn entry(c: &mut Clients, l: &Loc) -> Result<Option<Entry>, String> {
-    match l {
-        Loc::Local(p) => match fs::symlink_metadata(p) {
-            Ok(m) => Ok(Some(Entry {
-                kind: kind_of(m.mode()),
-                mode: m.mode(),
-                size: m.len(),
-                mtime: Time { sec: m.mtime(), nsec: m.mtime_nsec() as u32 },
-            })),
-            // Below a file (a dry run replacing it): nothing there either.
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => Ok(None),
-            Err(e) => Err(local_fail(p, e)),
-        },
-        Loc::Remote(u, p) => match c.get(u)?.symlink_metadata(p) {
-            Ok(a) => Ok(Some(Entry { kind: kind_of(a.mode), mode: a.mode, size: a.size, mtime: a.mtime })),
-            Err(e) if e.errno() == libc::ENOENT || e.errno() == libc::ENOTDIR => Ok(None),
-            Err(e) => Err(remote_fail(l, e)),
-        },
-    }
+/// What is at `l`, a symbolic link not followed.
+fn entry(c: &mut Clients, l: &Loc) -> Result<Option<Stat>, String> {
+    stat_of(c, l, false)
 }
 
 /// Times equal to the second, and to the nanosecond where both sides give
@@ -85,7 +62,7 @@ fn same_time(a: Time, b: Time) -> bool {
     a.sec == b.sec && (a.nsec == 0 || b.nsec == 0 || a.nsec == b.nsec)
 }
 
-fn same_mode(a: &Entry, b: &Entry) -> bool {
+fn same_mode(a: &Stat, b: &Stat) -> bool {
     (a.mode ^ b.mode) & 0o7777 == 0
 }
 
@@ -168,15 +145,15 @@ pub fn sync(tf: Option<&Path>, src: &OsStr, dst: &OsStr, o: SyncOpts) -> Result<
         return Err(format!("{}: No such file or directory", display(&src)));
     };
     // A file synced to a directory goes into it, as with cp.
-    if top.kind != Kind::Dir && matches!(probe(&mut c, &dst)?, Some((true, _, _))) {
+    if top.kind() != Kind::Dir && matches!(probe(&mut c, &dst)?, Some((true, _, _))) {
         dst = child(&dst, &base_name(&src));
     }
-    if top.kind == Kind::Dir && within(&dst, &src) {
+    if top.kind() == Kind::Dir && within(&dst, &src) {
         return Err(format!("{}: is inside the source {}", display(&dst), display(&src)));
     }
     let mut s = Sync { c, o, p: Progress::new(), skipped: 0, deleted: 0, errors: Vec::new() };
     // Actions are said by paths below DST (a file: its name).
-    let rel = if top.kind == Kind::Dir { PathBuf::new() } else { PathBuf::from(base_name(&dst)) };
+    let rel = if top.kind() == Kind::Dir { PathBuf::new() } else { PathBuf::from(base_name(&dst)) };
     if let Err(e) = s.one(&src, &dst, &rel) {
         s.errors.push(e);
     }
@@ -206,7 +183,7 @@ impl Sync {
     fn one(&mut self, src: &Loc, dst: &Loc, rel: &Path) -> Result<(), String> {
         let s = entry(&mut self.c, src)?.ok_or_else(|| format!("{}: No such file or directory", display(src)))?;
         let d = entry(&mut self.c, dst)?;
-        match s.kind {
+        match s.kind() {
             Kind::Special => {
                 eprintln!("ferry: {}: skipped: not a file, directory or symbolic link", display(src));
                 Ok(())
@@ -219,20 +196,20 @@ impl Sync {
 
     /// Clears the way for `src`'s kind where DST has another: a directory
     /// goes only with --delete.
-    fn clear(&mut self, dst: &Loc, rel: &Path, d: &Entry) -> Result<(), String> {
-        if d.kind == Kind::Dir && !self.o.delete {
+    fn clear(&mut self, dst: &Loc, rel: &Path, d: &Stat) -> Result<(), String> {
+        if d.kind() == Kind::Dir && !self.o.delete {
             return Err(format!("{}: is a directory on the destination (use --delete to replace it)", display(dst)));
         }
         self.deleted += 1;
         if self.act("delete", rel) {
-            remove(&mut self.c, dst, d.kind == Kind::Dir)?;
+            remove(&mut self.c, dst, d.kind() == Kind::Dir)?;
         }
         Ok(())
     }
 
-    fn file(&mut self, src: &Loc, dst: &Loc, rel: &Path, s: &Entry, d: Option<Entry>) -> Result<(), String> {
+    fn file(&mut self, src: &Loc, dst: &Loc, rel: &Path, s: &Stat, d: Option<Stat>) -> Result<(), String> {
         if let Some(d) = d {
-            if d.kind == Kind::File && s.size == d.size {
+            if d.kind() == Kind::File && s.size == d.size {
                 let same =
                     if self.o.checksum { same_bytes(&mut self.c, src, dst)? } else { same_time(s.mtime, d.mtime) };
                 if same {
@@ -243,7 +220,7 @@ impl Sync {
                     return Ok(());
                 }
             }
-            if d.kind != Kind::File {
+            if d.kind() != Kind::File {
                 self.clear(dst, rel, &d)?;
             }
         }
@@ -256,11 +233,11 @@ impl Sync {
         copy_attrs(&mut self.c, src, dst)
     }
 
-    fn link(&mut self, src: &Loc, dst: &Loc, rel: &Path, d: Option<Entry>) -> Result<(), String> {
+    fn link(&mut self, src: &Loc, dst: &Loc, rel: &Path, d: Option<Stat>) -> Result<(), String> {
         let target =
             link_target(&mut self.c, src)?.ok_or_else(|| format!("{}: changed while syncing", display(src)))?;
         if let Some(d) = d {
-            if d.kind == Kind::Link {
+            if d.kind() == Kind::Link {
                 if link_target(&mut self.c, dst)?.as_ref() == Some(&target) {
                     self.skipped += 1;
                     return Ok(());
@@ -276,9 +253,9 @@ impl Sync {
         Ok(())
     }
 
-    fn dir(&mut self, src: &Loc, dst: &Loc, rel: &Path, s: &Entry, d: Option<Entry>) -> Result<(), String> {
+    fn dir(&mut self, src: &Loc, dst: &Loc, rel: &Path, s: &Stat, d: Option<Stat>) -> Result<(), String> {
         let exists = match &d {
-            Some(d) if d.kind == Kind::Dir => true,
+            Some(d) if d.kind() == Kind::Dir => true,
             Some(d) => {
                 self.clear(dst, rel, d)?;
                 false
@@ -321,7 +298,7 @@ impl Sync {
             let Some(d) = entry(&mut self.c, &at)? else { continue };
             self.deleted += 1;
             if self.act("delete", &rel.join(&name)) {
-                remove(&mut self.c, &at, d.kind == Kind::Dir)?;
+                remove(&mut self.c, &at, d.kind() == Kind::Dir)?;
             }
         }
         Ok(())
