@@ -332,6 +332,16 @@ fn temp_name(dst: &Loc) -> Result<Loc, String> {
     })
 }
 
+/// Whether `name` is one `temp_name` makes (`.NAME.ferry-PID.part`): a
+/// copy cut off with its connection can leave one behind on a server.
+pub(crate) fn is_temp_name(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    let Some(rest) = b.strip_prefix(b".").and_then(|r| r.strip_suffix(b".part")) else { return false };
+    let Some(at) = rest.windows(7).rposition(|w| w == b".ferry-") else { return false };
+    let pid = &rest[at + 7..];
+    at > 0 && !pid.is_empty() && pid.iter().all(u8::is_ascii_digit)
+}
+
 /// Where a copy's bytes go: a file under a temporary name, renamed over the
 /// destination by `finish`. Dropped unfinished (an error anywhere), it
 /// removes the temporary file.

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use ferry_client::Time;
 
 use crate::commands::{
-    base_name, child, copy_file, display, list_names, loc, local_fail, make_dir, open_src, probe, remote_fail, stat_of,
-    strip, Clients, Loc, Progress, Stat,
+    base_name, child, copy_file, display, is_temp_name, list_names, loc, local_fail, make_dir, open_src, probe,
+    remote_fail, stat_of, strip, Clients, Loc, Progress, Stat,
 };
 use crate::preserve::{copy_attrs, link_target, make_symlink};
 
@@ -265,7 +265,10 @@ impl Sync {
         if !exists && self.act("mkdir", rel) {
             make_dir(&mut self.c, dst, s.mode & 0o7777)?;
         }
-        let names = list_names(&mut self.c, src)?;
+        // What an interrupted copy left behind is no data: not copied,
+        // and so removed from DST by --delete.
+        let mut names = list_names(&mut self.c, src)?;
+        names.retain(|n| !is_temp_name(n));
         for name in &names {
             if let Err(e) = self.one(&child(src, name), &child(dst, name), &rel.join(name)) {
                 self.errors.push(e);
@@ -302,5 +305,23 @@ impl Sync {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use crate::commands::is_temp_name;
+
+    #[test]
+    fn temporary_names_are_only_those_copies_make() {
+        for yes in [&b".big.ferry-123.part"[..], b".a.b.ferry-1.part", b".\xff.ferry-9.part"] {
+            assert!(is_temp_name(OsStr::from_bytes(yes)), "{yes:?}");
+        }
+        for no in [&b"big"[..], b".big.ferry-.part", b"..ferry-1.part", b".big.ferry-1x.part", b"big.ferry-1.part"] {
+            assert!(!is_temp_name(OsStr::from_bytes(no)), "{no:?}");
+        }
     }
 }

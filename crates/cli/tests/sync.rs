@@ -297,3 +297,54 @@ fn errors_are_clear_and_lose_nothing() {
     let err = stderr(&o);
     assert!(!o.status.success() && err.starts_with("ferry: ferry://127.0.0.1:1") && err.lines().count() == 1, "{err}");
 }
+
+/// A sync cut off in the middle of a file, either way, leaves the older
+/// copy under the real name intact (the new one goes under a temporary
+/// name, renamed only once whole) and says so with a non-zero exit.
+#[test]
+fn an_interrupted_sync_keeps_the_older_file() {
+    let srv = Server::start(&[]);
+    let tmp = TempDir::new("sync-cut");
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("big"), common::random_bytes(32 << 20, 3)).unwrap();
+    std::fs::create_dir(srv.export.path().join("d")).unwrap();
+    std::fs::write(srv.export.path().join("d/big"), b"old contents").unwrap();
+    let run = |port: u16, args: [&str; 2]| {
+        Command::new(common::FERRY)
+            .arg("sync")
+            .args(args.map(|a| a.replace("PORT", &port.to_string())))
+            .env("FERRY_TOKEN_FILE", &srv.token_file)
+            // No reconnecting, and over TCP: the first cut ends the sync.
+            .env("FERRY_RECONNECT", "0")
+            .env("FERRY_SAME_HOST", "0")
+            .output()
+            .unwrap()
+    };
+    // Upload: the proxy cuts after 8 MiB went to the server.
+    let up = common::proxy::Proxy::cutting(srv.addr(), 8 << 20, usize::MAX);
+    let o = run(up.port, [s(&src), "ferry://127.0.0.1:PORT/d"]);
+    assert!(!o.status.success(), "the sync cannot have succeeded through the cut");
+    assert!(stderr(&o).contains("d/big"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(srv.export.path().join("d/big")).unwrap(), b"old contents");
+
+    // Download: cut after 8 MiB came back; nothing left but the old file.
+    let local = tmp.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    std::fs::write(local.join("big"), b"older here").unwrap();
+    std::fs::write(srv.export.path().join("d/big"), common::random_bytes(32 << 20, 4)).unwrap();
+    let down = common::proxy::Proxy::cutting(srv.addr(), usize::MAX, 8 << 20);
+    let o = run(down.port, ["ferry://127.0.0.1:PORT/d", s(&local)]);
+    assert!(!o.status.success(), "the sync cannot have succeeded through the cut");
+    let names: Vec<_> = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["big"], "a temporary file was left behind: {}", stderr(&o));
+    assert_eq!(std::fs::read(local.join("big")).unwrap(), b"older here");
+
+    // The temporary file the cut upload may have left on the server is
+    // neither copied (above) nor kept by a --delete sync run whole.
+    ok(&srv.ferry(&["sync", "--delete", s(&src), &srv.url("/d")]));
+    let names: Vec<_> =
+        std::fs::read_dir(srv.export.path().join("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["big"]);
+    assert!(std::fs::read(srv.export.path().join("d/big")).unwrap() == std::fs::read(src.join("big")).unwrap());
+}
