@@ -92,6 +92,33 @@ pub enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Make DST a copy of SRC, copying only what differs (like rsync -a).
+    #[command(after_help = "A file is copied when DST lacks it or its size or modification time \
+                            differs (--checksum: its bytes); modes, times and symbolic links are kept. \
+                            Either side may be a ferry:// URL.\n\nExample:\n  ferry sync --delete ./photos \
+                            ferry://server:7070/backup/photos")]
+    Sync {
+        /// Remove what DST has and SRC has not (not after an error).
+        #[arg(long)]
+        delete: bool,
+        /// Say what would be copied and deleted; change nothing.
+        #[arg(short = 'n', long)]
+        dry_run: bool,
+        /// Compare files of the same size by their bytes, not their times.
+        #[arg(short = 'c', long)]
+        checksum: bool,
+        /// Say each copy and deletion on stdout, and the summary line at the
+        /// end (always said when stderr is a terminal).
+        #[arg(short = 'v', long)]
+        verbose: bool,
+        /// What to copy: a local path or a ferry:// URL (a directory: what
+        /// it holds).
+        src: OsString,
+        /// Where to: a local path or a ferry:// URL, made if missing.
+        dst: OsString,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Print a remote file.
     #[command(after_help = "Example:\n  ferry cat ferry://server:7070/notes.txt")]
     Cat {

@@ -6,7 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, IsTerminal, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -89,7 +89,7 @@ pub(crate) enum Loc {
     Remote(Url, PathBuf),
 }
 
-fn loc(s: &OsStr) -> Result<Loc, String> {
+pub(crate) fn loc(s: &OsStr) -> Result<Loc, String> {
     if Url::is_url(s.as_bytes()) {
         let u = parse(s.to_str().ok_or_else(|| format!("{}: a ferry:// URL must be UTF-8", s.to_string_lossy()))?)?;
         let p = PathBuf::from(&u.path);
@@ -99,7 +99,7 @@ fn loc(s: &OsStr) -> Result<Loc, String> {
     }
 }
 
-fn base_name(l: &Loc) -> OsString {
+pub(crate) fn base_name(l: &Loc) -> OsString {
     let p = match l {
         Loc::Local(p) | Loc::Remote(_, p) => p.as_os_str().as_bytes(),
     };
@@ -107,7 +107,7 @@ fn base_name(l: &Loc) -> OsString {
     OsStr::from_bytes(p.rsplit(|&b| b == b'/').next().unwrap_or(b"")).to_owned()
 }
 
-fn child(l: &Loc, name: &OsStr) -> Loc {
+pub(crate) fn child(l: &Loc, name: &OsStr) -> Loc {
     match l {
         Loc::Local(p) => Loc::Local(p.join(name)),
         Loc::Remote(u, p) => Loc::Remote(u.clone(), ferry_client::join(p, name)),
@@ -126,20 +126,43 @@ pub(crate) fn remote_fail(l: &Loc, e: Error) -> String {
     format!("{}: {e}", display(l))
 }
 
-/// (is_dir, mode, size) of a source, or None if it does not exist.
-fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
+/// What copies compare of a file: its mode (type bits too), size and
+/// modification time.
+pub(crate) struct Stat {
+    pub mode: u32,
+    pub size: u64,
+    pub mtime: ferry_client::Time,
+}
+
+/// The `Stat` of `l`, a symbolic link followed if `follow`; None if
+/// nothing is there (nor can be: a name below a file).
+pub(crate) fn stat_of(c: &mut Clients, l: &Loc, follow: bool) -> Result<Option<Stat>, String> {
+    let gone = |errno: Option<i32>| errno == Some(libc::ENOENT) || errno == Some(libc::ENOTDIR);
     match l {
-        Loc::Local(p) => match fs::metadata(p) {
-            Ok(m) => Ok(Some((m.is_dir(), m.permissions().mode(), m.len()))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Loc::Local(p) => match if follow { fs::metadata(p) } else { fs::symlink_metadata(p) } {
+            Ok(m) => {
+                let mtime = ferry_client::Time { sec: m.mtime(), nsec: m.mtime_nsec() as u32 };
+                Ok(Some(Stat { mode: m.mode(), size: m.len(), mtime }))
+            }
+            Err(e) if gone(e.raw_os_error()) => Ok(None),
             Err(e) => Err(local_fail(p, e)),
         },
-        Loc::Remote(u, p) => match c.get(u)?.metadata(p) {
-            Ok(a) => Ok(Some((a.is_dir(), a.mode, a.size))),
-            Err(e) if e.errno() == libc::ENOENT => Ok(None),
-            Err(e) => Err(remote_fail(l, e)),
-        },
+        Loc::Remote(u, p) => {
+            let client = c.get(u)?;
+            match if follow { client.metadata(p) } else { client.symlink_metadata(p) } {
+                Ok(a) => Ok(Some(Stat { mode: a.mode, size: a.size, mtime: a.mtime })),
+                Err(e) if gone(Some(e.errno())) => Ok(None),
+                Err(e) => Err(remote_fail(l, e)),
+            }
+        }
     }
+}
+
+/// (is_dir, mode, size) of a source, a link followed, or None if it does
+/// not exist.
+pub(crate) fn probe(c: &mut Clients, l: &Loc) -> Result<Option<(bool, u32, u64)>, String> {
+    let s = stat_of(c, l, true)?;
+    Ok(s.map(|s| (s.mode & libc::S_IFMT == libc::S_IFDIR, s.mode, s.size)))
 }
 
 /// How `ferry cp` copies.
@@ -168,31 +191,43 @@ pub fn cp(tf: Option<&Path>, src: &OsStr, dst: &OsStr, o: CpOpts) -> Result<(), 
     if let Some((true, _, _)) = probe(&mut c, &dst)? {
         dst = child(&dst, &base_name(&src));
     }
-    let start = Instant::now();
-    let p = Progress { bar: progress_bar(), files: Cell::new(0), bytes: Cell::new(0) };
+    let p = Progress::new();
     copy_any(&mut c, &src, &dst, &p, o)?;
-    p.bar.finish_and_clear();
-    if o.verbose || io::stderr().is_terminal() {
-        eprintln!("{}", summary(p.files.get(), p.bytes.get(), start.elapsed()));
-    }
+    p.finish(o.verbose, "copied", "");
     Ok(())
 }
 
 /// What a copy has done so far: the bar people watch, and the counts of
 /// its summary line.
-struct Progress {
+pub(crate) struct Progress {
     bar: ProgressBar,
-    files: Cell<u64>,
-    bytes: Cell<u64>,
+    pub(crate) files: Cell<u64>,
+    pub(crate) bytes: Cell<u64>,
+    start: Instant,
+}
+
+impl Progress {
+    pub(crate) fn new() -> Progress {
+        Progress { bar: progress_bar(), files: Cell::new(0), bytes: Cell::new(0), start: Instant::now() }
+    }
+
+    /// Clears the bar; says the summary line (`verb` and what follows the
+    /// rate in `more`) with `verbose` or on a terminal.
+    pub(crate) fn finish(&self, verbose: bool, verb: &str, more: &str) {
+        self.bar.finish_and_clear();
+        if verbose || io::stderr().is_terminal() {
+            eprintln!("{}{more}", summary(verb, self.files.get(), self.bytes.get(), self.start.elapsed()));
+        }
+    }
 }
 
 /// `copied 3 files, 12.6 MB in 0.21 s, 60.0 MB/s` (MB: 10^6 bytes, as
 /// in `ferry bench`'s figures).
-fn summary(files: u64, bytes: u64, took: Duration) -> String {
+fn summary(verb: &str, files: u64, bytes: u64, took: Duration) -> String {
     let secs = took.as_secs_f64();
     let mb = bytes as f64 / 1e6;
     let plural = if files == 1 { "" } else { "s" };
-    format!("copied {files} file{plural}, {mb:.1} MB in {secs:.2} s, {:.1} MB/s", mb / secs.max(1e-6))
+    format!("{verb} {files} file{plural}, {mb:.1} MB in {secs:.2} s, {:.1} MB/s", mb / secs.max(1e-6))
 }
 
 fn progress_bar() -> ProgressBar {
@@ -218,7 +253,7 @@ fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, p: &Progress, o: CpOpts) -> R
     let (is_dir, mode, size) = probe(c, src)?.ok_or_else(|| format!("{}: No such file or directory", display(src)))?;
     if !is_dir {
         p.bar.inc_length(size);
-        copy_file(c, src, dst, mode & 0o7777, p)?;
+        copy_file(c, src, dst, mode & 0o7777, p, false)?;
         p.files.set(p.files.get() + 1);
     } else {
         make_dir(c, dst, mode & 0o7777)?;
@@ -233,7 +268,7 @@ fn copy_any(c: &mut Clients, src: &Loc, dst: &Loc, p: &Progress, o: CpOpts) -> R
     Ok(())
 }
 
-fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
+pub(crate) fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
     match d {
         Loc::Local(p) => match fs::create_dir(p) {
             Ok(()) => Ok(()),
@@ -248,7 +283,7 @@ fn make_dir(c: &mut Clients, d: &Loc, mode: u32) -> Result<(), String> {
     }
 }
 
-fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
+pub(crate) fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
     let mut names: Vec<OsString> = match d {
         Loc::Local(p) => fs::read_dir(p)
             .map_err(|e| local_fail(p, e))?
@@ -268,7 +303,7 @@ fn list_names(c: &mut Clients, d: &Loc) -> Result<Vec<OsString>, String> {
 
 type Reader = Box<dyn Read>;
 
-fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
+pub(crate) fn open_src(c: &mut Clients, src: &Loc) -> Result<Reader, String> {
     Ok(match src {
         Loc::Local(p) => Box::new(fs::File::open(p).map_err(|e| local_fail(p, e))?),
         Loc::Remote(u, p) => {
@@ -295,6 +330,16 @@ fn temp_name(dst: &Loc) -> Result<Loc, String> {
             Loc::Remote(u.clone(), ferry_client::join(parent, &tmp))
         }
     })
+}
+
+/// Whether `name` is one `temp_name` makes (`.NAME.ferry-PID.part`): a
+/// copy cut off with its connection can leave one behind on a server.
+pub(crate) fn is_temp_name(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    let Some(rest) = b.strip_prefix(b".").and_then(|r| r.strip_suffix(b".part")) else { return false };
+    let Some(at) = rest.windows(7).rposition(|w| w == b".ferry-") else { return false };
+    let pid = &rest[at + 7..];
+    at > 0 && !pid.is_empty() && pid.iter().all(u8::is_ascii_digit)
 }
 
 /// Where a copy's bytes go: a file under a temporary name, renamed over the
@@ -331,10 +376,10 @@ fn in_place(c: &mut Clients, dst: &Loc) -> Result<bool, String> {
 }
 
 impl Sink {
-    fn open(c: &mut Clients, dst: &Loc, mode: u32) -> Result<Sink, String> {
+    fn open(c: &mut Clients, dst: &Loc, mode: u32, replace: bool) -> Result<Sink, String> {
         // Written in place, the destination is its own "temporary" name:
         // `finish` renames nothing, `Drop` removes nothing.
-        let tmp = if in_place(c, dst)? { dst.clone() } else { temp_name(dst)? };
+        let tmp = if !replace && in_place(c, dst)? { dst.clone() } else { temp_name(dst)? };
         let (file, client) = match &tmp {
             Loc::Local(p) => {
                 let f = fs::OpenOptions::new()
@@ -408,9 +453,19 @@ fn named(l: &Loc, e: String) -> String {
     format!("{}: {e}", display(l))
 }
 
-fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, p: &Progress) -> Result<(), String> {
+/// Copies the bytes of `src` to `dst` (created with `mode`). With `replace`
+/// the copy always goes under a temporary name renamed over `dst`, even
+/// where `cp` writes into `dst` (a file with other hard links).
+pub(crate) fn copy_file(
+    c: &mut Clients,
+    src: &Loc,
+    dst: &Loc,
+    mode: u32,
+    p: &Progress,
+    replace: bool,
+) -> Result<(), String> {
     let mut r = open_src(c, src)?;
-    let mut w = Sink::open(c, dst, mode)?;
+    let mut w = Sink::open(c, dst, mode, replace)?;
     let mut buf = vec![0u8; COPY_BUF];
     loop {
         let n = match r.read(&mut buf) {
@@ -426,7 +481,7 @@ fn copy_file(c: &mut Clients, src: &Loc, dst: &Loc, mode: u32, p: &Progress) -> 
     w.finish()
 }
 
-fn strip(e: &io::Error) -> String {
+pub(crate) fn strip(e: &io::Error) -> String {
     let s = e.to_string();
     s.split(" (os error").next().unwrap_or(&s).to_string()
 }

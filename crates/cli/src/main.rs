@@ -13,6 +13,7 @@ mod preserve;
 mod run;
 mod serve;
 mod soak;
+mod sync;
 mod usage;
 
 use std::path::PathBuf;
@@ -82,6 +83,10 @@ fn dispatch(top: &Conn, cmd: Cmd) -> Result<(), String> {
                 verbose,
             };
             commands::cp(tf.as_deref(), &src, &dst, o)
+        }
+        Cmd::Sync { delete, dry_run, checksum, verbose, src, dst, conn } => {
+            let tf = client(conn, "sync")?;
+            sync::sync(tf.as_deref(), &src, &dst, sync::SyncOpts { delete, dry_run, checksum, verbose })
         }
         Cmd::Cat { url, conn } => commands::cat(client(conn, "cat")?.as_deref(), &url),
         Cmd::Ls { long, all, human, recursive, numeric, urls, conn, .. } => {

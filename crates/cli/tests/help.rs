@@ -48,6 +48,7 @@ const COMMANDS: &[(&str, &[&str], &[&str])] = &[
         &["--token-file"],
     ),
     ("cp", &["--recursive", "--preserve", "--archive", "--verbose"], CONN),
+    ("sync", &["--delete", "--dry-run", "--checksum", "--verbose"], CONN),
     ("cat", &[], CONN),
     ("ls", &["-l", "-a", "--human-readable", "--recursive", "--numeric-uid-gid"], CONN),
     ("du", &["--summarize", "--human-readable"], CONN),
