@@ -53,6 +53,9 @@ pub(crate) struct Nodes {
     pub(crate) by_ino: HashMap<u64, Node>,
     pub(crate) by_path: HashMap<OsString, u64>,
     by_key: HashMap<Key, u64>,
+    /// Every node of each key, the nameless ones the kernel still holds
+    /// included: what a lease break names (found without a scan).
+    keyed: HashMap<Key, Vec<u64>>,
     /// Directories by the server's `(dev, ino)`, as last seen: what a lease
     /// break names them by.
     dirs: HashMap<Key, u64>,
@@ -98,6 +101,7 @@ impl Nodes {
             by_ino: HashMap::new(),
             by_path: HashMap::new(),
             by_key: HashMap::new(),
+            keyed: HashMap::new(),
             dirs: HashMap::new(),
             misses: HashMap::new(),
             miss_count: 0,
@@ -162,9 +166,9 @@ impl Nodes {
     /// directory's).
     /// Every node of the file counts, the nameless ones the kernel still
     /// holds included (a file renamed over, looked up again under a new
-    /// node): one scan of the table per break.
+    /// node).
     pub(crate) fn by_server_id(&self, key: Key) -> Vec<u64> {
-        let mut out: Vec<u64> = self.by_ino.iter().filter(|(_, n)| n.key == Some(key)).map(|(&ino, _)| ino).collect();
+        let mut out: Vec<u64> = self.keyed.get(&key).cloned().unwrap_or_default();
         out.extend(self.dirs.get(&key).copied().filter(|i| self.by_ino.contains_key(i)));
         out
     }
@@ -291,6 +295,9 @@ impl Nodes {
             }
         };
         self.by_ino.insert(ino, Node { paths: vec![path.to_owned()], key, fmt, lookups: 1, former: None });
+        if let Some(k) = key {
+            self.keyed.entry(k).or_default().push(ino);
+        }
         self.by_path.insert(path.to_owned(), ino);
         if let Some(k) = key {
             // A reused inode number of another type replaces the old entry;
@@ -316,6 +323,12 @@ impl Nodes {
             if let Some(k) = node.key {
                 if self.by_key.get(&k) == Some(&ino) {
                     self.by_key.remove(&k);
+                }
+                if let Some(v) = self.keyed.get_mut(&k) {
+                    v.retain(|&i| i != ino);
+                    if v.is_empty() {
+                        self.keyed.remove(&k);
+                    }
                 }
             }
             let server = node.key.or_else(|| self.dirs.iter().find(|(_, i)| **i == ino).map(|(k, _)| *k));
@@ -495,6 +508,7 @@ mod tests {
         let d = n.remember(OsStr::new("/d"), &dir());
         let a = n.remember(OsStr::new("/a"), &with_links(file(10), 2));
         assert_eq!(n.remember(OsStr::new("/d/b"), &with_links(file(10), 2)), a);
+        assert_eq!(n.by_server_id((1, 10)), vec![a], "a break of the file finds its one node");
         assert_ne!(n.remember(OsStr::new("/c"), &file(11)), a);
         // Removing one name leaves the other.
         n.detach(OsStr::new("/a"));
