@@ -211,6 +211,13 @@ impl Watcher {
             out.push(Touched::Object(o.key));
         }
         let Some((dir, name)) = n.entry else { return };
+        // A write or an attribute change names its directory and name
+        // too, but changes no entry: the object's own break is the one
+        // (the directory's holders would drop their listing for nothing).
+        let entries = libc::FAN_CREATE | libc::FAN_DELETE | libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO;
+        if n.mask & entries == 0 && object.is_some() {
+            return;
+        }
         let Some(d) = self.resolve(dir) else { return };
         if name != b"." {
             out.push(Touched::Entry(d.key, name.to_vec()));
