@@ -1174,15 +1174,16 @@ impl File {
     /// capability every lock call fails with `ENOLCK`. A granted lock drops
     /// read-ahead, so what is read under the lock was read after it.
     pub fn try_lock(&self, spec: &LockSpec) -> Result<()> {
-        self.live()?;
-        let engine = self.client.engine();
-        if !engine.has_cap(caps::LOCKS) {
-            return Err(Error::remote(libc::ENOLCK));
-        }
         let (owner, kind, typ) = spec.wire();
-        let req =
-            Request::Lock { handle: self.handle(), owner, start: spec.start, len: spec.len, pid: spec.pid, kind, typ };
-        engine.call(&req)?;
+        self.lock_call(|handle| Request::Lock {
+            handle,
+            owner,
+            start: spec.start,
+            len: spec.len,
+            pid: spec.pid,
+            kind,
+            typ,
+        })?;
         if spec.typ != LockType::Unlock {
             self.locked.store(true, Ordering::Relaxed);
         }
@@ -1193,6 +1194,28 @@ impl File {
         }
         self.drop_prefetch();
         Ok(())
+    }
+
+    /// Sends a lock request on the handle, again on the connection that
+    /// replaces a lost one (the file opened again and its locks taken again
+    /// first, by `live`). A lock request may run twice: one owner taking or
+    /// releasing the same range again changes nothing, and a server that
+    /// died holding it has forgotten it. Without this, a program that
+    /// locks on every transaction (sqlite3) failed with EIO when the server
+    /// restarted under its lock call.
+    fn lock_call(&self, req: impl Fn(u64) -> Request<'static>) -> Result<crate::wire::Frame> {
+        for _ in 0..AGAIN_MAX {
+            self.live()?;
+            let engine = self.client.engine();
+            if !engine.has_cap(caps::LOCKS) {
+                return Err(Error::remote(libc::ENOLCK));
+            }
+            match engine.call(&req(self.handle())) {
+                Err(err) if self.client.replaced(&engine, &err)? => continue,
+                other => return other,
+            }
+        }
+        Err(Error::remote(libc::EIO))
     }
 
     /// Takes a lock, waiting (polling with [`backoff`](crate::backoff)) while
@@ -1216,24 +1239,20 @@ impl File {
     /// `F_GETLK`: the first lock of another owner that conflicts with
     /// `spec` (whose type must be `Read` or `Write`), if any.
     pub fn get_lock(&self, spec: &LockSpec) -> Result<Option<LockHolder>> {
-        let engine = self.client.engine();
-        if !engine.has_cap(caps::LOCKS) {
-            return Err(Error::remote(libc::ENOLCK));
-        }
         let (owner, kind, typ) = spec.wire();
         if spec.typ == LockType::Unlock {
             return Err(Error::remote(libc::EINVAL));
         }
-        let req = Request::GetLock {
-            handle: self.handle(),
+        let frame = self.lock_call(|handle| Request::GetLock {
+            handle,
             owner,
             start: spec.start,
             len: spec.len,
             pid: spec.pid,
             kind,
             typ,
-        };
-        match engine.call(&req)?.reply()? {
+        })?;
+        match frame.reply()? {
             Reply::Lock { typ, start, len, pid } if typ != lock::UNLCK => {
                 Ok(Some(LockHolder { typ: typ_from_wire(typ), start, len, pid }))
             }
