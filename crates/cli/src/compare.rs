@@ -11,6 +11,7 @@
 //! with min and max; the tables are printed and written as CSV and JSON.
 
 mod experiments;
+mod programs;
 mod report;
 mod worker;
 
@@ -287,12 +288,13 @@ struct Run {
     state: PathBuf,
     script: Option<PathBuf>,
     baselines_started: bool,
-    fuse: Option<(bench::Reap, PathBuf)>,
+    /// Mounts made, unmounted at the end.
+    mounts: Vec<(bench::Reap, PathBuf)>,
 }
 
 impl Drop for Run {
     fn drop(&mut self) {
-        if let Some((mut daemon, mnt)) = self.fuse.take() {
+        for (mut daemon, mnt) in self.mounts.drain(..) {
             if let Ok(e) = exe() {
                 let _ = Command::new(e).arg("umount").arg(&mnt).stderr(Stdio::null()).status();
             }
@@ -483,10 +485,26 @@ fn start_baselines(run: &mut Run, bench_dir: &Path) -> (Vec<System>, Vec<String>
 
 /// `ferry mount` of the server, measured with plain file I/O.
 fn start_fuse(run: &mut Run, port: u16, env: &[(String, String)]) -> Result<System, String> {
+    let (mnt, pid) = start_mount(run, port, &["--attr-timeout", "0", "--entry-timeout", "0"], env)?;
+    Ok(System {
+        name: "ferry-fuse".into(),
+        cmd: vec![exe()?, "compare".into(), "--worker".into(), mnt.to_string_lossy().into_owned()],
+        env: Vec::new(),
+        server: Vec::new(),
+        client_side: vec![pid],
+        writes: true,
+        note: "ferry mount --attr-timeout 0 --entry-timeout 0 (direct I/O)".into(),
+        local: false,
+    })
+}
+
+/// A `ferry mount` of the server with `args`, kept in `run` (unmounted at
+/// its end): its mount point and daemon's pid once the kernel shows it.
+fn start_mount(run: &mut Run, port: u16, args: &[&str], env: &[(String, String)]) -> Result<(PathBuf, u32), String> {
     let mnt = unique(&run.state, "mnt-ferry")?;
     let child = Command::new(exe()?)
         .args(["mount", &format!("ferry://127.0.0.1:{port}/"), &mnt.to_string_lossy()])
-        .args(["--attr-timeout", "0", "--entry-timeout", "0"])
+        .args(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -494,24 +512,15 @@ fn start_fuse(run: &mut Run, port: u16, env: &[(String, String)]) -> Result<Syst
         .spawn()
         .map_err(|e| format!("cannot start ferry mount: {e}"))?;
     let pid = child.id();
-    run.fuse = Some((bench::Reap(child), mnt.clone()));
+    run.mounts.push((bench::Reap(child), mnt.clone()));
     let t = Instant::now();
     let key = format!(" {} ", mnt.to_string_lossy());
     while t.elapsed() < Duration::from_secs(10) {
         let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         if mi.lines().any(|l| l.contains(&key)) {
-            return Ok(System {
-                name: "ferry-fuse".into(),
-                cmd: vec![exe()?, "compare".into(), "--worker".into(), mnt.to_string_lossy().into_owned()],
-                env: Vec::new(),
-                server: Vec::new(),
-                client_side: vec![pid],
-                writes: true,
-                note: "ferry mount --attr-timeout 0 --entry-timeout 0 (direct I/O)".into(),
-                local: false,
-            });
+            return Ok((mnt, pid));
         }
-        if let Some((r, _)) = run.fuse.as_mut() {
+        if let Some((r, _)) = run.mounts.last_mut() {
             if let Ok(Some(st)) = r.0.try_wait() {
                 let mut err = String::new();
                 if let Some(mut e) = r.0.stderr.take() {
@@ -523,6 +532,60 @@ fn start_fuse(run: &mut Run, port: u16, env: &[(String, String)]) -> Result<Syst
         std::thread::sleep(Duration::from_millis(50));
     }
     Err("ferry mount did not appear within 10 s".into())
+}
+
+/// Experiment 10's places: the export itself, the default mount, a mount
+/// with its caches on, and `ferry run`; each programs in a directory of
+/// its own.
+fn program_places(run: &mut Run, port: u16, env: &[(String, String)]) -> Result<Vec<programs::Place>, String> {
+    let export = run.export.clone();
+    let dir = |name: &str| -> Result<PathBuf, String> {
+        let d = export.join(format!("programs-{name}"));
+        std::fs::create_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        Ok(d)
+    };
+    let place = |name: &str, root: PathBuf, note: &str| programs::Place {
+        name: name.into(),
+        root,
+        prefix: Vec::new(),
+        env: Vec::new(),
+        local_root: None,
+        note: note.into(),
+    };
+    let mut places = vec![place("local", dir("local")?, "the export directory itself")];
+    dir("fuse")?;
+    let (mnt, _) = start_mount(run, port, &[], env)?;
+    places.push(place("ferry-fuse", mnt.join("programs-fuse"), "ferry mount with its defaults"));
+    // Every file cached: the client's disk cache by a rule, and the
+    // kernel's page cache (--cache).
+    dir("fuse-cache")?;
+    let conf = run.state.join("cache-all.conf");
+    std::fs::write(&conf, "cache /**\n").map_err(|e| e.to_string())?;
+    let mut cached = env.to_vec();
+    cached.retain(|(k, _)| k != "FERRY_CACHE_CONFIG" && k != "FERRY_CACHE_DIR");
+    cached.push(("FERRY_CACHE_CONFIG".into(), conf.to_string_lossy().into_owned()));
+    cached.push(("FERRY_CACHE_DIR".into(), run.state.join("cache-programs").to_string_lossy().into_owned()));
+    let (mnt, _) = start_mount(run, port, &["--cache"], &cached)?;
+    places.push(place(
+        "ferry-fuse-cache",
+        mnt.join("programs-fuse-cache"),
+        "ferry mount --cache, and a rule 'cache /**' (client disk cache)",
+    ));
+    let local = dir("run")?;
+    let prefix = "/ferry-compare-programs";
+    places.push(programs::Place {
+        prefix: vec![
+            exe()?,
+            "run".into(),
+            "--mount".into(),
+            format!("{prefix}=ferry://127.0.0.1:{port}/programs-run"),
+            "--".into(),
+        ],
+        env: [("FERRY_TOKEN".to_string(), "unused".to_string())].into_iter().chain(env.iter().cloned()).collect(),
+        local_root: Some(local),
+        ..place("ferry-run", PathBuf::from(prefix), "ferry run (preload library) with its defaults")
+    });
+    Ok(places)
 }
 
 pub fn run(a: CompareArgs) -> Result<(), String> {
@@ -551,7 +614,7 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
             return Err(e);
         }
     };
-    let mut run = Run { export, state, script: None, baselines_started: false, fuse: None };
+    let mut run = Run { export, state, script: None, baselines_started: false, mounts: Vec::new() };
     let t0 = Instant::now();
     eprintln!("ferry compare: writing test data in {}", run.export.display());
     make_data(&run.export, &plan)?;
@@ -666,9 +729,26 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
         let local = systems.iter().find(|s| s.local).expect("the local system is always there");
         note(exp_split(&plan, runs, &systems[0], local, &mut res));
     }
+    let mut places = Vec::new();
+    if only(10) {
+        let made = programs::make_source(&run.state, a.quick)
+            .and_then(|src| Ok((src, program_places(&mut run, port, &cache_env)?)));
+        match made {
+            Ok((src, p)) => {
+                places = p;
+                note(programs::exp_programs(&src, &places, runs, &mut res));
+            }
+            Err(e) => note(Err(format!("experiment 10: {e}"))),
+        }
+    }
+    if only(11) {
+        note(programs::exp_breaks(port, if a.quick { 50 } else { 2000 }, runs, &mut res));
+    }
     drop(server);
     let machine = machine();
     print_tables(&res, &systems, &plan, runs, &machine);
+    programs::print_programs(&res, &places, runs);
+    programs::print_breaks(&res, runs);
     if let Some(out) = &a.out {
         write_files(out, &res, &status, &systems, &machine, &failures, runs, a.quick)?;
         println!("results written to {}/results.csv and results.json", out.display());

@@ -603,3 +603,35 @@ fn a_shared_volume_export_keeps_the_plain_timeouts() {
     srv.client().truncate(Target::Path(b"/f"), 5).unwrap();
     assert_eq!(std::fs::metadata(&f).unwrap().len(), 5, "a change through this server is seen at once");
 }
+
+/// Short programs under `ferry run` each take leases and exit, often with
+/// replies still unread, so their end of the connection is reset rather
+/// than closed. Their leases end with them: the next program's change
+/// waits for nobody. Before, each change after such programs waited the
+/// whole lease time for a return that could never come (`tar x` after
+/// `tar c` took 2 s on a 30-file tree: experiment 10 of `ferry compare`).
+#[test]
+fn leases_of_programs_that_exited_never_delay_a_change() {
+    use common::scrape::{get, metrics_addr, sample};
+    let srv = Server::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&srv);
+    let local = TempDir::new("local");
+    let d = srv.export.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..30 {
+        std::fs::write(d.join(format!("f{i}")), "x").unwrap();
+    }
+    let metric = |name: &str| sample(&get(&addr, "/metrics").1, name);
+    for round in 0..5 {
+        // Programs that list, read and stat what the next one changes.
+        ok(&run_cmd(&srv, local.path(), 60, &["find", "/remote/d", "-ls"]));
+        ok(&run_cmd(&srv, local.path(), 60, &["sh", "-c", "tar cf - -C /remote d | cat >/dev/null"]));
+        ok(&run_cmd(&srv, local.path(), 60, &["sh", "-c", &format!("mkdir /remote/d/n{round} && touch /remote/d/f1")]));
+        assert_eq!(
+            metric("ferry_lease_timeouts_total"),
+            0.0,
+            "round {round}: a lease of a program that exited was waited for ({} s in all)",
+            metric("ferry_lease_wait_seconds_total")
+        );
+    }
+}

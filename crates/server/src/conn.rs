@@ -273,7 +273,18 @@ impl<B: Backend> Conn<B> {
         if self.leases_here.load(Relaxed) {
             let holder = lock(&self.joined).session.as_ref().and_then(|s| s.lease.get().cloned());
             if let Some(h) = holder {
-                h.line_ended(&self.tx, matches!(end, End::Closed));
+                // A reset is the client's end closing with replies it
+                // never read (a process that exits with a close or a
+                // keep-alive's answer still on its way): its socket is
+                // gone, and the leases with it, as after a clean close.
+                // Anything else (a timeout: the client may be cut off and
+                // still caching) is waited for up to the lease time.
+                let by_client = match &end {
+                    End::Closed => true,
+                    End::Io(e) => e.kind() == io::ErrorKind::ConnectionReset,
+                    _ => false,
+                };
+                h.line_ended(&self.tx, by_client);
             }
         }
         // A registered session lives on for its lease; an unregistered one

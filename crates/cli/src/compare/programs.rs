@@ -1,0 +1,333 @@
+//! Experiments 10 and 11 (leases): real programs — `git clone`, `git
+//! status`, `find -ls`, `tar c`, `tar x`, `make -j2` — on the default
+//! mount, on a mount with its caches on (`--cache` and a policy caching
+//! everything), under `ferry run` and on the export itself; and what a
+//! lease break costs the client whose change causes it, in round trips.
+//!
+//! Each program is a real process timed from spawn to exit. The tree is a
+//! generated repository (text files and a small C project) committed with
+//! git on the local disk, so every place clones the same thing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_client::{Client, Leases, Options, Target};
+
+use super::report::{median, Results};
+
+/// Where the programs run: the directory they see, and the command that
+/// runs them there (empty for a mount or a local directory).
+pub(super) struct Place {
+    pub(super) name: String,
+    pub(super) root: PathBuf,
+    pub(super) prefix: Vec<String>,
+    pub(super) env: Vec<(String, String)>,
+    /// The directory on this host `root` stands for, where this process
+    /// cannot see `root` itself (a `ferry run` prefix).
+    pub(super) local_root: Option<PathBuf>,
+    pub(super) note: String,
+}
+
+/// The programs, in the order they run on each place; each uses what the
+/// one before left (`git status` the clone, `make again` the build).
+const PROGRAMS: [&str; 7] = ["git clone", "git status", "find -ls", "tar c", "tar x", "make -j2", "make again"];
+
+/// The repository and a tarball of its files, made once on the local disk.
+pub(super) struct Source {
+    repo: PathBuf,
+    tar: PathBuf,
+    files: usize,
+}
+
+fn sh(what: &str, cmd: &mut Command) -> Result<(), String> {
+    let o = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
+    match o {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!("{what}: {} ({})", o.status, String::from_utf8_lossy(&o.stderr).trim())),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+/// `dirs` directories of `files` text files (1–4 KiB, deterministic), a C
+/// project of `units` files sharing one header, committed with git.
+pub(super) fn make_source(state: &Path, quick: bool) -> Result<Source, String> {
+    let (dirs, files, units) = if quick { (2, 10, 3) } else { (17, 100, 16) };
+    let repo = state.join("programs-src");
+    let e = |e: std::io::Error| e.to_string();
+    let mut x: u32 = 12345;
+    for d in 0..dirs {
+        let dir = repo.join(format!("doc{d:02}"));
+        std::fs::create_dir_all(&dir).map_err(e)?;
+        for i in 0..files {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            let lines = 16 + (x >> 16) % 48;
+            let text: String = (0..lines).map(|l| format!("line {l} of file {i} in {d}: {x:08x}\n")).collect();
+            std::fs::write(dir.join(format!("f{i:03}.txt")), text).map_err(e)?;
+        }
+    }
+    let proj = repo.join("proj");
+    std::fs::create_dir_all(&proj).map_err(e)?;
+    std::fs::write(proj.join("common.h"), "#define SCALE 1\nint unit(int);\n").map_err(e)?;
+    let mut calls = String::new();
+    for u in 0..units {
+        let body = format!(
+            "#include \"common.h\"\nstatic int table[64];\nint unit{u}(int x) {{ for (int i = 0; i < 64; i++) \
+             table[i] = i * x * SCALE; return table[{u} % 64]; }}\n"
+        );
+        std::fs::write(proj.join(format!("u{u:02}.c")), body).map_err(e)?;
+        calls.push_str(&format!("int unit{u}(int); s += unit{u}(2);\n"));
+    }
+    let main = format!("#include <stdio.h>\n#include \"common.h\"\nint main(void) {{ int s = 0;\n{calls}printf(\"%d\\n\", s); return 0; }}\n");
+    std::fs::write(proj.join("main.c"), main).map_err(e)?;
+    std::fs::write(
+        proj.join("Makefile"),
+        "SRCS := $(wildcard *.c)\nprog: $(SRCS:.c=.o)\n\tcc -o $@ $^\n%.o: %.c common.h\n\tcc -O0 -c -o $@ $<\n",
+    )
+    .map_err(e)?;
+    let git = |args: &[&str]| {
+        sh(
+            &format!("git {}", args.join(" ")),
+            Command::new("git")
+                .arg("-C")
+                .arg(&repo)
+                .args(["-c", "user.name=ferry", "-c", "user.email=ferry@localhost"])
+                .args(args),
+        )
+    };
+    git(&["init", "-q"])?;
+    git(&["add", "-A"])?;
+    git(&["commit", "-q", "-m", "the tree ferry compare clones"])?;
+    let tar = state.join("programs-src.tar");
+    sh(
+        "tar c",
+        Command::new("tar").arg("cf").arg(&tar).arg("--exclude=.git").arg("-C").arg(state).arg("programs-src"),
+    )?;
+    Ok(Source { repo, tar, files: dirs * files + units + 3 })
+}
+
+/// Runs `argv` in `place` (through its prefix), timed; fails on a non-zero
+/// exit or past `limit`.
+fn timed(place: &Place, argv: &[String], limit: Duration) -> Result<f64, String> {
+    let (prog, args) = match place.prefix.split_first() {
+        Some((p, rest)) => (p.clone(), rest.iter().chain(argv).cloned().collect::<Vec<_>>()),
+        None => (argv[0].clone(), argv[1..].to_vec()),
+    };
+    let t = Instant::now();
+    let mut child = Command::new(&prog)
+        .args(&args)
+        .envs(place.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{prog}: {e}"))?;
+    loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            let secs = t.elapsed().as_secs_f64();
+            if !st.success() {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                return Err(format!("{}: {} ({st}): {}", place.name, argv.join(" "), err.trim()));
+            }
+            return Ok(secs * 1000.0);
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{}: {} ran past {} s", place.name, argv.join(" "), limit.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// One run of every program in one place; figures in ms, by program.
+fn run_programs(place: &Place, src: &Source, run: usize) -> Result<Vec<(&'static str, f64)>, String> {
+    let limit = Duration::from_secs(600);
+    let clone = place.root.join(format!("clone{run}"));
+    let xdir = place.root.join(format!("x{run}"));
+    let proj = clone.join("proj");
+    let argv = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let mut out = Vec::new();
+    for prog in PROGRAMS {
+        let cmd = match prog {
+            "git clone" => argv(&["git", "clone", "-q", "--no-hardlinks", &s(&src.repo), &s(&clone)]),
+            "git status" => {
+                // Warm: the clone's first status refreshes the index.
+                timed(place, &argv(&["git", "-C", &s(&clone), "status", "--porcelain"]), limit)?;
+                argv(&["git", "-C", &s(&clone), "status", "--porcelain"])
+            }
+            "find -ls" => argv(&["find", &s(&clone), "-ls"]),
+            // Through a pipe: GNU tar writing to /dev/null reads no data.
+            "tar c" => argv(&["sh", "-c", &format!("tar cf - -C '{}' clone{run} | cat >/dev/null", s(&place.root))]),
+            "tar x" => {
+                argv(&["sh", "-c", &format!("mkdir '{}' && tar xf '{}' -C '{}'", s(&xdir), s(&src.tar), s(&xdir))])
+            }
+            "make -j2" => argv(&["make", "-s", "-j2", "-C", &s(&proj)]),
+            "make again" => {
+                let h = "#define SCALE 2\nint unit(int);\n";
+                timed(place, &argv(&["sh", "-c", &format!("printf '{h}' > '{}/common.h'", s(&proj))]), limit)?;
+                argv(&["make", "-s", "-j2", "-C", &s(&proj)])
+            }
+            _ => unreachable!("every program has its command"),
+        };
+        out.push((prog, timed(place, &cmd, limit)?));
+    }
+    // What the programs made is what they should have made.
+    let count =
+        Command::new("find").arg(place.local_view(&xdir)).args(["-type", "f"]).output().map_err(|e| e.to_string())?;
+    let n = String::from_utf8_lossy(&count.stdout).lines().count();
+    if n != src.files {
+        return Err(format!("{}: tar x made {n} files, expected {}", place.name, src.files));
+    }
+    for p in [&clone, &xdir] {
+        let _ = std::fs::remove_dir_all(place.local_view(p));
+    }
+    Ok(out)
+}
+
+impl Place {
+    /// The path this process uses for a path the programs see (under
+    /// `ferry run` the prefix exists only for them: go through the local
+    /// directory it stands for).
+    fn local_view(&self, p: &Path) -> PathBuf {
+        match &self.local_root {
+            Some(local) => local.join(p.strip_prefix(&self.root).unwrap_or(p)),
+            None => p.to_path_buf(),
+        }
+    }
+}
+
+pub(super) fn exp_programs(src: &Source, places: &[Place], runs: usize, res: &mut Results) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 10, real programs");
+    let mut errors = Vec::new();
+    for run in 0..runs {
+        eprintln!("ferry compare: experiment 10, run {}/{runs}", run + 1);
+        let n = places.len();
+        for i in 0..n {
+            let place = &places[(i + run) % n];
+            match run_programs(place, src, run) {
+                Ok(figs) => {
+                    for (prog, ms) in figs {
+                        res.add("10", &place.name, prog, "elapsed", "ms", ms);
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    match errors.first() {
+        None => Ok(()),
+        Some(e) => Err(format!("experiment 10: {} failed; first: {e}", errors.len())),
+    }
+}
+
+pub(super) fn print_programs(res: &Results, places: &[Place], runs: usize) {
+    if !res.order.iter().any(|(e, ..)| e == "10") {
+        return;
+    }
+    println!("\n10. Real programs (git, find, tar, make), ms, median of {runs}; ratio to local in ()");
+    for p in places {
+        println!("    {:<16} {}", p.name, p.note);
+    }
+    print!("{:<12}", "program");
+    for p in places {
+        print!(" {:>22}", p.name);
+    }
+    println!();
+    let med = |sys: &str, prog: &str| res.get("10", sys, prog, "elapsed").map(median);
+    let mut worst: Vec<(String, f64)> = Vec::new();
+    for prog in PROGRAMS {
+        print!("{prog:<12}");
+        let local = med("local", prog);
+        for p in places {
+            match (med(&p.name, prog), local) {
+                (Some(v), Some(l)) if p.name != "local" => {
+                    print!(" {:>13.1} ({:>5.2} x)", v, v / l);
+                    match worst.iter_mut().find(|(n, _)| *n == p.name) {
+                        Some(w) => w.1 = w.1.max(v / l),
+                        None => worst.push((p.name.clone(), v / l)),
+                    }
+                }
+                (Some(v), _) => print!(" {v:>22.1}"),
+                (None, _) => print!(" {:>22}", "-"),
+            }
+        }
+        println!();
+    }
+    let ratio = |a: &str, b: &str, prog: &str| Some(med(a, prog)? / med(b, prog)?);
+    if let Some(r) = ratio("ferry-fuse", "local", "git status") {
+        println!("target: git status on the default mount <= 1.5 x local: {r:.2} x");
+    }
+    if let Some((_, w)) = worst.iter().find(|(n, _)| n == "ferry-fuse") {
+        println!("target: every program on the default mount <= 1.5 x local: worst {w:.2} x");
+    }
+    let cached: Vec<f64> = PROGRAMS.iter().filter_map(|p| ratio("ferry-fuse-cache", "ferry-fuse", p)).collect();
+    if let Some(w) = cached.iter().copied().reduce(f64::max) {
+        println!("target: caches on <= 1.0 x caches off, every program: worst {w:.2} x");
+    }
+}
+
+/// Experiment 11: a client changes a file another client holds a lease on
+/// (the server breaks it and waits for the holder's return) and a file
+/// nobody holds, in turn; the difference in round trips (a `Ping` each
+/// round, in the same run).
+pub(super) fn exp_breaks(port: u16, rounds: usize, runs: usize, res: &mut Results) -> Result<(), String> {
+    eprintln!("ferry compare: experiment 11, lease break cost");
+    let addr = format!("127.0.0.1:{port}");
+    let opts = Options { same_host: false, ..Options::default() };
+    let err = |e: ferry_client::Error| format!("experiment 11: {e}");
+    let changer = Client::connect(&addr, &opts).map_err(err)?;
+    let holder = Client::connect(&addr, &opts).map_err(err)?;
+    let leases = Leases::new(Box::new(|_, _ret| {}));
+    holder.leases_on(std::sync::Arc::clone(&leases)).map_err(err)?;
+    for f in ["/lease-held", "/lease-free"] {
+        changer.write(f, b"x").map_err(err)?;
+    }
+    for run in 0..runs {
+        eprintln!("ferry compare: experiment 11, run {}/{runs}", run + 1);
+        let (mut held, mut free, mut ping) = (Vec::new(), Vec::new(), Vec::new());
+        let before = leases.breaks();
+        for i in 0..rounds {
+            holder.metadata("/lease-held").map_err(err)?;
+            let mode = if i % 2 == 0 { 0o600 } else { 0o644 };
+            let t = Instant::now();
+            changer.set_permissions(Target::Path(b"/lease-held"), mode).map_err(err)?;
+            held.push(t.elapsed().as_secs_f64() * 1e6);
+            let t = Instant::now();
+            changer.set_permissions(Target::Path(b"/lease-free"), mode).map_err(err)?;
+            free.push(t.elapsed().as_secs_f64() * 1e6);
+            let t = Instant::now();
+            changer.ping().map_err(err)?;
+            ping.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        let broke = leases.breaks() - before;
+        if broke < rounds as u64 {
+            return Err(format!("experiment 11: {broke} breaks in {rounds} rounds: the holder's lease was not broken"));
+        }
+        let (h, f, p) = (median(&held), median(&free), median(&ping));
+        res.add("11", "ferry", "chmod, another client holds a lease", "latency", "µs", h);
+        res.add("11", "ferry", "chmod, nobody holds a lease", "latency", "µs", f);
+        res.add("11", "ferry", "round trip (Ping)", "latency", "µs", p);
+        res.add("11", "ferry", "break cost", "round trips", "RTT", (h - f) / p);
+    }
+    Ok(())
+}
+
+pub(super) fn print_breaks(res: &Results, runs: usize) {
+    let Some(cost) = res.get("11", "ferry", "break cost", "round trips") else { return };
+    println!("\n11. Lease break cost to the changing client (µs, median of {runs} runs of per-round medians)");
+    for p in ["chmod, another client holds a lease", "chmod, nobody holds a lease", "round trip (Ping)"] {
+        if let Some(v) = res.get("11", "ferry", p, "latency") {
+            println!("{p:<40} {:>10.1}", median(v));
+        }
+    }
+    println!("target: a break costs the changing client <= 1 extra round trip: {:.2}", median(cost));
+}
