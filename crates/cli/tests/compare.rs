@@ -21,7 +21,14 @@ fn compare_quick_runs_every_experiment() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "ferry compare failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
     // Which experiment and run is going, on stderr, as it goes.
-    for what in ["raw limits, run 1/1", "experiment 1, run 1/1", "experiment 6, run 1/1", "experiment 9, run 1/1"] {
+    for what in [
+        "raw limits, run 1/1",
+        "experiment 1, run 1/1",
+        "experiment 6, run 1/1",
+        "experiment 9, run 1/1",
+        "experiment 10, run 1/1",
+        "experiment 11, run 1/1",
+    ] {
         assert!(stderr.contains(&format!("ferry compare: {what}\n")), "no progress {what:?} on stderr:\n{stderr}");
     }
     assert!(!stdout.contains(", run 1/1"), "progress on stdout:\n{stdout}");
@@ -38,6 +45,10 @@ fn compare_quick_runs_every_experiment() {
         "7. Fetch of a whole file, client cache cold / warm / bypassed",
         "7. Mount read of a cached file (warm)",
         "8. CPU per GiB moved",
+        "10. Real programs (git, find, tar, make)",
+        "target: git status on the default mount <= 1.5 x local",
+        "11. Lease break cost to the changing client",
+        "target: a break costs the changing client <= 1 extra round trip",
     ] {
         assert!(stdout.contains(title), "no {title:?} in\n{stdout}");
     }
@@ -71,6 +82,14 @@ fn compare_quick_runs_every_experiment() {
         }
     }
     assert!(csv.lines().any(|l| l.starts_with("7m,cache file,")), "no local cache file figure:\n{csv}");
+    // Experiment 10: every program in every place; 11: the break's cost.
+    for place in ["local", "ferry-fuse", "ferry-fuse-cache", "ferry-run"] {
+        for prog in ["git clone", "git status", "find -ls", "tar c", "tar x", "make -j2", "make again"] {
+            let row = format!("10,{place},{prog},elapsed,");
+            assert!(csv.lines().any(|l| l.starts_with(&row)), "no {row:?} row:\n{csv}");
+        }
+    }
+    assert!(csv.lines().any(|l| l.starts_with("11,ferry,break cost,round trips,")), "no break cost:\n{csv}");
     if std::env::var("FERRY_COMPARE_BASELINES").is_ok_and(|v| v == "1") {
         for sys in ["nfs3", "9p", "smb", "sshfs"] {
             assert!(csv.lines().any(|l| l.starts_with(&format!("1,{sys},"))), "no {sys} figures:\n{stdout}");
