@@ -100,6 +100,13 @@ impl Holder {
             *line = None;
             if by_client {
                 self.gone.store(true, Relaxed);
+                // A change waiting for this holder's return waits no more
+                // (under the lock it waits with, so the wake-up is not
+                // lost between its look and its sleep). Without this it
+                // slept to the holder's deadline: `make -j2` under `ferry
+                // run` waited 118 ms a break for compilers that had exited.
+                let _r = lock(&self.returned);
+                self.answered.notify_all();
             }
         }
     }
@@ -634,5 +641,32 @@ mod tests {
         let t = Instant::now();
         l.changed(None, &[Touched::Object((9, 9))]);
         assert!(t.elapsed() < Duration::from_millis(5));
+    }
+
+    /// A holder whose client closes while a change waits for its return
+    /// ends the wait then, not at its lease time.
+    #[test]
+    fn a_holder_that_goes_away_during_a_wait_ends_it() {
+        use std::os::unix::net::UnixStream;
+        let l = Arc::new(Leases::new(Duration::from_secs(20)));
+        let (a, _b) = UnixStream::pair().unwrap();
+        let ours = a.try_clone().unwrap();
+        let slot = std::sync::OnceLock::new();
+        let h = l.turn_on(&slot, Socket::from_fd(a.into(), true), Arc::default());
+        let tx = Socket::from_fd(ours.into(), true);
+        h.heard(&l);
+        assert!(l.grant(&h, &[(5, 5)], l.seq()).is_empty());
+        let changer = {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                l.changed(None, &[Touched::Object((5, 5))]);
+                t.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        h.line_ended(&tx, true);
+        let waited = changer.join().unwrap();
+        assert!(waited < Duration::from_secs(10), "the change waited {waited:?} for a holder that was gone");
     }
 }
