@@ -42,6 +42,7 @@ pub use null::{spawn_null, NullFs, NULL_FILE};
 mod nodes;
 mod null;
 mod passthrough;
+mod samehost;
 use nodes::{Nodes, ROOT};
 use passthrough::{Mode, Taken};
 mod recent;
@@ -449,6 +450,8 @@ pub struct FerryFs {
     /// Whether the kernel took FUSE passthrough (cached files only).
     passthrough: bool,
     modes: passthrough::IoModes,
+    /// On the server's host: files backed by the server's descriptors.
+    same_host: samehost::SameHost,
     /// Who made each request, for a server that acts as each caller.
     callers: callers::Callers,
     /// The mount's leases, where answers may be kept for long under them
@@ -479,6 +482,7 @@ impl FerryFs {
             recent: Arc::default(),
             passthrough: false,
             modes: passthrough::IoModes::default(),
+            same_host: samehost::SameHost::default(),
             leases: None,
         }
     }
@@ -917,13 +921,17 @@ impl Filesystem for FerryFs {
             // seen to change: the page cache is as fresh as the attributes.
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
-        // Cached files are handed to the kernel, where it can take them.
-        if self.client.caches()
-            && self.opts.passthrough
+        // Cached files are handed to the kernel, where it can take them;
+        // on the server's host, every file (`samehost`) unless the mount
+        // uses the page cache.
+        let cached = self.client.caches() && self.opts.passthrough;
+        let same_host = !self.opts.cache && self.client.on_server_host();
+        if (cached || same_host)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
         {
-            self.passthrough = true;
+            self.passthrough = cached;
+            self.same_host = samehost::SameHost::new(same_host);
         }
         if self.client.engine().has_cap(ferry_client::caps::LOCKS) {
             // Locks go to the server; without the capability the kernel
@@ -1155,6 +1163,13 @@ impl Filesystem for FerryFs {
             Err(stale) => return reply.error(stale),
         };
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        let backing = g.as_ref().and_then(|file| {
+            self.same_host.backing(&self.modes, file, ino.0, flags.0, writes, |fd| reply.open_backing(fd))
+        });
+        if let Some(id) = backing {
+            f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);
+            return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
+        }
         let mut flags = self.open_flags();
         if let Some(file) = g.as_ref().filter(|f| f.is_cached()) {
             // A cached file: the kernel reads the local cache file itself
@@ -1525,8 +1540,18 @@ impl Filesystem for FerryFs {
         // A new file has no backing, but `create` also opens an existing
         // file (`O_CREAT` without `O_EXCL` of a name the kernel thought
         // absent), and a writer never joins a backing.
+        let f = tri!(reply, self.file(fh));
+        let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        let backing =
+            g.as_ref().and_then(|file| self.same_host.backing(&self.modes, file, ino, flags, true, |fd| reply.open_backing(fd)));
+        drop(g);
+        if let Some(id) = backing {
+            f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);
+            let (ttl, attr) = (&self.opts.attr_timeout, &file_attr(ino, &attr));
+            return reply.created_passthrough(ttl, attr, Generation(0), fh, FopenFlags::empty(), &id);
+        }
         let flags = self.open_flags();
-        if let Err(e) = self.file(fh).and_then(|f| self.io_mode(&f, fh, ino, flags, true).map(drop)) {
+        if let Err(e) = self.io_mode(&f, fh, ino, flags, true).map(drop) {
             return reply.error(e);
         }
         reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, flags);
