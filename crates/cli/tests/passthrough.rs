@@ -322,3 +322,22 @@ print("writer", target("/remote/big", os.O_RDWR)[1].startswith("/memfd:"))
         .unwrap();
     assert!(common::stdout(&o).trim().starts_with("/memfd:"), "FERRY_SAME_HOST=0: {}", common::stdout(&o));
 }
+
+/// `ferry bench --same-host --quick` runs every way (the figures it prints
+/// from tiny sizes mean nothing; the series exist).
+#[test]
+fn the_same_host_bench_prints_its_series() {
+    require_fuse();
+    let o = Command::new("timeout").args(["300", common::FERRY, "bench", "--same-host", "--quick"]).output().unwrap();
+    let out = common::stdout(&o);
+    assert!(o.status.success(), "{out}{}", common::stderr(&o));
+    for row in [
+        "local dd of the export's file",
+        "ferry mount, same host (passthrough)",
+        "ferry mount over TCP",
+        "ferry run, same host (descriptor)",
+        "ferry run over TCP",
+    ] {
+        assert_eq!(out.matches(row).count(), 2, "no read and write row {row:?}:\n{out}");
+    }
+}

@@ -69,6 +69,10 @@ pub struct FsOptions {
     /// a break drops it, and at most this. Zero: leases only shorten the
     /// timeouts above, never lengthen them.
     pub lease_timeout: Duration,
+    /// On the server's host, back files with the server's descriptors
+    /// (FUSE passthrough, `samehost`); off, the daemon reads and writes
+    /// them (what `ferry bench --fuse` measures: the FUSE transport).
+    pub same_host_passthrough: bool,
 }
 
 impl Default for FsOptions {
@@ -79,6 +83,7 @@ impl Default for FsOptions {
             cache: false,
             passthrough: false,
             lease_timeout: Duration::from_secs(60),
+            same_host_passthrough: true,
         }
     }
 }
@@ -925,7 +930,12 @@ impl Filesystem for FerryFs {
         // on the server's host, every file (`samehost`) unless the mount
         // uses the page cache.
         let cached = self.client.caches() && self.opts.passthrough;
-        let same_host = !self.opts.cache && self.client.on_server_host();
+        // Registering a backing needs CAP_SYS_ADMIN: an ordinary user's
+        // daemon does not ask for passthrough at all.
+        let same_host = self.opts.same_host_passthrough
+            && !self.opts.cache
+            && rustix::process::geteuid().is_root()
+            && self.client.on_server_host();
         if (cached || same_host)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
@@ -1542,8 +1552,9 @@ impl Filesystem for FerryFs {
         // absent), and a writer never joins a backing.
         let f = tri!(reply, self.file(fh));
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
-        let backing =
-            g.as_ref().and_then(|file| self.same_host.backing(&self.modes, file, ino, flags, true, |fd| reply.open_backing(fd)));
+        let backing = g
+            .as_ref()
+            .and_then(|file| self.same_host.backing(&self.modes, file, ino, flags, true, |fd| reply.open_backing(fd)));
         drop(g);
         if let Some(id) = backing {
             f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);

@@ -78,7 +78,8 @@ impl SameHost {
         let runs = flags & FMODE_EXEC != 0 || attr.mode & 0o111 != 0;
         let fd = file.server_fd()?;
         let mut refused = None;
-        let id = modes.same_host(ino, fd, writes, !runs, |fd| register(fd).inspect_err(|e| refused = Some(e.to_string())));
+        let id =
+            modes.same_host(ino, fd, writes, !runs, |fd| register(fd).inspect_err(|e| refused = Some(e.to_string())));
         if let Some(e) = refused {
             if !self.refused.swap(true, Ordering::Relaxed) {
                 eprintln!(
