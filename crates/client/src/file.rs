@@ -1341,8 +1341,40 @@ impl File {
     }
 }
 
+impl File {
+    /// A small sequential read the read-ahead buffer holds: its `memcpy`
+    /// and nothing else (no connection looked up, no epoch checked — what
+    /// the buffer holds was read before either could change, as
+    /// `read_small_once` would serve it after them).
+    fn read_buffered(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let pos = self.pos;
+        let hit = buf.len() < SMALL_READ
+            && !buf.is_empty()
+            && self.error.is_none()
+            && !self.pos_unknown
+            && self.small_end == Some(pos)
+            && self.rgen == self.gen.load(std::sync::atomic::Ordering::Relaxed)
+            && pos >= self.rbase
+            // Whole: a read that straddles the buffer's end is filled by
+            // `read_small`, as every small read is.
+            && pos + buf.len() as u64 <= self.rbase + self.rlen as u64;
+        if !hit {
+            return None;
+        }
+        let off = (pos - self.rbase) as usize;
+        let n = buf.len();
+        buf[..n].copy_from_slice(&self.rbuf[off..off + n]);
+        self.pos += n as u64;
+        self.small_end = Some(self.pos);
+        Some(n)
+    }
+}
+
 impl io::Read for File {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(n) = self.read_buffered(buf) {
+            return Ok(n);
+        }
         if let Some(entry) = &self.cached {
             let n = self.cached_read(entry, buf, self.pos)?;
             self.pos += n as u64;
