@@ -341,3 +341,75 @@ fn the_same_host_bench_prints_its_series() {
         assert_eq!(out.matches(row).count(), 2, "no read and write row {row:?}:\n{out}");
     }
 }
+
+/// A server restart under a backed file: a reader and a writer open on
+/// the mount go on (the backing is the file itself, as a handle re-opened
+/// by identity would be), their data right; after it new opens take new
+/// backings through the new server, and the mount's writes land.
+#[test]
+fn a_server_restart_leaves_backed_files_working() {
+    use common::restart::Serve;
+    require_fuse();
+    let export = TempDir::new("pt-restart-export");
+    let state = TempDir::new("pt-restart-state");
+    let token = state.path().join("token");
+    let mut server = Serve::start(export.path(), 0, &token);
+    let port = server.port;
+    let data = random_bytes(LEN, 41);
+    std::fs::write(export.path().join("f"), &data).unwrap();
+    let mp = state.path().join("mp");
+    std::fs::create_dir(&mp).unwrap();
+    let _d = Detach(mp.clone());
+    let _m = mount_url(&format!("ferry://127.0.0.1:{port}/"), &mp, &token, &[]);
+    let script = r#"
+import os, sys, hashlib
+mp = sys.argv[1]
+r = os.open(mp + "/f", os.O_RDONLY)
+w = os.open(mp + "/f", os.O_WRONLY)
+assert len(os.pread(r, 1 << 20, 0)) == 1 << 20
+print("open", flush=True)
+sys.stdin.readline()
+os.pwrite(w, b"R" * 4096, 0)
+assert os.pread(r, 4096, 0) == b"R" * 4096, "the reader missed the write"
+out = bytearray()
+while True:
+    b = os.pread(r, 1 << 20, len(out))
+    if not b:
+        break
+    out += b
+print(hashlib.sha256(bytes(out)).hexdigest(), flush=True)
+os.close(r); os.close(w)
+n = os.open(mp + "/f", os.O_RDWR)
+os.pwrite(n, b"N" * 4096, 8192)
+os.close(n)
+print("done", flush=True)
+"#;
+    let mut child = Command::new("timeout")
+        .args(["90", "python3", "-c", script])
+        .arg(&mp)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "open");
+    server.kill();
+    let _server = Serve::start(export.path(), port, &token);
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "the program failed: {rest}");
+    let mut want = data.clone();
+    want[..4096].copy_from_slice(&[b'R'; 4096]);
+    let sum = {
+        let p = state.path().join("want");
+        std::fs::write(&p, &want).unwrap();
+        let o = Command::new("sha256sum").arg(&p).output().unwrap();
+        common::stdout(&o).split_whitespace().next().unwrap().to_string()
+    };
+    assert_eq!(rest.lines().collect::<Vec<_>>(), [sum.as_str(), "done"]);
+    let disk = std::fs::read(export.path().join("f")).unwrap();
+    assert!(disk[..4096] == [b'R'; 4096] && disk[8192..12288] == [b'N'; 4096], "the server's file");
+}
