@@ -1558,7 +1558,8 @@ impl Filesystem for FerryFs {
         };
         // A new file has no backing, but `create` also opens an existing
         // file (`O_CREAT` without `O_EXCL` of a name the kernel thought
-        // absent), and a writer never joins a backing.
+        // absent): it joins the server file's backing as any writer does
+        // (`samehost`), and a cache copy's backing it never joins.
         let f = tri!(reply, self.file(fh));
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         let backing = g
