@@ -20,6 +20,8 @@ use ferry_client::{Client, OpenOptions, Options};
 mod bench_fuse;
 #[path = "bench_run.rs"]
 mod bench_run;
+#[path = "bench_samehost.rs"]
+mod bench_samehost;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -52,6 +54,11 @@ pub struct BenchArgs {
     /// preload library at 1M, 64k and 4k blocks, against the library itself.
     #[arg(long)]
     run: bool,
+    /// Measure the server's own host instead: `dd` reading and writing
+    /// (`conv=fsync`) one file through `ferry mount` and under `ferry run`,
+    /// on the same-host path and over TCP, against a local `dd`.
+    #[arg(long)]
+    same_host: bool,
 }
 
 struct Series {
@@ -121,7 +128,9 @@ pub fn run(mut a: BenchArgs) -> Result<(), String> {
             (d, true)
         }
     };
-    let result = if a.run {
+    let result = if a.same_host {
+        bench_samehost::run(a.runs, bytes, a.quick, &dir)
+    } else if a.run {
         bench_run::run(a.runs, bytes, a.quick, &dir)
     } else if a.fuse {
         bench_fuse::run(&a, bytes, block, &dir)

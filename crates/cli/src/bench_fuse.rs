@@ -134,12 +134,15 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     }
     let addr = format!("127.0.0.1:{port}");
     // Mount threads inherit this thread's CPU mask as they start.
-    let ferry = mount_ferry(&addr, &mp_ferry, FsOptions::default())?;
+    // The FUSE transport, not the same-host passthrough (`--same-host`
+    // measures that): the daemon reads and writes the server's files.
+    let transport = FsOptions { same_host_passthrough: false, ..FsOptions::default() };
+    let ferry = mount_ferry(&addr, &mp_ferry, transport.clone())?;
     let nocache = FsOptions {
         attr_timeout: Duration::ZERO,
         entry_timeout: Duration::ZERO,
         lease_timeout: Duration::ZERO,
-        ..FsOptions::default()
+        ..transport
     };
     let ferry0 = mount_ferry(&addr, &mp_ferry0, nocache)?;
     let client = Client::connect(&addr, &Options::default()).map_err(|e| e.to_string())?;

@@ -16,6 +16,9 @@ fn dd(port: u16, args: &[String], bytes: u64) -> Result<(f64, f64), String> {
         .args(["run", "--mount", &format!("/remote=ferry://127.0.0.1:{port}/"), "--", "dd"])
         .args(args)
         .env("FERRY_TOKEN", "unused")
+        // Beside the library over TCP: the preload library's own path, not
+        // the server's descriptors (`--same-host` measures those).
+        .env("FERRY_SAME_HOST", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -95,6 +95,7 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         lease_timeout: timeout("lease-timeout", a.lease_timeout)?,
         cache: a.cache,
         passthrough: a.passthrough,
+        same_host_passthrough: true,
     };
     let url = Url::parse(&a.url)?;
     let mp = a.mountpoint.clone();

@@ -77,7 +77,11 @@ const COMMANDS: &[(&str, &[&str], &[&str])] = &[
     ),
     ("umount", &[], &[]),
     ("run", &["--mount", "--library", "--reconnect", "--attr-timeout"], CONN),
-    ("bench", &["--size-mib", "--block-kib", "--runs", "--rtts", "--dir", "--quick", "--fuse", "--run"], &[]),
+    (
+        "bench",
+        &["--size-mib", "--block-kib", "--runs", "--rtts", "--dir", "--quick", "--fuse", "--run", "--same-host"],
+        &[],
+    ),
     ("compare", &["--quick", "--runs", "--out", "--baselines", "--bench-dir", "--dir", "--only"], &[]),
     ("soak", &["--clients", "--secs", "--max-file", "--seed", "--dir"], &[]),
     ("completions", &[], &[]),

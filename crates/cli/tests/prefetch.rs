@@ -200,6 +200,9 @@ fn ferry_run_fetches_ahead_of_sequential_readers_only() {
         .args(["--", "python3", "-c", READER, "/remote/seq.bin"])
         .args([srv.pid().to_string(), size.to_string(), sum])
         .env("FERRY_TOKEN_FILE", &srv.token_file)
+        // The TCP data path: on the server's host a reader would get its
+        // descriptor and the server would send nothing.
+        .env("FERRY_SAME_HOST", "0")
         .env_remove("FERRY_MOUNTS")
         .output()
         .unwrap();

@@ -171,6 +171,34 @@ impl Client {
         c.local(main, || self.inner.redial.as_ref().and_then(Redial::ticket))
     }
 
+    /// Whether the server is on this host and lends descriptors of its
+    /// files (`LocalAddr` answered and its Unix socket reached, once per
+    /// main connection).
+    pub fn on_server_host(&self) -> bool {
+        self.local_engine(&self.engine()).is_some()
+    }
+
+    /// Another client of this server, over its Unix socket, if it is on
+    /// this host and offers descriptors of its files: the server tells its
+    /// socket and process id (`LocalAddr`), and the socket's peer must be
+    /// that process with the same boot id. For a client with no data
+    /// channels (`ferry run`, whose volatile session has nothing to share):
+    /// files opened on it lend their descriptors (`File::lend_fd`).
+    /// `None`: not on this host, not offered, or another server answered.
+    pub fn same_host_client(&self, opts: &Options) -> Option<Client> {
+        let main = self.engine();
+        if !opts.same_host || !main.has_cap(caps::SAME_HOST) {
+            return None;
+        }
+        let (pid, addr) = match main.call(&Request::LocalAddr).ok()?.reply().ok()? {
+            Reply::LocalAddr { pid, addr } => (pid, String::from_utf8_lossy(addr).into_owned()),
+            _ => return None,
+        };
+        let c = Client::connect(&addr, opts).ok()?;
+        let e = c.engine();
+        (e.is_unix() && e.peer_pid() == Some(pid) && e.welcome().boot_id == main.welcome().boot_id).then_some(c)
+    }
+
     /// The transfer size from which data goes on a data channel, if the
     /// client may open any.
     pub(crate) fn bulk_threshold(&self) -> Option<usize> {

@@ -709,6 +709,34 @@ impl File {
         self.local.get_or_init(|| self.fetch_local()).as_ref()
     }
 
+    /// The server's own descriptor of this file and whether it was lent
+    /// for writing, when the client is on the server's host and the server
+    /// lends it (`FileFd`, asked once per file; a writable one makes the
+    /// file unleasable on the server until this handle closes). The mount
+    /// backs the file's node with it (FUSE passthrough).
+    pub fn server_fd(&self) -> Option<(std::os::fd::BorrowedFd<'_>, bool)> {
+        if self.cached.is_some() {
+            return None;
+        }
+        self.local().map(|l| (l.fd(), l.writable))
+    }
+
+    /// The server's own descriptor of this file, to hand over (`ferry
+    /// run`), and whether it was lent for writing: asked on this file's
+    /// connection, which must be the server's Unix socket (see
+    /// `Client::same_host_client`). `Ok(None)`: not a connection that can
+    /// pass one.
+    pub fn lend_fd(&self) -> Result<Option<(std::os::fd::OwnedFd, bool)>> {
+        let e = self.client.engine();
+        if !e.is_unix() || !e.has_cap(caps::SAME_HOST) {
+            return Ok(None);
+        }
+        match e.call(&Request::FileFd { handle: self.current_handle()? })?.reply()? {
+            Reply::FileFd { seq, writable } => Ok(e.take_passed_fd(seq).map(|fd| (fd, writable))),
+            r => Err(Error::Protocol(format!("unexpected reply {r:?}"))),
+        }
+    }
+
     fn fetch_local(&self) -> Option<Local> {
         let main = self.client.engine();
         let e = self.client.local_engine(&main)?;
@@ -1332,8 +1360,40 @@ impl File {
     }
 }
 
+impl File {
+    /// A small sequential read the read-ahead buffer holds: its `memcpy`
+    /// and nothing else (no connection looked up, no epoch checked — what
+    /// the buffer holds was read before either could change, as
+    /// `read_small_once` would serve it after them).
+    fn read_buffered(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let pos = self.pos;
+        let hit = buf.len() < SMALL_READ
+            && !buf.is_empty()
+            && self.error.is_none()
+            && !self.pos_unknown
+            && self.small_end == Some(pos)
+            && self.rgen == self.gen.load(std::sync::atomic::Ordering::Relaxed)
+            && pos >= self.rbase
+            // Whole: a read that straddles the buffer's end is filled by
+            // `read_small`, as every small read is.
+            && pos + buf.len() as u64 <= self.rbase + self.rlen as u64;
+        if !hit {
+            return None;
+        }
+        let off = (pos - self.rbase) as usize;
+        let n = buf.len();
+        buf[..n].copy_from_slice(&self.rbuf[off..off + n]);
+        self.pos += n as u64;
+        self.small_end = Some(self.pos);
+        Some(n)
+    }
+}
+
 impl io::Read for File {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(n) = self.read_buffered(buf) {
+            return Ok(n);
+        }
         if let Some(entry) = &self.cached {
             let n = self.cached_read(entry, buf, self.pos)?;
             self.pos += n as u64;

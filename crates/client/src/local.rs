@@ -4,7 +4,7 @@
 //! cache is the server's, so what is written is at once what every other
 //! client of the server reads.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::error::{Error, Result};
 
@@ -20,6 +20,12 @@ fn errno(e: rustix::io::Errno) -> Error {
 impl Local {
     pub(crate) fn new(fd: OwnedFd, writable: bool) -> Local {
         Local { fd, writable }
+    }
+
+    /// The descriptor itself: the mount hands it to the kernel as a FUSE
+    /// passthrough backing.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// Fills `buf` from `offset`, short only at the end of the file.

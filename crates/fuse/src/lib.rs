@@ -42,6 +42,7 @@ pub use null::{spawn_null, NullFs, NULL_FILE};
 mod nodes;
 mod null;
 mod passthrough;
+mod samehost;
 use nodes::{Nodes, ROOT};
 use passthrough::{Mode, Taken};
 mod recent;
@@ -68,6 +69,10 @@ pub struct FsOptions {
     /// a break drops it, and at most this. Zero: leases only shorten the
     /// timeouts above, never lengthen them.
     pub lease_timeout: Duration,
+    /// On the server's host, back files with the server's descriptors
+    /// (FUSE passthrough, `samehost`); off, the daemon reads and writes
+    /// them (what `ferry bench --fuse` measures: the FUSE transport).
+    pub same_host_passthrough: bool,
 }
 
 impl Default for FsOptions {
@@ -78,6 +83,7 @@ impl Default for FsOptions {
             cache: false,
             passthrough: false,
             lease_timeout: Duration::from_secs(60),
+            same_host_passthrough: true,
         }
     }
 }
@@ -449,6 +455,8 @@ pub struct FerryFs {
     /// Whether the kernel took FUSE passthrough (cached files only).
     passthrough: bool,
     modes: passthrough::IoModes,
+    /// On the server's host: files backed by the server's descriptors.
+    same_host: samehost::SameHost,
     /// Who made each request, for a server that acts as each caller.
     callers: callers::Callers,
     /// The mount's leases, where answers may be kept for long under them
@@ -479,6 +487,7 @@ impl FerryFs {
             recent: Arc::default(),
             passthrough: false,
             modes: passthrough::IoModes::default(),
+            same_host: samehost::SameHost::default(),
             leases: None,
         }
     }
@@ -917,13 +926,22 @@ impl Filesystem for FerryFs {
             // seen to change: the page cache is as fresh as the attributes.
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
-        // Cached files are handed to the kernel, where it can take them.
-        if self.client.caches()
-            && self.opts.passthrough
+        // Cached files are handed to the kernel, where it can take them;
+        // on the server's host, every file (`samehost`) unless the mount
+        // uses the page cache.
+        let cached = self.client.caches() && self.opts.passthrough;
+        // Registering a backing needs CAP_SYS_ADMIN: an ordinary user's
+        // daemon does not ask for passthrough at all.
+        let same_host = self.opts.same_host_passthrough
+            && !self.opts.cache
+            && rustix::process::geteuid().is_root()
+            && self.client.on_server_host();
+        if (cached || same_host)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
         {
-            self.passthrough = true;
+            self.passthrough = cached;
+            self.same_host = samehost::SameHost::new(same_host);
         }
         if self.client.engine().has_cap(ferry_client::caps::LOCKS) {
             // Locks go to the server; without the capability the kernel
@@ -1155,6 +1173,13 @@ impl Filesystem for FerryFs {
             Err(stale) => return reply.error(stale),
         };
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        let backing = g.as_ref().and_then(|file| {
+            self.same_host.backing(&self.modes, file, ino.0, flags.0, writes, |fd| reply.open_backing(fd))
+        });
+        if let Some(id) = backing {
+            f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);
+            return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
+        }
         let mut flags = self.open_flags();
         if let Some(file) = g.as_ref().filter(|f| f.is_cached()) {
             // A cached file: the kernel reads the local cache file itself
@@ -1464,6 +1489,15 @@ impl Filesystem for FerryFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if name == "security.capability" {
+            // Asked before every passthrough write: answered from the
+            // server's own file where it backs the node (`samehost`).
+            match self.modes.capability(ino.0) {
+                Some(Ok(v)) => return Self::xattr_reply(&v, size, reply),
+                Some(Err(e)) => return reply.error(Errno::from_i32(e)),
+                None => {}
+            }
+        }
         let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
         let v = tri!(reply, self.client.get_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
@@ -1524,9 +1558,21 @@ impl Filesystem for FerryFs {
         };
         // A new file has no backing, but `create` also opens an existing
         // file (`O_CREAT` without `O_EXCL` of a name the kernel thought
-        // absent), and a writer never joins a backing.
+        // absent): it joins the server file's backing as any writer does
+        // (`samehost`), and a cache copy's backing it never joins.
+        let f = tri!(reply, self.file(fh));
+        let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        let backing = g
+            .as_ref()
+            .and_then(|file| self.same_host.backing(&self.modes, file, ino, flags, true, |fd| reply.open_backing(fd)));
+        drop(g);
+        if let Some(id) = backing {
+            f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);
+            let (ttl, attr) = (&self.opts.attr_timeout, &file_attr(ino, &attr));
+            return reply.created_passthrough(ttl, attr, Generation(0), fh, FopenFlags::empty(), &id);
+        }
         let flags = self.open_flags();
-        if let Err(e) = self.file(fh).and_then(|f| self.io_mode(&f, fh, ino, flags, true).map(drop)) {
+        if let Err(e) = self.io_mode(&f, fh, ino, flags, true).map(drop) {
             return reply.error(e);
         }
         reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, flags);

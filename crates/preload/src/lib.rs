@@ -23,6 +23,7 @@ pub mod open;
 pub mod ops;
 pub mod placeholder;
 pub mod real;
+pub mod samehost;
 pub mod state;
 pub mod sync;
 

@@ -49,6 +49,10 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
             return Ok(program_fd(local, flags & libc::O_CLOEXEC != 0));
         }
     }
+    // On the server's host a reader gets the server's own descriptor.
+    if let Some(fd) = crate::samehost::descriptor(r, &file, flags) {
+        return Ok(program_fd(fd.into(), flags & libc::O_CLOEXEC != 0));
+    }
     let dir = file.attr().mode & libc::S_IFMT == libc::S_IFDIR;
     let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
     install(r, keep, dir, Some(file), flags & libc::O_CLOEXEC != 0)

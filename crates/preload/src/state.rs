@@ -5,7 +5,7 @@
 //! all before the fork and release them in both processes: a lock held by
 //! another thread at `fork` would otherwise stay locked in the child.
 //! Order, everywhere: `maps`'s locks, `TABLE`, an open file's `io`, `MOUNTS`, `CWD`,
-//! `CONNS`, `REPORTED` (a thread never takes an earlier one while holding
+//! `CONNS`, `REPORTED`, `NOT_LOCAL` (a thread never takes an earlier one while holding
 //! a later one; `before_fork` takes them all in this order).
 
 use std::collections::HashMap;
@@ -180,6 +180,58 @@ pub fn client(mount: usize) -> Result<Client, i32> {
             })
         }
     }
+}
+
+/// Servers found not on this host (or lending no descriptors): not asked
+/// again by this process.
+static NOT_LOCAL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A second connection for `mount`, to its server's Unix socket, when the
+/// server is on this host (`Client::same_host_client`): files opened on it
+/// lend their descriptors. Made once per process, kept with the others (a
+/// descriptor of ferry's own, high and close-on-exec, forgotten at `fork`).
+pub fn local_client(mount: usize) -> Option<Client> {
+    let main = client(mount).ok()?;
+    let addr = MOUNTS.read().get(mount).map(|m| m.url.addr.clone())?;
+    let key = format!("local:{addr}");
+    if let Some((_, c)) = CONNS.lock().live.iter().find(|(a, _)| *a == key) {
+        return Some(c.clone());
+    }
+    if NOT_LOCAL.lock().contains(&addr) {
+        return None;
+    }
+    let opts = config().map(|c| c.options.clone()).unwrap_or_default();
+    // Nothing to reconnect: a lost side connection only sends files back
+    // to the main one.
+    let opts = Options { reconnect: None, ..opts };
+    let Some(c) = main.same_host_client(&opts) else {
+        NOT_LOCAL.lock().push(addr);
+        return None;
+    };
+    LOWEST_INTERNAL.fetch_min(c.engine().raw_fd(), Relaxed);
+    let mut conns = CONNS.lock();
+    if let Some((_, other)) = conns.live.iter().find(|(a, _)| *a == key) {
+        // Another thread made one meanwhile: ours is kept (its descriptor
+        // stays ferry's), unused.
+        let other = other.clone();
+        conns.retired.push(c);
+        return Some(other);
+    }
+    conns.live.push((key, c.clone()));
+    Some(c)
+}
+
+/// The side connection of `mount` failed: files go the usual way from now.
+pub fn local_lost(mount: usize) {
+    let Some(addr) = MOUNTS.read().get(mount).map(|m| m.url.addr.clone()) else { return };
+    let key = format!("local:{addr}");
+    let mut conns = CONNS.lock();
+    if let Some(i) = conns.live.iter().position(|(a, _)| *a == key) {
+        let (_, c) = conns.live.remove(i);
+        conns.retired.push(c);
+    }
+    drop(conns);
+    NOT_LOCAL.lock().push(addr);
 }
 
 /// One line on stderr per unreachable server, so a program's own error
@@ -398,6 +450,7 @@ pub fn before_fork() {
     std::mem::forget(CWD.write());
     std::mem::forget(CONNS.lock());
     std::mem::forget(REPORTED.lock());
+    std::mem::forget(NOT_LOCAL.lock());
     crate::attrs::hold_for_fork();
     crate::hooks::hold_for_fork();
     *FORK_HELD.lock() = opens;
@@ -411,6 +464,7 @@ fn release_after_fork() {
     unsafe {
         crate::hooks::release_after_fork();
         crate::attrs::release_after_fork();
+        NOT_LOCAL.force_unlock();
         REPORTED.force_unlock();
         CONNS.force_unlock();
         CWD.force_unlock_write();
