@@ -1480,6 +1480,7 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        lock(&self.nodes).set_capless(ino.0, false);
         let path = tri!(reply, self.path(ino));
         tri!(
             reply,
@@ -1498,10 +1499,24 @@ impl Filesystem for FerryFs {
                 None => {}
             }
         }
+        let capability = name == "security.capability";
+        if capability && self.long_ttl().is_some() && lock(&self.nodes).is_capless(ino.0) {
+            return reply.error(Errno::ENODATA);
+        }
         let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
-        let v = tri!(reply, self.client.get_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
-        Self::xattr_reply(&v, size, reply);
+        let gen = self.recent.generation();
+        match self.client.get_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno) {
+            Ok(v) => Self::xattr_reply(&v, size, reply),
+            Err(e) => {
+                // Kept only if no break came while it was asked (the lease
+                // vouches for it from then on).
+                if capability && e == Errno::ENODATA && self.long_ttl().is_some() && self.recent.generation() == gen {
+                    lock(&self.nodes).set_capless(ino.0, true);
+                }
+                reply.error(e)
+            }
+        }
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -1519,6 +1534,7 @@ impl Filesystem for FerryFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        lock(&self.nodes).set_capless(ino.0, false);
         let path = tri!(reply, self.path(ino));
         tri!(reply, self.client.remove_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         reply.ok();
@@ -1556,6 +1572,11 @@ impl Filesystem for FerryFs {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
+        if flags & libc::O_EXCL != 0 && self.long_ttl().is_some() {
+            // Made just now, so it has no file capability (the kernel asks
+            // before the first write and the chown of each file).
+            lock(&self.nodes).set_capless(ino, true);
+        }
         // A new file has no backing, but `create` also opens an existing
         // file (`O_CREAT` without `O_EXCL` of a name the kernel thought
         // absent): it joins the server file's backing as any writer does

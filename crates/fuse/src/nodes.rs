@@ -72,6 +72,10 @@ pub(crate) struct Nodes {
     /// inode number a program sees (`find -inum`, tar's and rsync's hard
     /// link detection). Bounded; emptied when full.
     gone: HashMap<Key, u64>,
+    /// Nodes known to have no `security.capability`, under a lease nothing
+    /// broke since: the kernel asks for it before the first write and the
+    /// chown of every file (tar, cp, git: a round trip per file).
+    capless: std::collections::HashSet<u64>,
     next: u64,
 }
 
@@ -107,6 +111,7 @@ impl Nodes {
             miss_count: 0,
             listed: std::collections::HashSet::new(),
             gone: HashMap::new(),
+            capless: std::collections::HashSet::new(),
             next: ROOT + 1,
         };
         let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1, former: None };
@@ -232,13 +237,31 @@ impl Nodes {
 
     /// Directory `ino`'s listing may have changed: the kernel's copy is
     /// not kept past this open.
+    /// Its lease broke: what was known of its extended attributes goes too.
     pub(crate) fn unlist(&mut self, ino: u64) {
         self.listed.remove(&ino);
+        self.capless.remove(&ino);
     }
 
-    /// No listing is kept.
+    /// No listing is kept, nor anything known of extended attributes.
     pub(crate) fn unlist_all(&mut self) {
         self.listed.clear();
+        self.capless.clear();
+    }
+
+    /// Node `ino` has no `security.capability` (the server said so, or
+    /// this mount just made it), until its lease breaks or this mount sets
+    /// or removes an attribute of it.
+    pub(crate) fn set_capless(&mut self, ino: u64, yes: bool) {
+        if !yes {
+            self.capless.remove(&ino);
+        } else if self.by_ino.contains_key(&ino) && self.capless.len() < MAX_GONE {
+            self.capless.insert(ino);
+        }
+    }
+
+    pub(crate) fn is_capless(&self, ino: u64) -> bool {
+        self.capless.contains(&ino)
     }
 
     /// Every miss kept, forgotten.
@@ -315,6 +338,7 @@ impl Nodes {
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
             let Some(node) = self.by_ino.remove(&ino) else { return };
+            self.capless.remove(&ino);
             for p in node.paths {
                 if self.by_path.get(&p) == Some(&ino) {
                     self.by_path.remove(&p);

@@ -909,16 +909,17 @@ impl<B: Backend> Conn<B> {
         let mut out = std::mem::take(&mut self.out);
         if let (Err(Errno::NOENT), Some(seen), Some(l)) = (&answer, seen, &holder) {
             if let Some(k) = crate::touches::granted_on_miss(&session, &req) {
-                leases.grant_into(l, &[k], seen, &mut out);
+                leases.grant_into(l, &[k], seen, 0, &mut out);
             }
         }
         if let Ok(a) = &answer {
+            let mut own = 0;
             if leases.active() {
                 touched.extend(crate::touches::changed_in(&req, a).map(crate::leases::Touched::Object));
-                leases.changed(holder.as_ref(), &touched);
+                own = leases.changed(holder.as_ref(), &touched);
             }
             if let (Some(seen), Some(l)) = (seen, &holder) {
-                leases.grant_into(l, &crate::touches::granted(a), seen, &mut out);
+                leases.grant_into(l, &crate::touches::granted(a), seen, own, &mut out);
             }
         }
         let start = out.len();

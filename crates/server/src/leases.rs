@@ -123,7 +123,17 @@ fn same_socket(a: &Socket, b: &Socket) -> bool {
 struct Obj {
     /// The sequence of the last change that touched it.
     changed: u64,
+    /// Whose change that was (the holder's address; 0: a session without
+    /// leases, or a change outside ferry).
+    by: usize,
+    /// The latest change before `changed` that may have been another's
+    /// (an upper bound: a change of `by`'s own may be counted here too).
+    before: u64,
     holders: Vec<(Arc<Holder>, u64)>,
+}
+
+fn id_of(h: &Arc<Holder>) -> usize {
+    Arc::as_ptr(h) as usize
 }
 
 struct Table {
@@ -254,7 +264,19 @@ impl Leases {
     /// Grants `holder` leases on `keys`, read by a request that began at
     /// `seen`. Returns the keys refused (changed since): the caller puts a
     /// break of them before the reply.
+    #[cfg(test)]
     pub fn grant(&self, holder: &Arc<Holder>, keys: &[FileKey], seen: u64) -> Vec<FileKey> {
+        self.grant_after(holder, keys, seen, 0)
+    }
+
+    /// `grant`, for the reply of a request that itself changed the objects
+    /// (its `changed` returned `own`): that change is no reason to refuse,
+    /// another session's since `seen` still is. Without this, every
+    /// change's own reply was refused and broke the changer's copy of what
+    /// it had just made (tar x through the mount: a `GETATTR` and a
+    /// `GETXATTR` more per file; `ferry run` emptied its caches).
+    pub fn grant_after(&self, holder: &Arc<Holder>, keys: &[FileKey], seen: u64, own: u64) -> Vec<FileKey> {
+        let me = id_of(holder);
         let epoch = holder.epoch.load(Relaxed);
         let mut refused = Vec::new();
         let mut reset = false;
@@ -262,16 +284,26 @@ impl Leases {
             let mut t = lock(&self.table);
             let forgot = t.forgot;
             for &key in keys {
-                let obj = t.objects.get(&key);
-                if obj.map_or(forgot, |o| o.changed) > seen || t.lent.get(&key).is_some_and(|l| l.count > 0) {
+                let stale = match t.objects.get(&key) {
+                    None => forgot > seen,
+                    Some(o) => {
+                        let mine = own != 0 && o.changed == own && o.by == me;
+                        o.before > seen || (o.changed > seen && !mine)
+                    }
+                };
+                if stale || t.lent.get(&key).is_some_and(|l| l.count > 0) {
                     refused.push(key);
                     continue;
                 }
                 if !t.objects.contains_key(&key) {
                     t.added += 1;
                 }
-                let obj =
-                    t.objects.entry(key).or_insert_with(|| Obj { changed: forgot.min(seen), holders: Vec::new() });
+                let obj = t.objects.entry(key).or_insert_with(|| Obj {
+                    changed: forgot.min(seen),
+                    by: 0,
+                    before: forgot.min(seen),
+                    holders: Vec::new(),
+                });
                 match obj.holders.iter_mut().find(|(h, _)| Arc::ptr_eq(h, holder)) {
                     Some((_, e)) if *e == epoch => continue,
                     Some((_, e)) => *e = epoch,
@@ -301,11 +333,11 @@ impl Leases {
     /// `grant`, for a reply about to be written to `out`: a break of the
     /// refused keys goes into `out` first, so the client drops them before
     /// it sees the reply.
-    pub fn grant_into(&self, holder: &Arc<Holder>, keys: &[FileKey], seen: u64, out: &mut Vec<u8>) {
+    pub fn grant_into(&self, holder: &Arc<Holder>, keys: &[FileKey], seen: u64, own: u64, out: &mut Vec<u8>) {
         if keys.is_empty() {
             return;
         }
-        let refused = self.grant(holder, keys, seen);
+        let refused = self.grant_after(holder, keys, seen, own);
         if !refused.is_empty() {
             let objects = refused.iter().map(|k| Broken { dev: k.0, ino: k.1, name: b"" }).collect();
             LeaseBreak { seq: self.seq(), objects }.encode(out);
@@ -366,7 +398,9 @@ impl Leases {
     /// A change of `touched` by the session of `mine` has been made: breaks
     /// every other holder's leases on them, and returns once each returned
     /// them or its lease time ran out.
-    pub fn changed(&self, mine: Option<&Arc<Holder>>, touched: &[Touched]) {
+    /// Returns the change's sequence (0: nothing recorded), for
+    /// `grant_after`.
+    pub fn changed(&self, mine: Option<&Arc<Holder>>, touched: &[Touched]) -> u64 {
         self.breaks_for(mine, touched, true)
     }
 
@@ -374,13 +408,14 @@ impl Leases {
     /// done already): breaks every holder's leases on them, without
     /// waiting for their returns.
     pub fn changed_outside(&self, touched: &[Touched]) {
-        self.breaks_for(None, touched, false)
+        self.breaks_for(None, touched, false);
     }
 
-    fn breaks_for(&self, mine: Option<&Arc<Holder>>, touched: &[Touched], wait: bool) {
+    fn breaks_for(&self, mine: Option<&Arc<Holder>>, touched: &[Touched], wait: bool) -> u64 {
         if touched.is_empty() || !self.active() {
-            return;
+            return 0;
         }
+        let me = mine.map_or(0, id_of);
         // Per holder, what it loses: each touched object it held, with the
         // entry's name for each name touched in a directory it held.
         let mut breaks: Vec<(Arc<Holder>, Vec<Broken<'_>>)> = Vec::new();
@@ -416,7 +451,16 @@ impl Leases {
                     if !t.objects.contains_key(&key) {
                         t.added += 1;
                     }
-                    let obj = t.objects.entry(key).or_insert_with(|| Obj { changed: 0, holders: Vec::new() });
+                    let obj = t.objects.entry(key).or_insert_with(|| Obj {
+                        changed: 0,
+                        by: 0,
+                        before: 0,
+                        holders: Vec::new(),
+                    });
+                    if me == 0 || obj.by != me {
+                        obj.before = obj.changed;
+                    }
+                    obj.by = me;
                     obj.changed = seq;
                     let mut kept = Vec::new();
                     let mut losing = Vec::new();
@@ -455,7 +499,7 @@ impl Leases {
             seq
         };
         if breaks.is_empty() {
-            return;
+            return seq;
         }
         let start = Instant::now();
         let mut waiting = Vec::new();
@@ -470,7 +514,7 @@ impl Leases {
             waiting.push((h, deadline));
         }
         if waiting.is_empty() || !wait {
-            return;
+            return seq;
         }
         self.counts.waits.fetch_add(1, Relaxed);
         for (h, deadline) in waiting {
@@ -493,6 +537,7 @@ impl Leases {
             }
         }
         self.counts.waited_us.fetch_add(start.elapsed().as_micros() as u64, Relaxed);
+        seq
     }
 
     /// Sends a break to `h`, giving up at `deadline` (a connection that
@@ -641,6 +686,40 @@ mod tests {
         let t = Instant::now();
         l.changed(None, &[Touched::Object((9, 9))]);
         assert!(t.elapsed() < Duration::from_millis(5));
+    }
+
+    /// The reply of a change is granted to its changer; not if another
+    /// session changed the object since the request began, nor for another
+    /// request of the changer that ran beside it.
+    #[test]
+    fn a_change_is_granted_to_its_changer_and_only_for_its_own_reply() {
+        let l = Leases::new(Duration::from_millis(10));
+        let (a, b) = (holder(&l), holder(&l));
+        *lock(&a.line) = None;
+        let seen = l.seq();
+        let own = l.changed(Some(&a), &[Touched::Object((1, 1))]);
+        assert!(l.grant_after(&a, &[(1, 1)], seen, own).is_empty(), "its own change's reply");
+        // Another request of `a` that began before that change.
+        assert_eq!(l.grant_after(&a, &[(1, 1)], seen, 0), vec![(1, 1)]);
+        // `b` changed it, then `a`: `a`'s reply may predate `b`'s change.
+        let seen = l.seq();
+        l.changed(Some(&b), &[Touched::Object((2, 2))]);
+        let own = l.changed(Some(&a), &[Touched::Object((2, 2))]);
+        assert_eq!(l.grant_after(&a, &[(2, 2)], seen, own), vec![(2, 2)]);
+        // A change outside ferry, then `a`'s own.
+        let seen = l.seq();
+        l.changed_outside(&[Touched::Object((3, 3))]);
+        let own = l.changed(Some(&a), &[Touched::Object((3, 3))]);
+        assert_eq!(l.grant_after(&a, &[(3, 3)], seen, own), vec![(3, 3)]);
+        // `a` twice in a row, nobody else: the second reply is granted.
+        let seen = l.seq();
+        l.changed(Some(&a), &[Touched::Object((4, 4))]);
+        let own = l.changed(Some(&a), &[Touched::Object((4, 4))]);
+        assert!(l.grant_after(&a, &[(4, 4)], seen, own).is_empty());
+        // And `b` may not use `a`'s own change as its.
+        let seen = l.seq();
+        let own = l.changed(Some(&a), &[Touched::Object((5, 5))]);
+        assert_eq!(l.grant_after(&b, &[(5, 5)], seen, own), vec![(5, 5)]);
     }
 
     /// A holder whose client closes while a change waits for its return
