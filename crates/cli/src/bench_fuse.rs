@@ -147,6 +147,11 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let mut nread = Series::new("null FUSE sequential read", "MB/s");
     let mut fread = Series::new("ferry mount sequential read", "MB/s");
     let mut lread = Series::new("ferry library read (no FUSE)", "MB/s");
+    // Under a lease the file's pages stay in the kernel past its close: a
+    // read again is a read of the local page cache (`FOPEN_KEEP_CACHE`).
+    let mut fread2 = Series::new("ferry mount read again (kept)", "MB/s");
+    let mut fread0 = Series::new("ferry mount read, no cache (direct)", "MB/s");
+    let mut native_read = Series::new("read of the export's file (local)", "MB/s");
     let mut nwrite = Series::new("null FUSE sequential write", "MB/s");
     let mut fwrite = Series::new("ferry mount sequential write", "MB/s");
     let mut nstat = Series::new("null FUSE stat, TTL 0, median", "µs");
@@ -165,7 +170,10 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         fwrite.values.push(write_file(&data, s.bytes, s.block, true)?);
         nwrite.values.push(write_file(&null_file, s.bytes, s.block, false)?);
         fread.values.push(read_file(&data, s.bytes, s.block)?);
+        fread2.values.push(read_file(&data, s.bytes, s.block)?);
         nread.values.push(read_file(&null_file, s.bytes, s.block)?);
+        fread0.values.push(read_file(&mp_ferry0.join("bench-fuse.dat"), s.bytes, s.block)?);
+        native_read.values.push(read_file(&dir.join("bench-fuse.dat"), s.bytes, s.block)?);
         // The same file read with the library, no FUSE: what the mount adds.
         lread.values.push(super::ferry_read(&client, "/bench-fuse.dat", s.bytes, s.block)?);
         let (n, f, f99) = stats(&mp_null.join(ferry_fuse::NULL_FILE), &mp_ferry0.join("bench-fuse.dat"), s.stats)?;
@@ -199,6 +207,16 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         (&nread, String::new()),
         (&fread, pct(&fread, &nread)),
         (&lread, format!("mount is {:.0} % of it", 100.0 * fread.median() / lread.median())),
+        (&fread0, format!("first read is {:.2} x it", fread.median() / fread0.median())),
+        (&native_read, String::new()),
+        (
+            &fread2,
+            format!(
+                "{:.2} x local, {:.1} x first",
+                fread2.median() / native_read.median(),
+                fread2.median() / fread.median()
+            ),
+        ),
         (&nwrite, String::new()),
         (&fwrite, pct(&fwrite, &nwrite)),
         (&nstat, String::new()),

@@ -7,9 +7,11 @@
 //! lookups so `forget` can drop a node, and follows renames and removals so
 //! a node keeps pointing at its file.
 //!
-//! Data is not cached by default (ORFA): every open replies `direct_io`, so
+//! Data is not cached by default (ORFA): an open replies `direct_io`, so
 //! each `read`/`write` the application makes is one request of the same
-//! size to the server (split by the kernel at `max_write`, 1 MiB).
+//! size to the server (split by the kernel at `max_write`, 1 MiB) — except
+//! a read-only open under a lease of a server that sees every change,
+//! which uses the page cache and keeps it across opens (`pages`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -41,6 +43,7 @@ pub use null::{spawn_null, NullFs, NULL_FILE};
 
 mod nodes;
 mod null;
+mod pages;
 mod passthrough;
 use nodes::{Nodes, ROOT};
 use passthrough::{Mode, Taken};
@@ -131,7 +134,9 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mo
     // Leases, where the server grants them: its breaks become the kernel's
     // invalidations (queued until the mount is up).
     let mut fs = fs;
-    let inval = Invalidator::new(Arc::clone(&fs.nodes), Arc::clone(&fs.recent));
+    let handles = Arc::clone(&fs.handles);
+    let untrust = Box::new(move |nodes: Option<&[u64]>| untrust(&handles, nodes));
+    let inval = Invalidator::new(Arc::clone(&fs.nodes), Arc::clone(&fs.recent), Arc::clone(&fs.pages), untrust);
     let leases = ferry_client::Leases::new(inval.on_break());
     let leased = fs.client.leases_on(Arc::clone(&leases)).is_ok();
     // Long-kept answers need every change to reach the server's lease
@@ -361,6 +366,34 @@ struct OpenFile {
     io_mode: std::sync::atomic::AtomicU8,
     /// It holds a whole-file lock as a flock (`locks::take`).
     flock_kind: std::sync::atomic::AtomicBool,
+    /// Opened under a lease not broken since: a page it reads is one the
+    /// kernel may keep for the next open (`pages`).
+    trusted: std::sync::atomic::AtomicBool,
+}
+
+/// The open files of `nodes` (of every node for `None`) lost the mount's
+/// lease: what they hold from before is dropped, and what they read from
+/// now on may not be kept past them. A handle busy with a write or a sync
+/// (which may wait on the server, which may wait on this very break) keeps
+/// its read-ahead; its reads still mark the node's pages unclean.
+fn untrust(handles: &Mutex<HashMap<u64, Handle>>, nodes: Option<&[u64]>) {
+    let files: Vec<Arc<OpenFile>> = lock(handles)
+        .values()
+        .filter_map(|h| match h {
+            Handle::File(f) if nodes.is_none_or(|n| n.binary_search(&f.ino.load(Ordering::Relaxed)).is_ok()) => {
+                Some(Arc::clone(f))
+            }
+            _ => None,
+        })
+        .collect();
+    for f in files {
+        f.trusted.store(false, Ordering::SeqCst);
+        if let Ok(g) = f.file.try_read() {
+            if let Some(file) = g.as_ref() {
+                file.discard_read_ahead();
+            }
+        }
+    }
 }
 
 /// The mode a write by a caller without `CAP_FSETID` leaves, as Linux's
@@ -442,13 +475,15 @@ pub struct FerryFs {
     client: Client,
     opts: FsOptions,
     nodes: Arc<Mutex<Nodes>>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    handles: Arc<Mutex<HashMap<u64, Handle>>>,
     next_fh: AtomicU64,
     locks: locks::MountLocks,
     recent: Arc<recent::Recent>,
     /// Whether the kernel took FUSE passthrough (cached files only).
     passthrough: bool,
     modes: passthrough::IoModes,
+    /// Whose pages an open may keep (under a lease).
+    pages: Arc<pages::Pages>,
     /// Who made each request, for a server that acts as each caller.
     callers: callers::Callers,
     /// The mount's leases, where answers may be kept for long under them
@@ -473,12 +508,13 @@ impl FerryFs {
             opts,
             callers,
             nodes: Arc::new(Mutex::new(Nodes::new(OsStr::new(root)))),
-            handles: Mutex::new(HashMap::new()),
+            handles: Arc::default(),
             next_fh: AtomicU64::new(1),
             locks: locks::MountLocks::default(),
             recent: Arc::default(),
             passthrough: false,
             modes: passthrough::IoModes::default(),
+            pages: Arc::default(),
             leases: None,
         }
     }
@@ -627,6 +663,9 @@ impl FerryFs {
     /// (kept with the open for its release): `Some` to open it as
     /// passthrough on the node's backing instead. An open the kernel would
     /// refuse is dropped here, with the errno to say.
+    ///
+    /// The mode may differ from what `flags` asked (`IoModes::open`): the
+    /// flags returned are those to answer with.
     fn io_mode(
         &self,
         f: &OpenFile,
@@ -634,9 +673,12 @@ impl FerryFs {
         ino: u64,
         flags: FopenFlags,
         writes: bool,
-    ) -> R<Option<Arc<BackingId>>> {
+    ) -> R<(Option<Arc<BackingId>>, FopenFlags)> {
         let direct = flags.contains(FopenFlags::FOPEN_DIRECT_IO);
-        let (mode, id) = match self.modes.open(ino, direct, writes) {
+        // The mount's own choice of direct I/O (not `--cache`, a file not
+        // in the disk cache) may follow the node's other opens.
+        let flexible = !self.opts.cache;
+        let (mode, id) = match self.modes.open(ino, direct, writes, flexible) {
             Ok(passthrough::Open::As(taken)) => (taken, None),
             Ok(passthrough::Open::Join(id)) => (Taken { mode: Mode::Passthrough, writes: false }, Some(id)),
             Err(e) => {
@@ -649,7 +691,12 @@ impl FerryFs {
             }
         };
         f.io_mode.store(mode.to_u8(), Ordering::Relaxed);
-        Ok(id)
+        let flags = match (mode.mode, direct) {
+            (Mode::Direct, false) => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+            (Mode::Cached, true) => FopenFlags::empty(),
+            _ => flags,
+        };
+        Ok((id, flags))
     }
 
     fn open_flags(&self) -> FopenFlags {
@@ -681,7 +728,16 @@ impl FerryFs {
         o
     }
 
-    fn open_file(&self, path: &OsStr, o: &OpenOptions, flags: i32, ino: u64) -> R<(Arc<OpenFile>, FileHandle, Attr)> {
+    /// Opens `path`; `trusted`: under a lease, if no break comes before the
+    /// handle can be found by one (checked by the caller).
+    fn open_file(
+        &self,
+        path: &OsStr,
+        o: &OpenOptions,
+        flags: i32,
+        ino: u64,
+        trusted: bool,
+    ) -> R<(Arc<OpenFile>, FileHandle, Attr)> {
         let file = self.client.open(path, o).map_err(errno)?;
         let attr = *file.attr();
         let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
@@ -695,6 +751,7 @@ impl FerryFs {
             gid,
             io_mode,
             flock_kind: false.into(),
+            trusted: trusted.into(),
         });
         let fh = self.add_handle(Handle::File(Arc::clone(&f)));
         Ok((f, fh, attr))
@@ -749,6 +806,7 @@ impl FerryFs {
     /// After a change of the node's data through the mount: what other
     /// handles of it read ahead, or got with their open, is stale.
     fn changed(&self, ino: u64) {
+        self.pages.taint(ino);
         let files: Vec<Arc<OpenFile>> = lock(&self.handles)
             .values()
             .filter_map(|h| match h {
@@ -826,7 +884,7 @@ impl FerryFs {
         o.create(true).create_new(flags & libc::O_EXCL != 0).mode(mode & 0o7777);
         // The kernel already applied the caller's umask to `mode` (we do
         // not ask for FUSE_DONT_MASK), and the server applies none.
-        let (f, fh, attr) = self.open_file(&path, &o, flags, 0)?;
+        let (f, fh, attr) = self.open_file(&path, &o, flags, 0, false)?;
         let ino = lock(&self.nodes).remember(&path, &attr);
         f.ino.store(ino, Ordering::Relaxed);
         Ok((ino, fh, attr))
@@ -1138,8 +1196,16 @@ impl Filesystem for FerryFs {
         let writes = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC) != libc::O_RDONLY;
         let _changes = writes.then(|| self.recent.changing());
         let o = Self::open_options(flags.0);
+        // A reader under a lease of a server that sees every change may
+        // keep the file's pages for the next open (`pages`), if no break
+        // comes before its handle can be found by the next one.
+        let may_keep = !writes && flags.0 & libc::O_DIRECT == 0 && self.long_ttl().is_some();
+        let breaks = self.pages.breaks();
+        if writes {
+            self.pages.taint(ino.0);
+        }
         let (f, fh, _) = match self.path(ino) {
-            Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0)),
+            Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0, may_keep)),
             // The kernel looked the name up just before a rename put a new
             // version there (an editor's or git's save): a local open would
             // give the old file, which the server cannot reach by name any
@@ -1150,12 +1216,17 @@ impl Filesystem for FerryFs {
             Err(stale) if flags.0 & libc::O_ACCMODE == libc::O_RDONLY => {
                 let former = lock(&self.nodes).by_ino.get(&ino.0).and_then(|n| n.former.clone());
                 let path = tri!(reply, former.ok_or(stale));
-                tri!(reply, self.open_file(&path, &o, flags.0, ino.0).map_err(|_| stale))
+                tri!(reply, self.open_file(&path, &o, flags.0, ino.0, may_keep).map_err(|_| stale))
             }
             Err(stale) => return reply.error(stale),
         };
+        let leased = may_keep && self.pages.breaks() == breaks;
+        if !leased {
+            f.trusted.store(false, Ordering::SeqCst);
+        }
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         let mut flags = self.open_flags();
+        let mut lease_keep = false;
         if let Some(file) = g.as_ref().filter(|f| f.is_cached()) {
             // A cached file: the kernel reads the local cache file itself
             // (passthrough), or keeps its pages while they hold the version
@@ -1170,11 +1241,21 @@ impl Filesystem for FerryFs {
             }
             let keep = file.cache_tag().is_some_and(|t| self.modes.keep_pages(ino.0, t));
             flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+        } else if leased {
+            flags = FopenFlags::empty();
+            lease_keep = true;
         }
         drop(g);
         match self.io_mode(&f, fh, ino.0, flags, writes) {
-            Ok(None) => reply.opened(fh, flags),
-            Ok(Some(id)) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+            Ok((None, mut flags)) => {
+                // Asked last: the node is clean once this reply reached the
+                // kernel, which drops its pages unless told to keep them.
+                if lease_keep && !flags.contains(FopenFlags::FOPEN_DIRECT_IO) && self.pages.keep(ino.0) {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                reply.opened(fh, flags)
+            }
+            Ok((Some(id), _)) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
             Err(e) => reply.error(e),
         }
     }
@@ -1182,7 +1263,7 @@ impl Filesystem for FerryFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -1191,6 +1272,10 @@ impl Filesystem for FerryFs {
         reply: ReplyData,
     ) {
         let f = tri!(reply, self.file(fh));
+        if !f.trusted.load(Ordering::SeqCst) && Taken::from_u8(f.io_mode.load(Ordering::Relaxed)).mode == Mode::Cached {
+            // A page the kernel keeps, that no lease covers.
+            self.pages.taint(ino.0);
+        }
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         let file = tri!(reply, g.as_ref().ok_or(Errno::EBADF));
         READ_BUF.with_borrow_mut(|buf| {
@@ -1222,6 +1307,7 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        self.pages.taint(ino.0);
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             // The writer lacks CAP_FSETID (direct I/O asks us; the page
             // cache path clears the bits with a setattr of its own). The
@@ -1525,10 +1611,11 @@ impl Filesystem for FerryFs {
         // A new file has no backing, but `create` also opens an existing
         // file (`O_CREAT` without `O_EXCL` of a name the kernel thought
         // absent), and a writer never joins a backing.
-        let flags = self.open_flags();
-        if let Err(e) = self.file(fh).and_then(|f| self.io_mode(&f, fh, ino, flags, true).map(drop)) {
-            return reply.error(e);
-        }
+        self.pages.taint(ino);
+        let flags = match self.file(fh).and_then(|f| self.io_mode(&f, fh, ino, self.open_flags(), true)) {
+            Ok((_, flags)) => flags,
+            Err(e) => return reply.error(e),
+        };
         reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, flags);
     }
 }
