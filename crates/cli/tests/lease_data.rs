@@ -70,13 +70,17 @@ fn first_difference(a: &[u8], b: &[u8]) -> String {
 }
 
 /// A file read through the mount is kept in the page cache past its close
-/// (the next open finds its pages: with direct I/O it had none), and a
-/// change another mount makes is never read from them: the change waits
-/// for the break, the break drops the pages.
+/// (the next open finds its pages: with direct I/O it had none), a read
+/// again asks the server nothing (not even an open: no lease is granted),
+/// and a change another mount makes is never read from them: the change
+/// waits for the break, the break drops the pages.
 #[test]
 fn a_mount_keeps_a_files_pages_across_opens_until_a_break() {
+    use common::scrape::{get, metrics_addr, sample};
     common::fuse::require_fuse();
-    let srv = Server::start(&[]);
+    let srv = Server::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&srv);
+    let granted = || sample(&get(&addr, "/metrics").1, "ferry_leases_granted_total");
     watching(&srv);
     let disk = srv.export.path().join("f");
     let mut rng = Rng::new(30);
@@ -91,8 +95,11 @@ fn a_mount_keeps_a_files_pages_across_opens_until_a_break() {
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&disk).unwrap());
     let kept = resident(&a);
     assert_eq!(kept, 4 << 20, "the pages read stay in the kernel for the next open");
-    // Read again: the same (from the kernel), still whole.
+    // Read again: the same (from the kernel), still whole, and the server
+    // heard nothing of it.
+    let before = granted();
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&disk).unwrap());
+    assert_eq!(granted(), before, "a read again reached the server");
 
     // Another mount overwrites 5 bytes in place (the size stays): A reads
     // the new bytes at once, and its kept pages went with the break.

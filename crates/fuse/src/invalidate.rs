@@ -86,8 +86,11 @@ impl Invalidator {
         Box::new(move |objects, returned| {
             // The mount's own short-lived answers go at once.
             drop(me.recent.changing());
-            // An open in flight now keeps no pages (`pages`).
-            me.pages.broke();
+            // An open in flight now keeps no pages, and these files open
+            // without a request no more (`pages`).
+            let all = objects.iter().any(|b| b.dev == 0 && b.ino == 0);
+            let keys = objects.iter().map(|b| (b.dev, b.ino));
+            me.pages.broke((!all).then_some(keys));
             let objects = objects.iter().map(|b| (b.dev, b.ino, b.name.to_vec())).collect();
             lock(&me.queue).jobs.push_back(Job { objects, _returned: returned });
             me.cv.notify_all();

@@ -369,6 +369,9 @@ struct OpenFile {
     /// Opened under a lease not broken since: a page it reads is one the
     /// kernel may keep for the next open (`pages`).
     trusted: std::sync::atomic::AtomicBool,
+    /// Opened without asking the server (`pages`): the `open(2)` flags to
+    /// open it there with once something needs it (`live`).
+    lazy: Mutex<Option<i32>>,
 }
 
 /// The open files of `nodes` (of every node for `None`) lost the mount's
@@ -419,6 +422,12 @@ fn in_group(pid: u32, gid: u32, group: u32) -> bool {
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))
         .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(group)))
+}
+
+/// How an open is answered.
+enum OpenedAs {
+    Flags(FopenFlags),
+    Backing(Arc<BackingId>),
 }
 
 /// What a node-level call acts on: its path, or an open handle once the
@@ -563,6 +572,76 @@ impl FerryFs {
         FileHandle(fh)
     }
 
+    /// `file`, opened on the server first if it was opened without it.
+    fn live_file(&self, fh: FileHandle) -> R<Arc<OpenFile>> {
+        let f = self.file(fh)?;
+        self.live(&f)?;
+        Ok(f)
+    }
+
+    /// Opens on the server a file opened without it (`open_lazy`), by the
+    /// name its node has now.
+    fn live(&self, f: &OpenFile) -> R<()> {
+        let mut lazy = lock(&f.lazy);
+        let Some(flags) = *lazy else { return Ok(()) };
+        let ino = f.ino.load(Ordering::Relaxed);
+        let (path, key) = {
+            let nodes = lock(&self.nodes);
+            (nodes.path(ino)?, nodes.key(ino))
+        };
+        let breaks = self.pages.breaks();
+        let file = self.client.open(&path, &Self::open_options(flags)).map_err(errno)?;
+        // Another client renamed another file over the name meanwhile (a
+        // break, on which the kernel looks the name up again).
+        if nodes::key_of(file.attr()) != key {
+            let _ = file.close();
+            return Err(Errno::ESTALE);
+        }
+        if self.pages.breaks() != breaks {
+            f.trusted.store(false, Ordering::SeqCst);
+        }
+        *f.file.write().unwrap_or_else(|e| e.into_inner()) = Some(file);
+        *lazy = None;
+        Ok(())
+    }
+
+    /// A read-only open that asks the server nothing: the mount holds a
+    /// lease on the file, from an open by the same caller, and the
+    /// kernel's pages of it are clean (`pages`), so the kernel serves the
+    /// reads. `None`: open it the ordinary way.
+    fn open_lazy(&self, req: &Request, ino: u64, flags: i32, breaks: u64) -> Option<R<(FileHandle, OpenedAs)>> {
+        let key = {
+            let nodes = lock(&self.nodes);
+            nodes.path(ino).ok()?;
+            nodes.key(ino)?
+        };
+        if !self.pages.leased(key, (req.uid(), req.gid())) || !self.pages.is_clean(ino) {
+            return None;
+        }
+        let f = Arc::new(OpenFile {
+            file: RwLock::new(None),
+            append: false,
+            ino: AtomicU64::new(ino),
+            mode: 0.into(),
+            gid: 0.into(),
+            io_mode: Taken::NOTHING.to_u8().into(),
+            flock_kind: false.into(),
+            trusted: true.into(),
+            lazy: Mutex::new(Some(flags)),
+        });
+        let fh = self.add_handle(Handle::File(Arc::clone(&f)));
+        // A break since the checks above may have missed this handle.
+        if self.pages.breaks() != breaks {
+            lock(&self.handles).remove(&fh.0);
+            return None;
+        }
+        Some(self.io_mode(&f, fh, ino, FopenFlags::empty(), false).map(|(id, flags)| match id {
+            Some(id) => (fh, OpenedAs::Backing(id)),
+            None if flags.contains(FopenFlags::FOPEN_DIRECT_IO) => (fh, OpenedAs::Flags(flags)),
+            None => (fh, OpenedAs::Flags(flags | FopenFlags::FOPEN_KEEP_CACHE)),
+        }))
+    }
+
     fn file(&self, fh: FileHandle) -> R<Arc<OpenFile>> {
         match lock(&self.handles).get(&fh.0) {
             Some(Handle::File(f)) => Ok(Arc::clone(f)),
@@ -613,7 +692,7 @@ impl FerryFs {
 
     /// The server's handle behind a FUSE file handle.
     fn server_handle(&self, fh: FileHandle) -> R<u64> {
-        let f = self.file(fh)?;
+        let f = self.live_file(fh)?;
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         // Opened again first if the server restarted since.
         g.as_ref().ok_or(Errno::EBADF)?.current_handle().map_err(errno)
@@ -752,6 +831,7 @@ impl FerryFs {
             io_mode,
             flock_kind: false.into(),
             trusted: trusted.into(),
+            lazy: Mutex::new(None),
         });
         let fh = self.add_handle(Handle::File(Arc::clone(&f)));
         Ok((f, fh, attr))
@@ -1080,6 +1160,8 @@ impl Filesystem for FerryFs {
             self.changed(ino.0);
         }
         if mode.is_some() || uid.is_some() || gid.is_some() {
+            // Who may open it changed: the next open asks the server.
+            self.pages.taint(ino.0);
             // Open handles of the node learn its set-id bits (see `kill_setid`).
             for h in lock(&self.handles).values() {
                 if let Handle::File(f) = h {
@@ -1204,7 +1286,15 @@ impl Filesystem for FerryFs {
         if writes {
             self.pages.taint(ino.0);
         }
-        let (f, fh, _) = match self.path(ino) {
+        if may_keep {
+            match self.open_lazy(req, ino.0, flags.0, breaks) {
+                Some(Ok((fh, OpenedAs::Flags(f)))) => return reply.opened(fh, f),
+                Some(Ok((fh, OpenedAs::Backing(id)))) => return reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+                Some(Err(e)) => return reply.error(e),
+                None => {}
+            }
+        }
+        let (f, fh, attr) = match self.path(ino) {
             Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0, may_keep)),
             // The kernel looked the name up just before a rename put a new
             // version there (an editor's or git's save): a local open would
@@ -1220,7 +1310,11 @@ impl Filesystem for FerryFs {
             }
             Err(stale) => return reply.error(stale),
         };
-        let leased = may_keep && self.pages.breaks() == breaks;
+        let mut leased = may_keep && self.pages.breaks() == breaks;
+        if leased {
+            // The next opens by this caller may ask nothing (`open_lazy`).
+            leased = nodes::key_of(&attr).is_some_and(|k| self.pages.lease(k, (req.uid(), req.gid()), breaks));
+        }
         if !leased {
             f.trusted.store(false, Ordering::SeqCst);
         }
@@ -1239,7 +1333,13 @@ impl Filesystem for FerryFs {
                     return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
                 }
             }
-            let keep = file.cache_tag().is_some_and(|t| self.modes.keep_pages(ino.0, t));
+            let mut keep = file.cache_tag().is_some_and(|t| self.modes.keep_pages(ino.0, t));
+            if leased {
+                // Under a lease the pages must be clean too; the change
+                // attribute still says what changed on the server's disk
+                // before its notice came.
+                keep = self.pages.keep(ino.0) && keep;
+            }
             flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
         } else if leased {
             flags = FopenFlags::empty();
@@ -1271,7 +1371,7 @@ impl Filesystem for FerryFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let f = tri!(reply, self.file(fh));
+        let f = tri!(reply, self.live_file(fh));
         if !f.trusted.load(Ordering::SeqCst) && Taken::from_u8(f.io_mode.load(Ordering::Relaxed)).mode == Mode::Cached {
             // A page the kernel keeps, that no lease covers.
             self.pages.taint(ino.0);
@@ -1307,7 +1407,7 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
-        self.pages.taint(ino.0);
+        self.pages.written(ino.0);
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             // The writer lacks CAP_FSETID (direct I/O asks us; the page
             // cache path clears the bits with a setattr of its own). The
@@ -1325,6 +1425,10 @@ impl Filesystem for FerryFs {
         // close(2) returns once every write of this handle is acknowledged,
         // and reports the first one that failed.
         let f = tri!(reply, self.file(fh));
+        if self.locks.in_use() {
+            // The close rule's unlock goes through this handle.
+            tri!(reply, self.live(&f));
+        }
         self.locks.closing(&f, ino.0, lock_owner.0);
         let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
         if let Some(file) = g.as_mut() {
@@ -1348,7 +1452,12 @@ impl Filesystem for FerryFs {
         self.locks.released(self.file(fh).ok().as_deref(), fh.0, ino.0, lock_owner.map(|o| o.0));
         let h = lock(&self.handles).remove(&fh.0);
         if let Some(Handle::File(f)) = h {
-            self.modes.release(ino.0, Taken::from_u8(f.io_mode.load(Ordering::Relaxed)));
+            let taken = Taken::from_u8(f.io_mode.load(Ordering::Relaxed));
+            if taken.writes {
+                // Its descriptor lent by a server on this host closes now.
+                self.pages.written(ino.0);
+            }
+            self.modes.release(ino.0, taken);
             if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
                 tri!(reply, file.close().map_err(errno));
             }
@@ -1359,6 +1468,10 @@ impl Filesystem for FerryFs {
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let _changes = self.recent.changing();
         let f = tri!(reply, self.file(fh));
+        if lock(&f.lazy).is_some() {
+            // Opened for reading only, and not even on the server yet.
+            return reply.ok();
+        }
         let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
         let file = tri!(reply, g.as_mut().ok_or(Errno::EBADF));
         let r = if datasync { file.sync_data() } else { file.sync_all() };
@@ -1379,7 +1492,7 @@ impl Filesystem for FerryFs {
         pid: u32,
         reply: ReplyLock,
     ) {
-        let f = tri!(reply, self.file(fh));
+        let f = tri!(reply, self.live_file(fh));
         self.locks.getlk(&f, lock_owner.0, (start, end), typ, pid, reply);
     }
 
@@ -1397,7 +1510,7 @@ impl Filesystem for FerryFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let f = tri!(reply, self.file(fh));
+        let f = tri!(reply, self.live_file(fh));
         self.locks.setlk(f, fh.0, ino.0, lock_owner.0, (start, end), typ, pid, sleep, reply);
     }
 
@@ -1541,6 +1654,8 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        // An ACL may change who may open it: the next open asks the server.
+        self.pages.taint(ino.0);
         let path = tri!(reply, self.path(ino));
         tri!(
             reply,
@@ -1571,6 +1686,7 @@ impl Filesystem for FerryFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        self.pages.taint(ino.0);
         let path = tri!(reply, self.path(ino));
         tri!(reply, self.client.remove_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         reply.ok();
