@@ -217,3 +217,52 @@ fn a_mount_reads_a_change_on_the_servers_disk_soon() {
     );
     assert!(late.is_empty(), "{} late:\n{}", late.len(), late[..late.len().min(20)].join("\n"));
 }
+
+/// A file opened from kept pages (no request: the mount opens it on the
+/// server only when a read reaches it) and then removed through the
+/// mount stays readable to the end, as locally — also once its pages are
+/// dropped (`POSIX_FADV_DONTNEED`), so the reads reach the server.
+#[test]
+fn a_file_opened_without_a_request_and_removed_stays_readable() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&[]);
+    watching(&srv);
+    let mut rng = Rng::new(33);
+    std::fs::write(srv.export.path().join("f"), rng.bytes(3 << 20)).unwrap();
+    std::fs::write(srv.export.path().join("g"), b"new").unwrap();
+    let m = TempDir::new("m");
+    let _g = common::fuse::Detach(m.path().to_path_buf());
+    let _mounted = common::fuse::mount_url(&srv.url("/"), m.path(), &srv.token_file, &[]);
+    let script = r#"
+import os, sys
+d = sys.argv[1]
+for how in ("unlink", "rename"):
+    p = os.path.join(d, "f")
+    want = open(p, "rb").read()
+    fd = os.open(p, os.O_RDONLY)
+    if how == "unlink":
+        os.unlink(p)
+    else:
+        os.rename(os.path.join(d, "g"), p)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    got = b""
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            break
+        got += b
+    os.close(fd)
+    assert got == want, (how, len(got), len(want))
+    if how == "unlink":
+        with open(p, "wb") as f:
+            f.write(want)
+        # Past the time a file written through the mount keeps no pages.
+        import time
+        time.sleep(3.5)
+        open(p, "rb").read()
+print("ok")
+"#;
+    let o = Command::new("timeout").args(["60", "python3", "-c", script]).arg(m.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok");
+}

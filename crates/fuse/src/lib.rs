@@ -605,6 +605,25 @@ impl FerryFs {
         Ok(())
     }
 
+    /// Before this mount removes the name `path` (an unlink, a rename over
+    /// it): its file's handles opened without the server open there now,
+    /// while the name still leads to it — a file removed while open stays
+    /// readable, as locally. (One removed by another client before a read
+    /// reached the daemon is not: `ESTALE`, as on NFS.)
+    fn wake(&self, path: &OsStr) {
+        let Some(ino) = lock(&self.nodes).by_path.get(path).copied() else { return };
+        let files: Vec<Arc<OpenFile>> = lock(&self.handles)
+            .values()
+            .filter_map(|h| match h {
+                Handle::File(f) if f.ino.load(Ordering::Relaxed) == ino => Some(Arc::clone(f)),
+                _ => None,
+            })
+            .collect();
+        for f in files {
+            let _ = self.live(&f);
+        }
+    }
+
     /// A read-only open that asks the server nothing: the mount holds a
     /// lease on the file, from an open by the same caller, and the
     /// kernel's pages of it are clean (`pages`), so the kernel serves the
@@ -1213,6 +1232,7 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
+        self.wake(&path);
         tri!(reply, self.client.remove_file(&path).map_err(errno));
         lock(&self.nodes).detach(&path);
         reply.ok();
@@ -1250,6 +1270,9 @@ impl Filesystem for FerryFs {
         let _changes = self.recent.changing();
         let from = tri!(reply, self.child(parent, name));
         let to = tri!(reply, self.child(newparent, newname));
+        if !flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            self.wake(&to);
+        }
         // Holding the table across the call keeps a lookup of either name
         // from slipping in between the server's rename and ours.
         let mut nodes = lock(&self.nodes);
