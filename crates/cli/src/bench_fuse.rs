@@ -104,6 +104,7 @@ pub fn run(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
     let _ = rustix::thread::sched_setaffinity(None, &mask);
     let _ = fs::remove_dir_all(&mnt);
     let _ = fs::remove_file(dir.join("bench-fuse.dat"));
+    let _ = fs::remove_file(dir.join("bench-fuse-small.dat"));
     let _ = fs::remove_dir_all(dir.join("tree"));
     result
 }
@@ -150,6 +151,16 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let mut nread = Series::new("null FUSE sequential read", "MB/s");
     let mut fread = Series::new("ferry mount sequential read", "MB/s");
     let mut lread = Series::new("ferry library read (no FUSE)", "MB/s");
+    // Under a lease the file's pages stay in the kernel past its close: a
+    // read again is a read of the local page cache (`FOPEN_KEEP_CACHE`).
+    let mut fread1 = Series::new("ferry mount read, small file, first", "MB/s");
+    let mut fread2 = Series::new("ferry mount read, small file, again", "MB/s");
+    let mut fread0 = Series::new("ferry mount read, no cache (direct)", "MB/s");
+    let mut native_read = Series::new("read of the small file (local)", "MB/s");
+    // Files up to 16 MiB are kept (`ferry_fuse`): one of 8 MiB at most,
+    // made on the export directly, so the mount has none of its pages.
+    let small_bytes = s.bytes.min(8 << 20);
+    let small = dir.join("bench-fuse-small.dat");
     let mut nwrite = Series::new("null FUSE sequential write", "MB/s");
     let mut fwrite = Series::new("ferry mount sequential write", "MB/s");
     let mut nstat = Series::new("null FUSE stat, TTL 0, median", "µs");
@@ -168,7 +179,13 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         fwrite.values.push(write_file(&data, s.bytes, s.block, true)?);
         nwrite.values.push(write_file(&null_file, s.bytes, s.block, false)?);
         fread.values.push(read_file(&data, s.bytes, s.block)?);
+        fs::write(&small, vec![0x33u8; small_bytes as usize]).map_err(|e| format!("{}: {e}", small.display()))?;
+        let small_on_mount = mp_ferry.join("bench-fuse-small.dat");
+        fread1.values.push(read_file(&small_on_mount, small_bytes, s.block)?);
+        fread2.values.push(read_file(&small_on_mount, small_bytes, s.block)?);
         nread.values.push(read_file(&null_file, s.bytes, s.block)?);
+        fread0.values.push(read_file(&mp_ferry0.join("bench-fuse.dat"), s.bytes, s.block)?);
+        native_read.values.push(read_file(&small, small_bytes, s.block)?);
         // The same file read with the library, no FUSE: what the mount adds.
         lread.values.push(super::ferry_read(&client, "/bench-fuse.dat", s.bytes, s.block)?);
         let (n, f, f99) = stats(&mp_null.join(ferry_fuse::NULL_FILE), &mp_ferry0.join("bench-fuse.dat"), s.stats)?;
@@ -202,6 +219,17 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         (&nread, String::new()),
         (&fread, pct(&fread, &nread)),
         (&lread, format!("mount is {:.0} % of it", 100.0 * fread.median() / lread.median())),
+        (&fread0, format!("first read is {:.2} x it", fread.median() / fread0.median())),
+        (&native_read, String::new()),
+        (&fread1, String::new()),
+        (
+            &fread2,
+            format!(
+                "{:.2} x local, {:.1} x first",
+                fread2.median() / native_read.median(),
+                fread2.median() / fread1.median()
+            ),
+        ),
         (&nwrite, String::new()),
         (&fwrite, pct(&fwrite, &nwrite)),
         (&nstat, String::new()),

@@ -281,3 +281,49 @@ fn processes_share_the_count_and_versions_replace_each_other() {
     assert!(!e.is_complete());
     assert_eq!(data_files(), before, "one data file for d, the new version's");
 }
+
+/// A store at its limit holding many entries fills a new small file about
+/// as fast as an empty one: eviction lists the store (its cost grows with
+/// the entries held), so it frees a tenth of the limit at once instead of
+/// just enough for the fill at hand — before, every fill at the limit
+/// listed the whole store (the mount stuck in `getdents64` once
+/// its cache held 76,000 entries). The ratio is printed.
+#[test]
+fn a_full_store_of_many_entries_fills_as_fast_as_an_empty_one() {
+    // One eviction lists the store; the old code listed it at every fill
+    // (1,000 listings of 20,000 entries here), the new once per tenth of
+    // the limit (2,000 fills of a block): once.
+    const HELD: usize = 20_000;
+    const FILLS: usize = 1000;
+    let small = vec![7u8; 100];
+    let fill_new = |s: &Store, tag: &str, from: usize| {
+        let t = std::time::Instant::now();
+        for i in from..from + FILLS / 10 {
+            let e = s.entry(format!("{tag}{i}").as_bytes(), b"v", small.len() as u64).unwrap();
+            e.fill(0, &small).unwrap();
+        }
+        t.elapsed()
+    };
+    let big = Dir::new("many");
+    {
+        let s = Store::open(&big.0, u64::MAX / 2).unwrap();
+        for i in 0..HELD {
+            s.entry(format!("held{i}").as_bytes(), b"v", small.len() as u64).unwrap().fill(0, &small).unwrap();
+        }
+    }
+    let held = Store::open(&big.0, u64::MAX / 2).unwrap().usage().unwrap();
+    // At its limit: every fill from now on must evict.
+    let full = Store::open(&big.0, held).unwrap();
+    let empty_dir = Dir::new("few");
+    let empty = Store::open(&empty_dir.0, held).unwrap();
+    // Interleaved, so a busy moment of the machine hits both.
+    let (mut e, mut f) = (Duration::ZERO, Duration::ZERO);
+    for round in 0..10 {
+        e += fill_new(&empty, "e", round * FILLS / 10);
+        f += fill_new(&full, "f", round * FILLS / 10);
+    }
+    let ratio = f.as_secs_f64() / e.as_secs_f64();
+    eprintln!("{FILLS} fills: empty store {e:?}, store at its limit with {HELD} entries {f:?} ({ratio:.2} x)");
+    assert!(full.usage().unwrap() <= held, "the limit holds");
+    assert!(ratio < 10.0, "fills in a full store of {HELD} entries cost {ratio:.1} x those in an empty one");
+}

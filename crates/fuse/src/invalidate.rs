@@ -20,7 +20,14 @@ use ferry_client::leases::{OnBreak, Return};
 use fuser::{INodeNo, Notifier};
 
 use crate::nodes::Nodes;
+use crate::pages::Pages;
 use crate::recent::Recent;
+
+/// What the mount does for the open files of broken nodes (`None`: of
+/// every node) before the kernel drops their pages: the data they hold
+/// (read-ahead, a small file's contents from its open) is old, and a page
+/// they read from now on is not under a lease.
+pub type Untrust = dyn Fn(Option<&[u64]>) + Send + Sync;
 
 /// One break: `(dev, ino, name)` of each object, and its answer, sent
 /// when the job is dropped.
@@ -39,6 +46,8 @@ struct Queue {
 pub struct Invalidator {
     nodes: Arc<Mutex<Nodes>>,
     recent: Arc<Recent>,
+    pages: Arc<Pages>,
+    untrust: Box<Untrust>,
     queue: Mutex<Queue>,
     cv: Condvar,
 }
@@ -48,8 +57,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Invalidator {
-    pub(crate) fn new(nodes: Arc<Mutex<Nodes>>, recent: Arc<Recent>) -> Arc<Invalidator> {
-        Arc::new(Invalidator { nodes, recent, queue: Mutex::default(), cv: Condvar::new() })
+    pub(crate) fn new(
+        nodes: Arc<Mutex<Nodes>>,
+        recent: Arc<Recent>,
+        pages: Arc<Pages>,
+        untrust: Box<Untrust>,
+    ) -> Arc<Invalidator> {
+        Arc::new(Invalidator { nodes, recent, pages, untrust, queue: Mutex::default(), cv: Condvar::new() })
     }
 
     /// The mount is up: invalidations can be written (breaks that came
@@ -72,6 +86,11 @@ impl Invalidator {
         Box::new(move |objects, returned| {
             // The mount's own short-lived answers go at once.
             drop(me.recent.changing());
+            // An open in flight now keeps no pages, and these files open
+            // without a request no more (`pages`).
+            let all = objects.iter().any(|b| b.dev == 0 && b.ino == 0);
+            let keys = objects.iter().map(|b| (b.dev, b.ino));
+            me.pages.broke((!all).then_some(keys));
             let objects = objects.iter().map(|b| (b.dev, b.ino, b.name.to_vec())).collect();
             lock(&me.queue).jobs.push_back(Job { objects, _returned: returned });
             me.cv.notify_all();
@@ -105,10 +124,12 @@ impl Invalidator {
     fn apply(&self, n: &Notifier, objects: &[(u64, u64, Vec<u8>)]) {
         let mut inodes = Vec::new();
         let mut entries: Vec<(u64, std::ffi::OsString)> = Vec::new();
+        let mut everything = false;
         {
             let mut nodes = lock(&self.nodes);
             for (dev, ino, name) in objects {
                 if *dev == 0 && *ino == 0 {
+                    everything = true;
                     // Every node's attributes and every name the kernel
                     // may keep for long: a directory's entry dropped alone
                     // could be found again with its old children.
@@ -140,6 +161,9 @@ impl Invalidator {
         }
         inodes.sort_unstable();
         inodes.dedup();
+        // Before the pages go: a read after this fetches anew, and one
+        // under way holds its page locked, so the drop below waits for it.
+        (self.untrust)(if everything { None } else { Some(&inodes) });
         entries.sort_unstable();
         entries.dedup();
         for (dir, name) in entries {

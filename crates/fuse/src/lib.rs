@@ -7,9 +7,11 @@
 //! lookups so `forget` can drop a node, and follows renames and removals so
 //! a node keeps pointing at its file.
 //!
-//! Data is not cached by default (ORFA): every open replies `direct_io`, so
+//! Data is not cached by default (ORFA): an open replies `direct_io`, so
 //! each `read`/`write` the application makes is one request of the same
-//! size to the server (split by the kernel at `max_write`, 1 MiB).
+//! size to the server (split by the kernel at `max_write`, 1 MiB) — except
+//! a read-only open under a lease of a server that sees every change,
+//! which uses the page cache and keeps it across opens (`pages`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -41,6 +43,7 @@ pub use null::{spawn_null, NullFs, NULL_FILE};
 
 mod nodes;
 mod null;
+mod pages;
 mod passthrough;
 mod samehost;
 use nodes::{Nodes, ROOT};
@@ -49,6 +52,13 @@ mod recent;
 
 /// Largest read or write the kernel sends in one request.
 const MAX_IO: u32 = 1024 * 1024;
+
+/// Largest file a lease keeps in the page cache (`pages`). A larger one is
+/// read direct, through the client's own read-ahead: the kernel's
+/// page-cache read-ahead, its requests arriving out of order on several
+/// reader threads, breaks the client's sequences (a 40 MiB file read once
+/// sent 6 % more than its size, `tests/prefetch.rs`).
+const PAGE_CACHE_MAX: u64 = 16 << 20;
 
 /// How the mounted file system behaves.
 #[derive(Clone, Debug)]
@@ -137,7 +147,9 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mo
     // Leases, where the server grants them: its breaks become the kernel's
     // invalidations (queued until the mount is up).
     let mut fs = fs;
-    let inval = Invalidator::new(Arc::clone(&fs.nodes), Arc::clone(&fs.recent));
+    let handles = Arc::clone(&fs.handles);
+    let untrust = Box::new(move |nodes: Option<&[u64]>| untrust(&handles, nodes));
+    let inval = Invalidator::new(Arc::clone(&fs.nodes), Arc::clone(&fs.recent), Arc::clone(&fs.pages), untrust);
     let leases = ferry_client::Leases::new(inval.on_break());
     let leased = fs.client.leases_on(Arc::clone(&leases)).is_ok();
     // Long-kept answers need every change to reach the server's lease
@@ -367,6 +379,37 @@ struct OpenFile {
     io_mode: std::sync::atomic::AtomicU8,
     /// It holds a whole-file lock as a flock (`locks::take`).
     flock_kind: std::sync::atomic::AtomicBool,
+    /// Opened under a lease not broken since: a page it reads is one the
+    /// kernel may keep for the next open (`pages`).
+    trusted: std::sync::atomic::AtomicBool,
+    /// Opened without asking the server (`pages`): the `open(2)` flags to
+    /// open it there with once something needs it (`live`).
+    lazy: Mutex<Option<i32>>,
+}
+
+/// The open files of `nodes` (of every node for `None`) lost the mount's
+/// lease: what they hold from before is dropped, and what they read from
+/// now on may not be kept past them. A handle busy with a write or a sync
+/// (which may wait on the server, which may wait on this very break) keeps
+/// its read-ahead; its reads still mark the node's pages unclean.
+fn untrust(handles: &Mutex<HashMap<u64, Handle>>, nodes: Option<&[u64]>) {
+    let files: Vec<Arc<OpenFile>> = lock(handles)
+        .values()
+        .filter_map(|h| match h {
+            Handle::File(f) if nodes.is_none_or(|n| n.binary_search(&f.ino.load(Ordering::Relaxed)).is_ok()) => {
+                Some(Arc::clone(f))
+            }
+            _ => None,
+        })
+        .collect();
+    for f in files {
+        f.trusted.store(false, Ordering::SeqCst);
+        if let Ok(g) = f.file.try_read() {
+            if let Some(file) = g.as_ref() {
+                file.discard_read_ahead();
+            }
+        }
+    }
 }
 
 /// The mode a write by a caller without `CAP_FSETID` leaves, as Linux's
@@ -392,6 +435,12 @@ fn in_group(pid: u32, gid: u32, group: u32) -> bool {
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))
         .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(group)))
+}
+
+/// How an open is answered.
+enum OpenedAs {
+    Flags(FopenFlags),
+    Backing(Arc<BackingId>),
 }
 
 /// What a node-level call acts on: its path, or an open handle once the
@@ -448,7 +497,7 @@ pub struct FerryFs {
     client: Client,
     opts: FsOptions,
     nodes: Arc<Mutex<Nodes>>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    handles: Arc<Mutex<HashMap<u64, Handle>>>,
     next_fh: AtomicU64,
     locks: locks::MountLocks,
     recent: Arc<recent::Recent>,
@@ -457,6 +506,8 @@ pub struct FerryFs {
     modes: passthrough::IoModes,
     /// On the server's host: files backed by the server's descriptors.
     same_host: samehost::SameHost,
+    /// Whose pages an open may keep (under a lease).
+    pages: Arc<pages::Pages>,
     /// Who made each request, for a server that acts as each caller.
     callers: callers::Callers,
     /// The mount's leases, where answers may be kept for long under them
@@ -481,13 +532,14 @@ impl FerryFs {
             opts,
             callers,
             nodes: Arc::new(Mutex::new(Nodes::new(OsStr::new(root)))),
-            handles: Mutex::new(HashMap::new()),
+            handles: Arc::default(),
             next_fh: AtomicU64::new(1),
             locks: locks::MountLocks::default(),
             recent: Arc::default(),
             passthrough: false,
             modes: passthrough::IoModes::default(),
             same_host: samehost::SameHost::default(),
+            pages: Arc::default(),
             leases: None,
         }
     }
@@ -534,6 +586,95 @@ impl FerryFs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(fh, h);
         FileHandle(fh)
+    }
+
+    /// `file`, opened on the server first if it was opened without it.
+    fn live_file(&self, fh: FileHandle) -> R<Arc<OpenFile>> {
+        let f = self.file(fh)?;
+        self.live(&f)?;
+        Ok(f)
+    }
+
+    /// Opens on the server a file opened without it (`open_lazy`), by the
+    /// name its node has now.
+    fn live(&self, f: &OpenFile) -> R<()> {
+        let mut lazy = lock(&f.lazy);
+        let Some(flags) = *lazy else { return Ok(()) };
+        let ino = f.ino.load(Ordering::Relaxed);
+        let (path, key) = {
+            let nodes = lock(&self.nodes);
+            (nodes.path(ino)?, nodes.key(ino))
+        };
+        let breaks = self.pages.breaks();
+        let file = self.client.open(&path, &Self::open_options(flags)).map_err(errno)?;
+        // Another client renamed another file over the name meanwhile (a
+        // break, on which the kernel looks the name up again).
+        if nodes::key_of(file.attr()) != key {
+            let _ = file.close();
+            return Err(Errno::ESTALE);
+        }
+        if self.pages.breaks() != breaks {
+            f.trusted.store(false, Ordering::SeqCst);
+        }
+        *f.file.write().unwrap_or_else(|e| e.into_inner()) = Some(file);
+        *lazy = None;
+        Ok(())
+    }
+
+    /// Before this mount removes the name `path` (an unlink, a rename over
+    /// it): its file's handles opened without the server open there now,
+    /// while the name still leads to it — a file removed while open stays
+    /// readable, as locally. (One removed by another client before a read
+    /// reached the daemon is not: `ESTALE`, as on NFS.)
+    fn wake(&self, path: &OsStr) {
+        let Some(ino) = lock(&self.nodes).by_path.get(path).copied() else { return };
+        let files: Vec<Arc<OpenFile>> = lock(&self.handles)
+            .values()
+            .filter_map(|h| match h {
+                Handle::File(f) if f.ino.load(Ordering::Relaxed) == ino => Some(Arc::clone(f)),
+                _ => None,
+            })
+            .collect();
+        for f in files {
+            let _ = self.live(&f);
+        }
+    }
+
+    /// A read-only open that asks the server nothing: the mount holds a
+    /// lease on the file, from an open by the same caller, and the
+    /// kernel's pages of it are clean (`pages`), so the kernel serves the
+    /// reads. `None`: open it the ordinary way.
+    fn open_lazy(&self, req: &Request, ino: u64, flags: i32, breaks: u64) -> Option<R<(FileHandle, OpenedAs)>> {
+        let key = {
+            let nodes = lock(&self.nodes);
+            nodes.path(ino).ok()?;
+            nodes.key(ino)?
+        };
+        if !self.pages.leased(key, (req.uid(), req.gid())) || !self.pages.is_clean(ino) {
+            return None;
+        }
+        let f = Arc::new(OpenFile {
+            file: RwLock::new(None),
+            append: false,
+            ino: AtomicU64::new(ino),
+            mode: 0.into(),
+            gid: 0.into(),
+            io_mode: Taken::NOTHING.to_u8().into(),
+            flock_kind: false.into(),
+            trusted: true.into(),
+            lazy: Mutex::new(Some(flags)),
+        });
+        let fh = self.add_handle(Handle::File(Arc::clone(&f)));
+        // A break since the checks above may have missed this handle.
+        if self.pages.breaks() != breaks {
+            lock(&self.handles).remove(&fh.0);
+            return None;
+        }
+        Some(self.io_mode(&f, fh, ino, FopenFlags::empty(), false).map(|(id, flags)| match id {
+            Some(id) => (fh, OpenedAs::Backing(id)),
+            None if flags.contains(FopenFlags::FOPEN_DIRECT_IO) => (fh, OpenedAs::Flags(flags)),
+            None => (fh, OpenedAs::Flags(flags | FopenFlags::FOPEN_KEEP_CACHE)),
+        }))
     }
 
     fn file(&self, fh: FileHandle) -> R<Arc<OpenFile>> {
@@ -586,7 +727,7 @@ impl FerryFs {
 
     /// The server's handle behind a FUSE file handle.
     fn server_handle(&self, fh: FileHandle) -> R<u64> {
-        let f = self.file(fh)?;
+        let f = self.live_file(fh)?;
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         // Opened again first if the server restarted since.
         g.as_ref().ok_or(Errno::EBADF)?.current_handle().map_err(errno)
@@ -636,6 +777,9 @@ impl FerryFs {
     /// (kept with the open for its release): `Some` to open it as
     /// passthrough on the node's backing instead. An open the kernel would
     /// refuse is dropped here, with the errno to say.
+    ///
+    /// The mode may differ from what `flags` asked (`IoModes::open`): the
+    /// flags returned are those to answer with.
     fn io_mode(
         &self,
         f: &OpenFile,
@@ -643,9 +787,12 @@ impl FerryFs {
         ino: u64,
         flags: FopenFlags,
         writes: bool,
-    ) -> R<Option<Arc<BackingId>>> {
+    ) -> R<(Option<Arc<BackingId>>, FopenFlags)> {
         let direct = flags.contains(FopenFlags::FOPEN_DIRECT_IO);
-        let (mode, id) = match self.modes.open(ino, direct, writes) {
+        // The mount's own choice of direct I/O (not `--cache`, a file not
+        // in the disk cache) may follow the node's other opens.
+        let flexible = !self.opts.cache;
+        let (mode, id) = match self.modes.open(ino, direct, writes, flexible) {
             Ok(passthrough::Open::As(taken)) => (taken, None),
             Ok(passthrough::Open::Join(id)) => (Taken { mode: Mode::Passthrough, writes: false }, Some(id)),
             Err(e) => {
@@ -658,7 +805,12 @@ impl FerryFs {
             }
         };
         f.io_mode.store(mode.to_u8(), Ordering::Relaxed);
-        Ok(id)
+        let flags = match (mode.mode, direct) {
+            (Mode::Direct, false) => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+            (Mode::Cached, true) => FopenFlags::empty(),
+            _ => flags,
+        };
+        Ok((id, flags))
     }
 
     fn open_flags(&self) -> FopenFlags {
@@ -690,7 +842,16 @@ impl FerryFs {
         o
     }
 
-    fn open_file(&self, path: &OsStr, o: &OpenOptions, flags: i32, ino: u64) -> R<(Arc<OpenFile>, FileHandle, Attr)> {
+    /// Opens `path`; `trusted`: under a lease, if no break comes before the
+    /// handle can be found by one (checked by the caller).
+    fn open_file(
+        &self,
+        path: &OsStr,
+        o: &OpenOptions,
+        flags: i32,
+        ino: u64,
+        trusted: bool,
+    ) -> R<(Arc<OpenFile>, FileHandle, Attr)> {
         let file = self.client.open(path, o).map_err(errno)?;
         let attr = *file.attr();
         let append = flags & libc::O_APPEND != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
@@ -704,6 +865,8 @@ impl FerryFs {
             gid,
             io_mode,
             flock_kind: false.into(),
+            trusted: trusted.into(),
+            lazy: Mutex::new(None),
         });
         let fh = self.add_handle(Handle::File(Arc::clone(&f)));
         Ok((f, fh, attr))
@@ -758,6 +921,7 @@ impl FerryFs {
     /// After a change of the node's data through the mount: what other
     /// handles of it read ahead, or got with their open, is stale.
     fn changed(&self, ino: u64) {
+        self.pages.taint(ino);
         let files: Vec<Arc<OpenFile>> = lock(&self.handles)
             .values()
             .filter_map(|h| match h {
@@ -835,7 +999,7 @@ impl FerryFs {
         o.create(true).create_new(flags & libc::O_EXCL != 0).mode(mode & 0o7777);
         // The kernel already applied the caller's umask to `mode` (we do
         // not ask for FUSE_DONT_MASK), and the server applies none.
-        let (f, fh, attr) = self.open_file(&path, &o, flags, 0)?;
+        let (f, fh, attr) = self.open_file(&path, &o, flags, 0, false)?;
         let ino = lock(&self.nodes).remember(&path, &attr);
         f.ino.store(ino, Ordering::Relaxed);
         Ok((ino, fh, attr))
@@ -1040,6 +1204,8 @@ impl Filesystem for FerryFs {
             self.changed(ino.0);
         }
         if mode.is_some() || uid.is_some() || gid.is_some() {
+            // Who may open it changed: the next open asks the server.
+            self.pages.taint(ino.0);
             // Open handles of the node learn its set-id bits (see `kill_setid`).
             for h in lock(&self.handles).values() {
                 if let Handle::File(f) = h {
@@ -1091,6 +1257,7 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
+        self.wake(&path);
         tri!(reply, self.client.remove_file(&path).map_err(errno));
         lock(&self.nodes).detach(&path);
         reply.ok();
@@ -1128,6 +1295,9 @@ impl Filesystem for FerryFs {
         let _changes = self.recent.changing();
         let from = tri!(reply, self.child(parent, name));
         let to = tri!(reply, self.child(newparent, newname));
+        if !flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            self.wake(&to);
+        }
         // Holding the table across the call keeps a lookup of either name
         // from slipping in between the server's rename and ours.
         let mut nodes = lock(&self.nodes);
@@ -1156,8 +1326,24 @@ impl Filesystem for FerryFs {
         let writes = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC) != libc::O_RDONLY;
         let _changes = writes.then(|| self.recent.changing());
         let o = Self::open_options(flags.0);
-        let (f, fh, _) = match self.path(ino) {
-            Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0)),
+        // A reader under a lease of a server that sees every change may
+        // keep the file's pages for the next open (`pages`), if no break
+        // comes before its handle can be found by the next one.
+        let may_keep = !writes && flags.0 & libc::O_DIRECT == 0 && self.long_ttl().is_some();
+        let breaks = self.pages.breaks();
+        if writes {
+            self.pages.taint(ino.0);
+        }
+        if may_keep {
+            match self.open_lazy(req, ino.0, flags.0, breaks) {
+                Some(Ok((fh, OpenedAs::Flags(f)))) => return reply.opened(fh, f),
+                Some(Ok((fh, OpenedAs::Backing(id)))) => return reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+                Some(Err(e)) => return reply.error(e),
+                None => {}
+            }
+        }
+        let (f, fh, attr) = match self.path(ino) {
+            Ok(path) => tri!(reply, self.open_file(&path, &o, flags.0, ino.0, may_keep)),
             // The kernel looked the name up just before a rename put a new
             // version there (an editor's or git's save): a local open would
             // give the old file, which the server cannot reach by name any
@@ -1168,10 +1354,18 @@ impl Filesystem for FerryFs {
             Err(stale) if flags.0 & libc::O_ACCMODE == libc::O_RDONLY => {
                 let former = lock(&self.nodes).by_ino.get(&ino.0).and_then(|n| n.former.clone());
                 let path = tri!(reply, former.ok_or(stale));
-                tri!(reply, self.open_file(&path, &o, flags.0, ino.0).map_err(|_| stale))
+                tri!(reply, self.open_file(&path, &o, flags.0, ino.0, may_keep).map_err(|_| stale))
             }
             Err(stale) => return reply.error(stale),
         };
+        let mut leased = may_keep && self.pages.breaks() == breaks;
+        if leased {
+            // The next opens by this caller may ask nothing (`open_lazy`).
+            leased = nodes::key_of(&attr).is_some_and(|k| self.pages.lease(k, (req.uid(), req.gid()), breaks));
+        }
+        if !leased {
+            f.trusted.store(false, Ordering::SeqCst);
+        }
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         let backing = g.as_ref().and_then(|file| {
             self.same_host.backing(&self.modes, file, ino.0, flags.0, writes, |fd| reply.open_backing(fd))
@@ -1181,6 +1375,7 @@ impl Filesystem for FerryFs {
             return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
         }
         let mut flags = self.open_flags();
+        let mut lease_keep = false;
         if let Some(file) = g.as_ref().filter(|f| f.is_cached()) {
             // A cached file: the kernel reads the local cache file itself
             // (passthrough), or keeps its pages while they hold the version
@@ -1193,13 +1388,29 @@ impl Filesystem for FerryFs {
                     return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
                 }
             }
-            let keep = file.cache_tag().is_some_and(|t| self.modes.keep_pages(ino.0, t));
+            let mut keep = file.cache_tag().is_some_and(|t| self.modes.keep_pages(ino.0, t));
+            if leased {
+                // Under a lease the pages must be clean too; the change
+                // attribute still says what changed on the server's disk
+                // before its notice came.
+                keep = self.pages.keep(ino.0) && keep;
+            }
             flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+        } else if leased && attr.size <= PAGE_CACHE_MAX {
+            flags = FopenFlags::empty();
+            lease_keep = true;
         }
         drop(g);
         match self.io_mode(&f, fh, ino.0, flags, writes) {
-            Ok(None) => reply.opened(fh, flags),
-            Ok(Some(id)) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+            Ok((None, mut flags)) => {
+                // Asked last: the node is clean once this reply reached the
+                // kernel, which drops its pages unless told to keep them.
+                if lease_keep && !flags.contains(FopenFlags::FOPEN_DIRECT_IO) && self.pages.keep(ino.0) {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                reply.opened(fh, flags)
+            }
+            Ok((Some(id), _)) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
             Err(e) => reply.error(e),
         }
     }
@@ -1207,7 +1418,7 @@ impl Filesystem for FerryFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -1215,7 +1426,11 @@ impl Filesystem for FerryFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let f = tri!(reply, self.file(fh));
+        let f = tri!(reply, self.live_file(fh));
+        if !f.trusted.load(Ordering::SeqCst) && Taken::from_u8(f.io_mode.load(Ordering::Relaxed)).mode == Mode::Cached {
+            // A page the kernel keeps, that no lease covers.
+            self.pages.taint(ino.0);
+        }
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         let file = tri!(reply, g.as_ref().ok_or(Errno::EBADF));
         READ_BUF.with_borrow_mut(|buf| {
@@ -1247,6 +1462,7 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        self.pages.written(ino.0);
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             // The writer lacks CAP_FSETID (direct I/O asks us; the page
             // cache path clears the bits with a setattr of its own). The
@@ -1264,6 +1480,10 @@ impl Filesystem for FerryFs {
         // close(2) returns once every write of this handle is acknowledged,
         // and reports the first one that failed.
         let f = tri!(reply, self.file(fh));
+        if self.locks.in_use() {
+            // The close rule's unlock goes through this handle.
+            tri!(reply, self.live(&f));
+        }
         self.locks.closing(&f, ino.0, lock_owner.0);
         let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
         if let Some(file) = g.as_mut() {
@@ -1287,7 +1507,12 @@ impl Filesystem for FerryFs {
         self.locks.released(self.file(fh).ok().as_deref(), fh.0, ino.0, lock_owner.map(|o| o.0));
         let h = lock(&self.handles).remove(&fh.0);
         if let Some(Handle::File(f)) = h {
-            self.modes.release(ino.0, Taken::from_u8(f.io_mode.load(Ordering::Relaxed)));
+            let taken = Taken::from_u8(f.io_mode.load(Ordering::Relaxed));
+            if taken.writes {
+                // Its descriptor lent by a server on this host closes now.
+                self.pages.written(ino.0);
+            }
+            self.modes.release(ino.0, taken);
             if let Some(file) = f.file.write().unwrap_or_else(|e| e.into_inner()).take() {
                 tri!(reply, file.close().map_err(errno));
             }
@@ -1298,6 +1523,10 @@ impl Filesystem for FerryFs {
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let _changes = self.recent.changing();
         let f = tri!(reply, self.file(fh));
+        if lock(&f.lazy).is_some() {
+            // Opened for reading only, and not even on the server yet.
+            return reply.ok();
+        }
         let mut g = f.file.write().unwrap_or_else(|e| e.into_inner());
         let file = tri!(reply, g.as_mut().ok_or(Errno::EBADF));
         let r = if datasync { file.sync_data() } else { file.sync_all() };
@@ -1318,7 +1547,7 @@ impl Filesystem for FerryFs {
         pid: u32,
         reply: ReplyLock,
     ) {
-        let f = tri!(reply, self.file(fh));
+        let f = tri!(reply, self.live_file(fh));
         self.locks.getlk(&f, lock_owner.0, (start, end), typ, pid, reply);
     }
 
@@ -1336,7 +1565,7 @@ impl Filesystem for FerryFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let f = tri!(reply, self.file(fh));
+        let f = tri!(reply, self.live_file(fh));
         self.locks.setlk(f, fh.0, ino.0, lock_owner.0, (start, end), typ, pid, sleep, reply);
     }
 
@@ -1481,6 +1710,8 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         lock(&self.nodes).set_capless(ino.0, false);
+        // An ACL may change who may open it: the next open asks the server.
+        self.pages.taint(ino.0);
         let path = tri!(reply, self.path(ino));
         tri!(
             reply,
@@ -1535,6 +1766,7 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         lock(&self.nodes).set_capless(ino.0, false);
+        self.pages.taint(ino.0);
         let path = tri!(reply, self.path(ino));
         tri!(reply, self.client.remove_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
         reply.ok();
@@ -1581,6 +1813,7 @@ impl Filesystem for FerryFs {
         // file (`O_CREAT` without `O_EXCL` of a name the kernel thought
         // absent): it joins the server file's backing as any writer does
         // (`samehost`), and a cache copy's backing it never joins.
+        self.pages.taint(ino);
         let f = tri!(reply, self.file(fh));
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         let backing = g
@@ -1592,10 +1825,10 @@ impl Filesystem for FerryFs {
             let (ttl, attr) = (&self.opts.attr_timeout, &file_attr(ino, &attr));
             return reply.created_passthrough(ttl, attr, Generation(0), fh, FopenFlags::empty(), &id);
         }
-        let flags = self.open_flags();
-        if let Err(e) = self.io_mode(&f, fh, ino, flags, true).map(drop) {
-            return reply.error(e);
-        }
+        let flags = match self.io_mode(&f, fh, ino, self.open_flags(), true) {
+            Ok((_, flags)) => flags,
+            Err(e) => return reply.error(e),
+        };
         reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, flags);
     }
 }

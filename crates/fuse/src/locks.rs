@@ -190,6 +190,12 @@ impl MountLocks {
 
     /// `flush` (a close by `owner`) or `release` with a flock owner: the
     /// owner's locks on the file go, and its waits on the file end.
+    /// Whether any lock was ever taken through the mount (a close then
+    /// sends an unlock through the handle closed).
+    pub(crate) fn in_use(&self) -> bool {
+        self.used.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn closing(&self, f: &OpenFile, ino: u64, owner: u64) {
         if !self.used.load(Ordering::Relaxed) {
             return;

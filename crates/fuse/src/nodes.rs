@@ -172,6 +172,11 @@ impl Nodes {
     /// Every node of the file counts, the nameless ones the kernel still
     /// holds included (a file renamed over, looked up again under a new
     /// node).
+    /// The server's `(dev, ino)` of node `ino`, if known.
+    pub(crate) fn key(&self, ino: u64) -> Option<Key> {
+        self.by_ino.get(&ino)?.key
+    }
+
     pub(crate) fn by_server_id(&self, key: Key) -> Vec<u64> {
         let mut out: Vec<u64> = self.keyed.get(&key).cloned().unwrap_or_default();
         out.extend(self.dirs.get(&key).copied().filter(|i| self.by_ino.contains_key(i)));

@@ -104,6 +104,8 @@ struct Node {
     direct: usize,
     /// Opens that may write.
     writers: usize,
+    /// Of those, opens with direct I/O.
+    direct_writers: usize,
     backing: Option<Backing>,
 }
 
@@ -212,7 +214,14 @@ impl IoModes {
     /// How a non-passthrough open of node `ino` proceeds (`direct`: it
     /// asks for `FOPEN_DIRECT_IO`; `writes`: it may write). `Err`: the
     /// errno to fail the open with.
-    pub fn open(&self, ino: u64, direct: bool, writes: bool) -> Result<Open, i32> {
+    ///
+    /// `flexible`: the mount chose the mode, so it may follow the node's
+    /// other opens here. A writer beside opens using the page cache writes
+    /// through it (FUSE without a writeback cache writes through: the
+    /// kernel keeps its pages and the server's data alike, where a direct
+    /// write racing a read could leave an old page behind); a reader
+    /// beside a direct-I/O writer reads direct.
+    pub fn open(&self, ino: u64, direct: bool, writes: bool, flexible: bool) -> Result<Open, i32> {
         let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
         let node = nodes.entry(ino).or_default();
         if let Some(b) = &mut node.backing {
@@ -222,7 +231,13 @@ impl IoModes {
             b.opens += 1;
             return Ok(Open::Join(Arc::clone(&b.id)));
         }
+        let direct = match (flexible, writes) {
+            (true, true) => direct && node.cached == 0,
+            (true, false) => direct || node.direct_writers > 0,
+            (false, _) => direct,
+        };
         node.writers += writes as usize;
+        node.direct_writers += (writes && direct) as usize;
         let mode = if direct { Mode::Direct } else { Mode::Cached };
         node.cached += (mode == Mode::Cached) as usize;
         node.direct += (mode == Mode::Direct) as usize;
@@ -252,6 +267,7 @@ impl IoModes {
         let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
         let Some(node) = nodes.get_mut(&ino) else { return };
         node.writers -= (t.writes && node.writers > 0) as usize;
+        node.direct_writers -= (t.writes && t.mode == Mode::Direct && node.direct_writers > 0) as usize;
         match t.mode {
             Mode::Cached => node.cached = node.cached.saturating_sub(1),
             Mode::Passthrough => {

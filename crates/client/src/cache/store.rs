@@ -288,8 +288,16 @@ impl Store {
         let mut held = self.scan()?;
         let mut usage: u64 = held.iter().map(|e| e.bytes).sum();
         held.sort_by_key(|e| e.used);
+        // A store of many entries goes down to a tenth below the limit:
+        // listing it costs in proportion to what it holds, so one kept at
+        // its limit is listed once per tenth of the limit filled, not at
+        // every fill.
+        let low = match held.len() > 1024 {
+            true => self.inner.limit - self.inner.limit / 10,
+            false => self.inner.limit,
+        };
         for e in held {
-            if usage <= self.inner.limit {
+            if usage <= low {
                 break;
             }
             // The metadata file first: no one trusts the data after that.
@@ -447,7 +455,11 @@ impl Entry {
             self.known[i as usize].store(true, Ordering::Relaxed);
         }
         self.touch();
-        self.store.filled(data.len() as u64);
+        // Counted as the blocks it takes (4 KiB on the usual file
+        // systems), as eviction counts the store: a small file's 100 bytes
+        // take a block, and counted as 100 a store of small files would
+        // grow to 40 times its limit before anyone looked.
+        self.store.filled((data.len() as u64).next_multiple_of(4096));
         Ok(())
     }
 
