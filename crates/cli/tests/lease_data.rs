@@ -63,6 +63,13 @@ fn change(p: &Path, rng: &mut Rng, round: usize) -> String {
     }
 }
 
+/// A mount of `srv` over TCP: on the server's host a root mount would back
+/// large files with the server's own descriptors (passthrough, `samehost`),
+/// and these tests are of the page cache a remote client keeps.
+fn mount_tcp(srv: &Server, mp: &std::path::Path) -> common::fuse::Mounted {
+    common::fuse::mount_url_env(&srv.url("/"), mp, &srv.token_file, &[], &[("FERRY_SAME_HOST", "0")])
+}
+
 /// Where two byte strings first differ, for the message.
 fn first_difference(a: &[u8], b: &[u8]) -> String {
     let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
@@ -88,8 +95,8 @@ fn a_mount_keeps_a_files_pages_across_opens_until_a_break() {
     let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
     let _g1 = common::fuse::Detach(m1.path().to_path_buf());
     let _g2 = common::fuse::Detach(m2.path().to_path_buf());
-    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
-    let _b = common::fuse::mount_url(&srv.url("/"), m2.path(), &srv.token_file, &[]);
+    let _a = mount_tcp(&srv, m1.path());
+    let _b = mount_tcp(&srv, m2.path());
     let (a, b) = (m1.path().join("f"), m2.path().join("f"));
 
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&disk).unwrap());
@@ -140,8 +147,8 @@ fn two_mounts_never_read_stale_data_from_kept_pages() {
     let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
     let _g1 = common::fuse::Detach(m1.path().to_path_buf());
     let _g2 = common::fuse::Detach(m2.path().to_path_buf());
-    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
-    let _b = common::fuse::mount_url(&srv.url("/"), m2.path(), &srv.token_file, &[]);
+    let _a = mount_tcp(&srv, m1.path());
+    let _b = mount_tcp(&srv, m2.path());
     let sides = [m1.path().join("f"), m2.path().join("f")];
     let mut stale = Vec::new();
     let t0 = Instant::now();
@@ -182,7 +189,7 @@ fn a_mount_reads_a_change_on_the_servers_disk_soon() {
     std::fs::write(&disk, rng.bytes(100_000)).unwrap();
     let m = TempDir::new("m");
     let _g = common::fuse::Detach(m.path().to_path_buf());
-    let _mounted = common::fuse::mount_url(&srv.url("/"), m.path(), &srv.token_file, &[]);
+    let _mounted = mount_tcp(&srv, m.path());
     let on_mount = m.path().join("f");
     let (mut late, mut delays, mut first_old) = (Vec::new(), Vec::new(), 0);
     for round in 0..1000 {
@@ -232,7 +239,7 @@ fn a_file_opened_without_a_request_and_removed_stays_readable() {
     std::fs::write(srv.export.path().join("g"), b"new").unwrap();
     let m = TempDir::new("m");
     let _g = common::fuse::Detach(m.path().to_path_buf());
-    let _mounted = common::fuse::mount_url(&srv.url("/"), m.path(), &srv.token_file, &[]);
+    let _mounted = mount_tcp(&srv, m.path());
     let script = r#"
 import os, sys
 d = sys.argv[1]
