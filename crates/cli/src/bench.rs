@@ -307,7 +307,13 @@ fn start_tls(dir: &Path, cross: bool) -> Result<(Reap, Client), String> {
 
 /// `start_server` with more `ferry serve` arguments.
 pub(crate) fn start_server_with(dir: &Path, extra: &[&str]) -> Result<(Reap, u16), String> {
-    let child = Command::new(exe()?)
+    start_server_of(&exe()?, dir, extra)
+}
+
+/// `start_server_with`, the server being the ferry binary `bin` (another
+/// build, to compare).
+pub(crate) fn start_server_of(bin: &Path, dir: &Path, extra: &[&str]) -> Result<(Reap, u16), String> {
+    let child = Command::new(bin)
         .args(["serve", "--no-auth", "--no-root-squash", "--listen", "127.0.0.1:0"])
         .args(extra)
         .arg(dir)

@@ -363,9 +363,11 @@ impl<B: Backend> Conn<B> {
         self.grants = None;
     }
 
-    /// Gives the thread its buffers and ids back.
+    /// Gives the thread its buffers and ids back. Replies a failed write
+    /// left are dropped: they must never reach the next connection.
     pub fn leave(&mut self, kit: &mut Kit) {
         self.enter(kit);
+        kit.out.clear();
     }
 
     /// Serves the requests that have come, without waiting for more, as
