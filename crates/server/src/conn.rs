@@ -84,7 +84,8 @@ pub struct Conn<B: Backend> {
     rx: Arc<Mutex<Inbox>>,
     /// Whether more input was buffered after the last frame read.
     more: bool,
-    tx: Socket,
+    /// The connection's one descriptor, shared by its holds and its input.
+    tx: Arc<Socket>,
     /// Held by whoever writes to the socket, so frames never interleave.
     wlock: Arc<Mutex<()>>,
     peer: String,
@@ -191,12 +192,12 @@ impl<B: Backend> Conn<B> {
         let peer = stream.peer_name();
         stream.set_nodelay()?;
         stream.set_read_timeout(Some(common.cfg.idle_timeout))?;
-        let tx = stream.try_clone()?;
+        let tx = Arc::new(stream);
         let from = crate::peer::Peer::of(&tx);
         let wlock = Arc::new(Mutex::new(()));
         let window = common.cfg.window_requests as usize;
         Ok(Conn {
-            rx: Arc::new(Mutex::new(Inbox::new(stream))),
+            rx: Arc::new(Mutex::new(Inbox::new(Arc::clone(&tx)))),
             more: false,
             tx,
             commits: Arc::new(Mutex::new(Committer::new(Arc::clone(&common.backend), window, Arc::clone(&wlock)))),
@@ -236,7 +237,7 @@ impl<B: Backend> Conn<B> {
         Ok(Conn {
             rx: Arc::clone(&self.rx),
             more: false,
-            tx: self.tx.try_clone()?,
+            tx: Arc::clone(&self.tx),
             wlock: Arc::clone(&self.wlock),
             peer: self.peer.clone(),
             common: self.common.clone(),
@@ -518,7 +519,7 @@ impl<B: Backend> Conn<B> {
         let mut sink = [0u8; 64 * 1024];
         let mut left: usize = 64 << 20;
         while left > 0 && Instant::now() < until {
-            match (&self.tx).read(&mut sink) {
+            match (&*self.tx).read(&mut sink) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => left = left.saturating_sub(n),
             }
@@ -1203,7 +1204,7 @@ impl<B: Backend> Conn<B> {
         Reply::FileFd { seq: self.fds_sent.load(Relaxed), writable }.encode(h.op, h.id, &mut frame);
         let sent = self.tx.send_with_fd(&frame, fd).map_err(End::Io)?;
         self.fds_sent.fetch_add(1, Relaxed);
-        (&self.tx).write_all(&frame[sent..]).map_err(End::Io)
+        (&*self.tx).write_all(&frame[sent..]).map_err(End::Io)
     }
 
     /// An error reply to a well-formed request the server will not run.

@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::io::{self, Read};
+use std::sync::Arc;
 use std::time::Instant;
 
 use ferry_proto::{Header, HEADER_LEN};
@@ -29,7 +30,7 @@ thread_local! {
 /// The socket, with an optional deadline that bounds every read (used for
 /// the handshake; afterwards only the idle timeout applies).
 pub struct Timed {
-    pub stream: Socket,
+    pub stream: Arc<Socket>,
     pub deadline: Option<Instant>,
 }
 
@@ -42,7 +43,7 @@ impl Read for Timed {
             }
             self.stream.set_read_timeout(Some(left))?;
         }
-        self.stream.read(buf)
+        (&*self.stream).read(buf)
     }
 }
 
@@ -73,7 +74,7 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    pub fn new(stream: Socket) -> Inbox {
+    pub fn new(stream: Arc<Socket>) -> Inbox {
         Inbox {
             timed: Timed { stream, deadline: None },
             nonblocking: false,
@@ -177,7 +178,7 @@ fn read_some(timed: &mut Timed, nonblocking: bool, into: &mut [u8]) -> io::Resul
         return timed.read(into).map(Some);
     }
     loop {
-        match rustix::net::recv(&timed.stream, &mut *into, rustix::net::RecvFlags::DONTWAIT) {
+        match rustix::net::recv(&*timed.stream, &mut *into, rustix::net::RecvFlags::DONTWAIT) {
             Ok((n, _)) => return Ok(Some(n)),
             Err(rustix::io::Errno::AGAIN) => return Ok(None),
             Err(rustix::io::Errno::INTR) => continue,
