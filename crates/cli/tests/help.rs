@@ -79,7 +79,7 @@ const COMMANDS: &[(&str, &[&str], &[&str])] = &[
     ("run", &["--mount", "--library", "--reconnect", "--attr-timeout"], CONN),
     ("bench", &["--size-mib", "--block-kib", "--runs", "--rtts", "--dir", "--quick", "--fuse", "--run"], &[]),
     ("compare", &["--quick", "--runs", "--out", "--baselines", "--bench-dir", "--dir", "--only"], &[]),
-    ("soak", &["--clients", "--secs", "--max-file", "--seed", "--dir"], &[]),
+    ("soak", &["--clients", "--secs", "--max-file", "--seed", "--dir", "--idle", "--idle-procs", "--server"], &[]),
     ("completions", &[], &[]),
     ("man", &["--dir"], &[]),
 ];
