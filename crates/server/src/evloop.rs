@@ -409,7 +409,7 @@ fn watch<B: Backend>(ev: Weak<EvLoop<B>>) {
         let Some(ev) = ev.upgrade() else { return };
         ev.look();
         n += 1;
-        if n % 100 == 0 {
+        if n.is_multiple_of(100) {
             ev.sweep();
         }
     }
