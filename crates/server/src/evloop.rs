@@ -239,7 +239,8 @@ impl<B: Backend> EvLoop<B> {
             done: AtomicBool::new(false),
             last: AtomicU64::new(self.now()),
         });
-        // A slow request gives its reading turn to the loop: armed again.
+        // A slow request gives its reading turn to the next free worker,
+        // through the queue (its next requests may be buffered already).
         let (weak, ev) = (Arc::downgrade(&slot), Arc::downgrade(self));
         slot.turns.watch(Box::new(move || match (weak.upgrade(), ev.upgrade()) {
             (Some(s), Some(ev)) => ev.requeue(s.key),
