@@ -316,7 +316,13 @@ fn start_tls(dir: &Path, cross: bool) -> Result<(Reap, Client), String> {
 
 /// `start_server` with more `ferry serve` arguments.
 pub(crate) fn start_server_with(dir: &Path, extra: &[&str]) -> Result<(Reap, u16), String> {
-    let child = Command::new(exe()?)
+    start_server_of(&exe()?, dir, extra)
+}
+
+/// `start_server_with`, the server being the ferry binary `bin` (another
+/// build, to compare).
+pub(crate) fn start_server_of(bin: &Path, dir: &Path, extra: &[&str]) -> Result<(Reap, u16), String> {
+    let child = Command::new(bin)
         .args(["serve", "--no-auth", "--no-root-squash", "--listen", "127.0.0.1:0"])
         .args(extra)
         .arg(dir)
@@ -493,13 +499,24 @@ fn pin_peer(peer: &Reap) -> Result<(), String> {
 /// process pins itself, after which its own mask shows one CPU).
 static CROSS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Pins a process's main thread (`None`: this thread) to one CPU; threads
-/// it starts afterwards inherit the mask.
+/// Pins every thread of a process (`None`: this thread) to one CPU;
+/// threads they start afterwards inherit the mask. (Every thread: a
+/// server's workers start before it is pinned.)
 fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
     let mut set = rustix::thread::CpuSet::new();
     set.set(cpu);
-    rustix::thread::sched_setaffinity(pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)), &set)
-        .map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))
+    let set_one = |tid: Option<rustix::process::Pid>| {
+        rustix::thread::sched_setaffinity(tid, &set).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))
+    };
+    let Some(pid) = pid else { return set_one(None) };
+    set_one(rustix::process::Pid::from_raw(pid as i32))?;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| format!("threads of {pid}: {e}"))?;
+    for t in tasks.flatten() {
+        let tid = t.file_name().to_str().and_then(|n| n.parse().ok()).and_then(rustix::process::Pid::from_raw);
+        // A thread that ended meanwhile is no matter.
+        let _ = set_one(tid);
+    }
+    Ok(())
 }
 
 /// Client options for figures compared with raw TCP: the data stays on

@@ -13,6 +13,7 @@ mod preserve;
 mod run;
 mod serve;
 mod soak;
+mod soak_idle;
 mod sync;
 mod usage;
 

@@ -34,6 +34,21 @@ pub struct SoakArgs {
     /// removed afterwards).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Idle clients connected beside the active ones, each with a session
+    /// (held by `--idle-procs` processes): the server's memory, threads
+    /// and descriptors per connection, and a client's `stat` latency
+    /// beside them, are reported.
+    #[arg(long, default_value_t = 0)]
+    idle: usize,
+    /// Processes holding the idle clients.
+    #[arg(long, default_value_t = 4)]
+    idle_procs: usize,
+    /// The ferry binary that serves (default: this one), to compare builds.
+    #[arg(long)]
+    server: Option<PathBuf>,
+    /// Internal: one process of idle clients (ADDR N).
+    #[arg(long, hide = true, num_args = 2)]
+    idle_child: Vec<String>,
 }
 
 const OPS: [&str; 8] = ["write", "write+fsync", "read", "stat", "list", "rename", "remove", "mkdir+rmdir"];
@@ -84,6 +99,9 @@ impl Shared {
 }
 
 pub fn run(a: SoakArgs) -> Result<(), String> {
+    if let [addr, n] = &a.idle_child[..] {
+        return crate::soak_idle::child(addr, n.parse().map_err(|_| format!("not a count: {n}"))?);
+    }
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });
@@ -106,7 +124,12 @@ fn soak(a: &SoakArgs, seed: u64, dir: &Path) -> Result<(), String> {
     // Sessions end a second after their last connection, so that the
     // descriptors they hold (journal files, handles) must be back soon
     // after the clients leave: the leases' end is soaked too.
-    let (server, port) = crate::bench::start_server_with(dir, &["--session-lease", "1"])?;
+    let most = (a.clients + a.idle + 64).max(1024).to_string();
+    let args = ["--session-lease", "1", "--max-connections", &most];
+    let (server, port) = match &a.server {
+        Some(bin) => crate::bench::start_server_of(bin, dir, &args)?,
+        None => crate::bench::start_server_with(dir, &args)?,
+    };
     let pid = server.0.id();
     let addr = format!("127.0.0.1:{port}");
     println!(
@@ -114,6 +137,10 @@ fn soak(a: &SoakArgs, seed: u64, dir: &Path) -> Result<(), String> {
         a.clients, a.secs, a.max_file
     );
     let before = sample(pid);
+    let idle = match a.idle {
+        0 => None,
+        n => Some(idle_clients(&addr, pid, n, a.idle_procs)?),
+    };
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
         failures: Mutex::default(),
@@ -150,6 +177,7 @@ fn soak(a: &SoakArgs, seed: u64, dir: &Path) -> Result<(), String> {
     for t in threads {
         let _ = t.join();
     }
+    drop(idle);
     // Everything closed: the server's descriptors come back down.
     let settle = Instant::now();
     let mut after = sample(pid);
@@ -214,6 +242,35 @@ fn soak(a: &SoakArgs, seed: u64, dir: &Path) -> Result<(), String> {
     } else {
         Err(format!("soak failed:\n  {}", problems.join("\n  ")))
     }
+}
+
+/// Connects `n` idle clients and reports what they cost the server; they
+/// stay connected until the result is dropped.
+fn idle_clients(addr: &str, pid: u32, n: usize, procs: usize) -> Result<crate::soak_idle::Idle, String> {
+    use crate::soak_idle::{hold, server_sample, stat_latency};
+    let alone = stat_latency(addr, 3000)?;
+    let (rss0, threads0, fds0) = server_sample(pid);
+    let t = Instant::now();
+    let idle = hold(addr, n, procs)?;
+    let took = t.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    let (rss1, threads1, fds1) = server_sample(pid);
+    let beside = stat_latency(addr, 3000)?;
+    let per = rss1.saturating_sub(rss0) as f64 / n as f64;
+    println!(
+        "idle: {n} clients, each with a session, connected in {:.1} s by {procs} processes: server memory {:.1} → {:.1} MiB \
+         ({per:.1} KiB per connection), threads {threads0} → {threads1}, descriptors {fds0} → {fds1}; a client's stat \
+         p50/p99 {}/{} µs alone, {}/{} µs beside them (p99 {:.2} × alone)",
+        took.as_secs_f64(),
+        rss0 as f64 / 1024.0,
+        rss1 as f64 / 1024.0,
+        alone.0,
+        alone.1,
+        beside.0,
+        beside.1,
+        beside.1 as f64 / alone.1.max(1) as f64
+    );
+    Ok(idle)
 }
 
 /// What the server's descriptors are, counted by kind (for a report).

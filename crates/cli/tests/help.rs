@@ -83,7 +83,7 @@ const COMMANDS: &[(&str, &[&str], &[&str])] = &[
         &[],
     ),
     ("compare", &["--quick", "--runs", "--out", "--baselines", "--bench-dir", "--dir", "--only"], &[]),
-    ("soak", &["--clients", "--secs", "--max-file", "--seed", "--dir"], &[]),
+    ("soak", &["--clients", "--secs", "--max-file", "--seed", "--dir", "--idle", "--idle-procs", "--server"], &[]),
     ("completions", &[], &[]),
     ("man", &["--dir"], &[]),
 ];

@@ -5,7 +5,7 @@
 //! (`turns`).
 
 use ferry_sock::Socket;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::bufpool::{BufPool, Lent};
 use crate::commit::Committer;
+use crate::inbox::{Body, Inbox, Partial};
 use crate::locks::LockTable;
 use crate::session::HandleBudget;
 use crate::sessions::{Sessions, Shared};
@@ -34,6 +35,38 @@ const OWN_MAX: usize = 1024 * 1024 + 4096;
 /// Small replies are gathered up to this size while more requests wait.
 const OUT_FLUSH: usize = 64 * 1024;
 
+/// Requests one worker of the event loop serves on a connection in a row
+/// before the others' turn.
+const TURN_REQUESTS: usize = 64;
+
+/// What a worker of the event loop leaves a connection as.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ready {
+    /// Waiting for input: arm it again.
+    Idle,
+    /// Another worker reads it now (this one ran a slow request).
+    Handed,
+    /// This worker served it long enough: the others' turn first.
+    Yield,
+    /// It ended.
+    Ended,
+}
+
+/// What a serving thread lends the connection it serves: its ids (worn per
+/// thread) and buffers, so an idle connection holds none.
+pub struct Kit {
+    creds: crate::identity::ThreadCreds,
+    body: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl Kit {
+    /// For the calling thread.
+    pub fn new() -> Kit {
+        Kit { creds: crate::identity::ThreadCreds::new(), body: Vec::new(), out: Vec::with_capacity(OUT_FLUSH) }
+    }
+}
+
 /// Why a connection ended, for the one log line it gets.
 #[derive(Debug)]
 pub enum End {
@@ -48,10 +81,11 @@ pub enum End {
 pub struct Conn<B: Backend> {
     /// Read by one thread at a time, from a request's header to the moment
     /// the request may start (so requests start in the order sent).
-    rx: Arc<Mutex<BufReader<Timed>>>,
+    rx: Arc<Mutex<Inbox>>,
     /// Whether more input was buffered after the last frame read.
     more: bool,
-    tx: Socket,
+    /// The connection's one descriptor, shared by its holds and its input.
+    tx: Arc<Socket>,
     /// Held by whoever writes to the socket, so frames never interleave.
     wlock: Arc<Mutex<()>>,
     peer: String,
@@ -158,12 +192,12 @@ impl<B: Backend> Conn<B> {
         let peer = stream.peer_name();
         stream.set_nodelay()?;
         stream.set_read_timeout(Some(common.cfg.idle_timeout))?;
-        let tx = stream.try_clone()?;
+        let tx = Arc::new(stream);
         let from = crate::peer::Peer::of(&tx);
         let wlock = Arc::new(Mutex::new(()));
         let window = common.cfg.window_requests as usize;
         Ok(Conn {
-            rx: Arc::new(Mutex::new(BufReader::with_capacity(64 * 1024, Timed { stream, deadline: None }))),
+            rx: Arc::new(Mutex::new(Inbox::new(Arc::clone(&tx)))),
             more: false,
             tx,
             commits: Arc::new(Mutex::new(Committer::new(Arc::clone(&common.backend), window, Arc::clone(&wlock)))),
@@ -177,7 +211,7 @@ impl<B: Backend> Conn<B> {
             policy: None,
             body: Vec::new(),
             big: None,
-            out: Vec::with_capacity(OUT_FLUSH),
+            out: Vec::new(),
             fds_sent: Arc::default(),
             turns: Turns::new(),
             helper: false,
@@ -203,7 +237,7 @@ impl<B: Backend> Conn<B> {
         Ok(Conn {
             rx: Arc::clone(&self.rx),
             more: false,
-            tx: self.tx.try_clone()?,
+            tx: Arc::clone(&self.tx),
             wlock: Arc::clone(&self.wlock),
             peer: self.peer.clone(),
             common: self.common.clone(),
@@ -214,7 +248,7 @@ impl<B: Backend> Conn<B> {
             policy: self.policy.clone(),
             body: Vec::new(),
             big: None,
-            out: Vec::with_capacity(OUT_FLUSH),
+            out: Vec::new(),
             commits: Arc::clone(&self.commits),
             fds_sent: Arc::clone(&self.fds_sent),
             turns: Arc::clone(&self.turns),
@@ -232,15 +266,25 @@ impl<B: Backend> Conn<B> {
         })
     }
 
-    /// Runs the connection to its end.
-    pub fn run(mut self) -> End {
-        let policy = match self.handshake() {
-            Ok(p) => p,
-            Err(e) => return e,
-        };
+    /// The handshake, and the session the connection starts with: the
+    /// capabilities agreed.
+    pub fn start(&mut self) -> Result<u64, End> {
+        let policy = self.handshake()?;
         let caps = policy.caps;
         self.policy = Some(policy.clone());
         lock(&self.joined).session = Some(Arc::new(Session::new(Arc::clone(&self.common.backend), policy)));
+        Ok(caps)
+    }
+
+    /// Whether the event loop can serve the connection: its input is read
+    /// as it comes, not through TLS records.
+    pub fn plain(&self) -> bool {
+        self.tx.tls().is_none()
+    }
+
+    /// Runs the connection to its end on this thread (and the threads a
+    /// slow request adds), after [`start`](Self::start).
+    pub fn run(mut self, caps: u64) -> End {
         // From now on a request that runs long gets another thread beside
         // it, which starts from a copy of this hold of the connection.
         match self.sibling() {
@@ -269,6 +313,12 @@ impl<B: Backend> Conn<B> {
         // finds no one to answer.
         let _ = self.tx.shutdown_both();
         self.turns.close();
+        self.finish()
+    }
+
+    /// What the connection leaves behind once no thread serves it: its
+    /// lease line, and its session (detached).
+    pub fn finish(&self) -> End {
         let end = lock(&self.ended).take().unwrap_or(End::Closed);
         if self.leases_here.load(Relaxed) {
             let holder = lock(&self.joined).session.as_ref().and_then(|s| s.lease.get().cloned());
@@ -295,6 +345,80 @@ impl<B: Backend> Conn<B> {
         end
     }
 
+    /// Shuts the socket: the peer learns at once, and a thread still
+    /// running a request finds no one to answer.
+    pub fn shut(&self) {
+        let _ = self.tx.shutdown_both();
+    }
+
+    /// The connection's input (the event loop arms its socket).
+    pub fn inbox(&self) -> &Arc<Mutex<Inbox>> {
+        &self.rx
+    }
+
+    pub fn turns(&self) -> &Arc<Turns> {
+        &self.turns
+    }
+
+    /// Another hold of the connection, for a second worker of the event
+    /// loop (beside a slow request).
+    pub fn another(&self) -> io::Result<Self> {
+        self.sibling()
+    }
+
+    /// Lends this connection the serving thread's buffers and ids.
+    pub fn enter(&mut self, kit: &mut Kit) {
+        std::mem::swap(&mut self.creds, &mut kit.creds);
+        std::mem::swap(&mut self.body, &mut kit.body);
+        std::mem::swap(&mut self.out, &mut kit.out);
+        // The grants are the thread's (a thread-local): told again.
+        self.grants = None;
+    }
+
+    /// Gives the thread its buffers and ids back. Replies a failed write
+    /// left are dropped: they must never reach the next connection.
+    pub fn leave(&mut self, kit: &mut Kit) {
+        self.enter(kit);
+        kit.out.clear();
+    }
+
+    /// Serves the requests that have come, without waiting for more, as
+    /// the holder of the socket's reading turn `rights` (see
+    /// `Turns::resume`).
+    pub fn serve_ready(&mut self, caps: u64, rights: u64) -> Ready {
+        let mut served = 0;
+        loop {
+            let r = self.serve_one(caps);
+            self.big = None;
+            let more = match r {
+                Err(e) => {
+                    lock(&self.ended).get_or_insert(e);
+                    self.turns.over();
+                    self.turns.reading(false);
+                    return Ready::Ended;
+                }
+                Ok(more) => more,
+            };
+            if !more {
+                return Ready::Idle;
+            }
+            crate::evloop::progress();
+            served += 1;
+            let handed = !self.turns.resume(rights);
+            // A long stream of requests on one connection lets the others
+            // go first now and then.
+            let turn_over = served >= TURN_REQUESTS;
+            if handed || turn_over {
+                if let Err(e) = self.flush() {
+                    lock(&self.ended).get_or_insert(e);
+                    self.turns.over();
+                    return Ready::Ended;
+                }
+                return if handed { Ready::Handed } else { Ready::Yield };
+            }
+        }
+    }
+
     /// Serves requests until the connection ends, or until this helper
     /// thread is not needed any more.
     fn serve(&mut self, caps: u64) {
@@ -302,6 +426,8 @@ impl<B: Backend> Conn<B> {
             let r = self.serve_one(caps);
             self.big = None;
             if let Err(e) = r {
+                // (A connection of its own thread waits for input: `Ok`
+                // always served a request.)
                 // The first reason found is the connection's.
                 lock(&self.ended).get_or_insert(e);
                 self.turns.over();
@@ -318,49 +444,72 @@ impl<B: Backend> Conn<B> {
         }
     }
 
-    /// Reads one frame header and body into `self.body` (the handshake's).
+    /// Reads one frame header and body into `self.body` (the handshake's,
+    /// whose reads wait).
     fn read_frame(&mut self, max: u32) -> Result<Header, End> {
         let rx = Arc::clone(&self.rx);
         let mut rx = lock(&rx);
-        self.read_frame_from(&mut rx, max)
+        self.read_frame_from(&mut rx, max)?.ok_or_else(|| End::Protocol("idle timeout".into()))
     }
 
-    /// Reads one frame header and body from `rx` into `self.body`.
-    fn read_frame_from(&mut self, rx: &mut BufReader<Timed>, max: u32) -> Result<Header, End> {
-        let mut hb = [0u8; HEADER_LEN];
-        match rx.read_exact(&mut hb) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(End::Closed),
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                return Err(End::Protocol("idle timeout".into()))
+    /// Reads one frame header and body from `rx` into `self.body` (or a
+    /// buffer of the pool): `None` if the rest has not come yet (on a
+    /// connection whose reads do not wait), kept in `rx` meanwhile.
+    fn read_frame_from(&mut self, rx: &mut Inbox, max: u32) -> Result<Option<Header>, End> {
+        let mut p = match rx.partial.take() {
+            Some(p) => p,
+            None => {
+                let h = match rx.header() {
+                    Ok(Some(h)) => h,
+                    Ok(None) => return Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(End::Closed),
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                        return Err(End::Protocol("idle timeout".into()))
+                    }
+                    Err(e) => return Err(End::Io(e)),
+                };
+                if let Err(e) = h.check_len(max) {
+                    let why = e.to_string();
+                    if self.policy.is_some() {
+                        self.refuse_frame(h, &why);
+                    }
+                    return Err(End::Protocol(why));
+                }
+                let len = h.len as usize;
+                let body = if len > OWN_MAX {
+                    Body::Big(self.common.pool.take(self.from, len))
+                } else {
+                    // Grow only (up to OWN_MAX): zero-filling per frame
+                    // would cost more than the copy it prepares.
+                    let mut own = std::mem::take(&mut self.body);
+                    if own.len() < len {
+                        own.resize(len, 0);
+                    }
+                    Body::Own(own)
+                };
+                Partial { header: h, body, got: 0 }
             }
+        };
+        let len = p.header.len as usize;
+        let dest = match &mut p.body {
+            Body::Own(v) => &mut v[..len],
+            Body::Big(b) => &mut b.as_mut_slice()[..len],
+        };
+        match rx.body(dest, &mut p.got) {
+            Ok(true) => {}
+            Ok(false) => {
+                rx.partial = Some(p);
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(End::Protocol("truncated frame".into())),
             Err(e) => return Err(End::Io(e)),
         }
-        let h = Header::decode(&hb);
-        if let Err(e) = h.check_len(max) {
-            let why = e.to_string();
-            if self.policy.is_some() {
-                self.refuse_frame(h, &why);
-            }
-            return Err(End::Protocol(why));
+        match p.body {
+            Body::Own(v) => self.body = v,
+            Body::Big(b) => self.big = Some(b),
         }
-        let len = h.len as usize;
-        let dest = if len > OWN_MAX {
-            &mut self.big.insert(self.common.pool.take(self.from, len)).as_mut_slice()[..len]
-        } else {
-            // Grow only (up to OWN_MAX): zero-filling per frame would cost
-            // more than the copy it prepares.
-            if self.body.len() < len {
-                self.body.resize(len, 0);
-            }
-            &mut self.body[..len]
-        };
-        rx.read_exact(dest).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => End::Protocol("truncated frame".into()),
-            _ => End::Io(e),
-        })?;
-        self.more = !rx.buffer().is_empty();
-        Ok(h)
+        self.more = rx.buffered() > 0;
+        Ok(Some(p.header))
     }
 
     /// Tells an authenticated peer why its frame ends the connection (an
@@ -381,7 +530,7 @@ impl<B: Backend> Conn<B> {
         let mut sink = [0u8; 64 * 1024];
         let mut left: usize = 64 << 20;
         while left > 0 && Instant::now() < until {
-            match (&self.tx).read(&mut sink) {
+            match (&*self.tx).read(&mut sink) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => left = left.saturating_sub(n),
             }
@@ -392,11 +541,11 @@ impl<B: Backend> Conn<B> {
     /// authenticates (or sends a byte now and then) cannot hold a
     /// connection slot for the whole idle timeout.
     fn handshake(&mut self) -> Result<Policy, End> {
-        lock(&self.rx).get_mut().deadline =
+        lock(&self.rx).timed.deadline =
             Some(Instant::now() + self.common.cfg.handshake_timeout.min(self.common.cfg.idle_timeout));
         let policy = self.start_tls().and_then(|()| self.handshake_steps());
         let mut rx = lock(&self.rx);
-        let t = rx.get_mut();
+        let t = &mut rx.timed;
         t.deadline = None;
         t.stream.set_read_timeout(Some(self.common.cfg.idle_timeout)).map_err(End::Io)?;
         policy
@@ -590,7 +739,9 @@ impl<B: Backend> Conn<B> {
         }
     }
 
-    fn serve_one(&mut self, caps: u64) -> Result<(), End> {
+    /// Reads and serves one request: `false` if none has come whole yet
+    /// (on a connection whose reads do not wait), its replies sent.
+    fn serve_one(&mut self, caps: u64) -> Result<bool, End> {
         let rx = Arc::clone(&self.rx);
         // Replies gathered while more requests were buffered go out before
         // this thread waits: for input, or for the socket another thread
@@ -603,7 +754,7 @@ impl<B: Backend> Conn<B> {
                 lock(&rx)
             }
         };
-        if reader.buffer().is_empty() {
+        if reader.buffered() == 0 {
             self.flush()?;
         }
         if self.turns.is_over() {
@@ -611,7 +762,19 @@ impl<B: Backend> Conn<B> {
             return Err(End::Closed);
         }
         self.turns.reading(true);
-        let h = self.read_frame_from(&mut reader, self.common.cfg.max_frame)?;
+        let Some(h) = self.read_frame_from(&mut reader, self.common.cfg.max_frame)? else {
+            // Back to the event loop, which counts as reading: nothing is
+            // owed to the client while it waits.
+            drop(reader);
+            self.flush()?;
+            return Ok(false);
+        };
+        self.run_frame(caps, h, reader).map(|()| true)
+    }
+
+    /// Runs the request whose frame was just read, with the socket's
+    /// reader held until it may start.
+    fn run_frame(&mut self, caps: u64, h: Header, reader: MutexGuard<'_, Inbox>) -> Result<(), End> {
         self.grant();
         let _counted = Counted::start(&self.common.metrics, h.op, HEADER_LEN as u64 + u64::from(h.len));
         let body = match &self.big {
@@ -1053,7 +1216,7 @@ impl<B: Backend> Conn<B> {
         Reply::FileFd { seq: self.fds_sent.load(Relaxed), writable }.encode(h.op, h.id, &mut frame);
         let sent = self.tx.send_with_fd(&frame, fd).map_err(End::Io)?;
         self.fds_sent.fetch_add(1, Relaxed);
-        (&self.tx).write_all(&frame[sent..]).map_err(End::Io)
+        (&*self.tx).write_all(&frame[sent..]).map_err(End::Io)
     }
 
     /// An error reply to a well-formed request the server will not run.
@@ -1193,26 +1356,6 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.turns.end(self.ticket);
-    }
-}
-
-/// The socket, with an optional deadline that bounds every read (used for
-/// the handshake; afterwards only the idle timeout applies).
-struct Timed {
-    stream: Socket,
-    deadline: Option<Instant>,
-}
-
-impl Read for Timed {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if let Some(d) = self.deadline {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::ErrorKind::TimedOut.into());
-            }
-            self.stream.set_read_timeout(Some(left))?;
-        }
-        self.stream.read(buf)
     }
 }
 

@@ -1,10 +1,11 @@
 //! The ferry server: accepts connections, runs one session per connection and
 //! executes requests against a [`Backend`].
 //!
-//! Threading: one thread per connection, which reads a request, executes it
-//! and writes the reply itself. No request changes threads; the kernel's
-//! scheduler shares the cores among connections, which keeps 200 clients fair
-//! without a scheduler of our own.
+//! Threading: a connection's handshake runs on a short-lived thread of its
+//! own; then the event loop (`evloop.rs`) serves it from a few workers,
+//! about one per CPU, each of which reads a request, executes it and writes
+//! the reply itself — no request changes threads. A TLS connection keeps a
+//! thread of its own (its records are read whole, waiting).
 
 pub mod backend;
 mod budget;
@@ -13,6 +14,7 @@ mod changes;
 mod commit;
 mod conn;
 mod dirpolicy;
+mod evloop;
 pub mod exports;
 pub mod fence;
 mod fileid;
@@ -22,6 +24,7 @@ pub mod fuzz;
 mod gate;
 mod gfid;
 pub mod identity;
+mod inbox;
 mod journal;
 mod leases;
 mod locks;
@@ -289,20 +292,21 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
             c.metrics.render(&g)
         })?;
     }
+    let ev = evloop::EvLoop::start(common.cfg.idle_timeout, Arc::clone(&common.metrics))?;
     let unix = match listeners.unix {
         Some((l, _)) => {
-            let (common, gate) = (common.clone(), Arc::clone(&gate));
+            let (common, gate, ev) = (common.clone(), Arc::clone(&gate), Arc::clone(&ev));
             let accept = move || l.accept().map(|(s, _)| Socket::from(s));
             Some(
                 std::thread::Builder::new()
                     .name("ferry-accept".into())
-                    .spawn(move || accept_loop(accept, &common, &gate))?,
+                    .spawn(move || accept_loop(accept, &common, &gate, &ev))?,
             )
         }
         None => None,
     };
     match (listeners.tcp, unix) {
-        (Some(l), _) => accept_loop(move || l.accept().map(|(s, _)| Socket::from(s)), &common, &gate),
+        (Some(l), _) => accept_loop(move || l.accept().map(|(s, _)| Socket::from(s)), &common, &gate, &ev),
         (None, Some(t)) => t.join().unwrap_or(Ok(())),
         (None, None) => Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "nothing to listen on")),
     }
@@ -312,6 +316,7 @@ fn accept_loop<B: Backend>(
     mut accept: impl FnMut() -> std::io::Result<Socket>,
     common: &conn::Common<B>,
     gate: &Arc<gate::Gate>,
+    ev: &Arc<evloop::EvLoop<B>>,
 ) -> std::io::Result<()> {
     let cfg = Arc::clone(&common.cfg);
     loop {
@@ -359,29 +364,21 @@ fn accept_loop<B: Backend>(
         };
         tracing::debug!(peer = %conn.peer(), "connection accepted");
         let metrics = Arc::clone(&common.metrics);
+        let ev = Arc::clone(ev);
+        // The handshake's own thread; then the event loop serves the
+        // connection (a TLS one keeps this thread).
         let spawned = std::thread::Builder::new().name("ferry-conn".into()).stack_size(256 * 1024).spawn(move || {
+            let mut conn = conn;
             let peer = conn.peer();
             // What is said while serving (a refused export) names the peer.
-            let end = {
-                let _span = tracing::info_span!("conn", peer = %peer).entered();
-                conn.run()
+            let span = tracing::info_span!("conn", peer = %peer);
+            let started = span.in_scope(|| conn.start());
+            let end = match started {
+                Ok(caps) if conn.plain() => return ev.adopt(conn, caps),
+                Ok(caps) => span.in_scope(|| conn.run(caps)),
+                Err(e) => e,
             };
-            match &end {
-                End::Protocol(_) => metrics.protocol_errors.fetch_add(1, Ordering::Relaxed),
-                _ => 0,
-            };
-            match end {
-                End::Closed => tracing::debug!(peer = %peer, "connection closed"),
-                // A client that exits with a reply it no longer wanted
-                // unread (a close it did not wait for, read-ahead it did
-                // not need) resets rather than closes, or is gone while
-                // those replies are sent: a normal end, nothing to report.
-                End::Io(e)
-                    if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {}
-                End::Io(e) => tracing::warn!(peer = %peer, "connection error: {e}"),
-                End::Protocol(m) => tracing::warn!(peer = %peer, "protocol error, closing: {m}"),
-                End::AuthFailed => tracing::warn!(peer = %peer, "authentication failed"),
-            }
+            evloop::log_end(&peer, end, &metrics);
         });
         if let Err(e) = spawned {
             tracing::error!("cannot start a thread: {e}");

@@ -79,6 +79,10 @@ pub struct Turns {
     threads: AtomicUsize,
     /// Starts another thread for the connection; taken when it ends.
     grow: Mutex<Option<Box<dyn Fn() -> bool + Send>>>,
+    /// Counts the reading turns given away by the watchdog: on the event
+    /// loop the worker of a slow request keeps reading afterwards only if
+    /// it still holds the turn it started with (`resume`).
+    rights: Mutex<u64>,
 }
 
 #[derive(Default)]
@@ -104,6 +108,7 @@ impl Turns {
             over: AtomicBool::new(false),
             threads: AtomicUsize::new(1),
             grow: Mutex::new(None),
+            rights: Mutex::new(0),
         })
     }
 
@@ -160,6 +165,30 @@ impl Turns {
         }
     }
 
+    /// The reading turn now (a worker of the event loop takes it with the
+    /// socket).
+    pub fn rights(&self) -> u64 {
+        *lock(&self.rights)
+    }
+
+    /// After a request: whether the worker that read it holds the reading
+    /// turn still (then it reads on, counted reading), or the watchdog gave
+    /// it away meanwhile (then the worker leaves, see `leave`).
+    pub fn resume(&self, rights: u64) -> bool {
+        let now = lock(&self.rights);
+        if *now != rights {
+            return false;
+        }
+        self.reading.store(true, Relaxed);
+        true
+    }
+
+    /// The connection ended: no more threads for it (the event loop's
+    /// connections; one of threads waits for them instead, `close`).
+    pub fn unwatch(&self) {
+        lock(&self.grow).take();
+    }
+
     /// Whether a helper thread that ended a request should leave: another
     /// thread reads already.
     pub fn spare(&self) -> bool {
@@ -188,14 +217,20 @@ impl Turns {
     fn look(&self) -> bool {
         let started = self.started.load(Relaxed);
         let before = self.seen.swap(started, Relaxed);
-        let stuck = started == before && !self.reading.load(Relaxed) && !lock(&self.running).list.is_empty();
         let grow = lock(&self.grow);
         let Some(grow) = grow.as_ref() else { return false };
+        // Decided and done under the turn's lock: a worker that ends its
+        // request meanwhile either reads on before (so none is stuck) or
+        // finds its turn given away after.
+        let mut rights = lock(&self.rights);
+        let stuck = started == before && !self.reading.load(Relaxed) && !lock(&self.running).list.is_empty();
         if stuck && self.threads.load(Relaxed) < MAX_THREADS {
             self.threads.fetch_add(1, Relaxed);
             // Counted before it starts, so the next look waits for it.
             self.reading.store(true, Relaxed);
+            *rights += 1;
             if !grow() {
+                *rights -= 1;
                 self.reading.store(false, Relaxed);
                 self.threads.fetch_sub(1, Relaxed);
             }
