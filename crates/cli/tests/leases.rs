@@ -19,6 +19,13 @@ use common::preload::{ok, run_cmd};
 use common::{Rng, Server, TempDir, FERRY};
 use ferry_client::{Client, OpenOptions, Options, Target};
 
+/// Rounds of a coherence test: `n`, or `FERRY_LEASE_ROUNDS` (the README's
+/// test command runs 10,000 of each, the issue's count; a plain `cargo
+/// test` fewer, to stay quick).
+fn rounds(n: usize) -> usize {
+    std::env::var("FERRY_LEASE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(n)
+}
+
 /// The observer: answers `lstat`s of the paths it is sent, one line each,
 /// as the program sees them (through its caches). `fill` first reads the
 /// directory with attributes, as `ls -l` does, so listings are cached too.
@@ -108,7 +115,7 @@ fn a_program_sees_another_clients_change_at_once() {
     let mut b = Observer::start(&srv, local.path());
     let names = ["a", "b", "c"];
     let mut rng = Rng::new(30);
-    let (mut stale, rounds) = (Vec::new(), 3000);
+    let (mut stale, rounds) = (Vec::new(), rounds(3000));
     for round in 0..rounds {
         let n = names[rng.index(names.len())];
         let (p, local_p) = (format!("/d/{n}"), dir.join(n));
@@ -193,7 +200,7 @@ for line in sys.stdin:
 '''], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 stale = 0
 ops = ["append", "chmod", "touch", "rename"]
-for i in range(2000):
+for i in range(ROUNDS):
     op = ops[i % 4]
     [e.stat() for e in os.scandir('/remote/d')]
     a = os.stat('/remote/d/f')
@@ -206,7 +213,8 @@ for i in range(2000):
 child.stdin.close(); child.wait()
 print("stale", stale)
 "#;
-    let o = run_cmd(&srv, local.path(), 240, &["python3", "-c", script]);
+    let script = script.replace("ROUNDS", &rounds(2000).to_string());
+    let o = run_cmd(&srv, local.path(), 1200, &["python3", "-c", &script]);
     assert_eq!(ok(&o), "stale 0\n");
 }
 
@@ -400,7 +408,7 @@ fn a_mount_sees_another_mounts_change_at_once() {
     let (a, b, disk) = (m1.path().join("d"), m2.path().join("d"), srv.export.path().join("d"));
     let mut rng = Rng::new(31);
     let mut stale = Vec::new();
-    for round in 0..1500 {
+    for round in 0..rounds(1500) {
         // B looks (its kernel keeps what it saw for a second), A changes.
         for n in names {
             let (seen, want) = (seen_at(&b.join(n)), truth(&disk.join(n)));
@@ -455,7 +463,7 @@ fn a_mount_and_ferry_run_see_each_others_changes_at_once() {
     let mut b = Observer::start(&srv, local.path());
     let mut rng = Rng::new(32);
     let mut stale = Vec::new();
-    for round in 0..1000 {
+    for round in 0..rounds(1000) {
         assert_eq!(b.ask("fill", "/remote/d"), "ok");
         let what = change(&on_mount, &names, &mut rng);
         for n in names {
@@ -514,7 +522,7 @@ fn a_mount_keeps_answers_until_a_change_on_the_servers_disk_breaks_them() {
     let names = ["a", "b", "c"];
     let mut rng = Rng::new(33);
     let (mut late, mut delays) = (Vec::new(), Vec::new());
-    for round in 0..1000 {
+    for round in 0..rounds(1000) {
         for n in names {
             let _ = seen_at(&on_mount.join(n));
         }
