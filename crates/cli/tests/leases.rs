@@ -69,7 +69,7 @@ impl Observer {
 
     fn start_at(url: &str, token_file: &Path, cwd: &Path) -> Observer {
         let mut child = Command::new("timeout")
-            .args(["300", FERRY, "run", "--mount"])
+            .args(["900", FERRY, "run", "--mount"])
             .arg(format!("/remote={url}"))
             .args(["--", "python3", "-c", OBSERVER])
             .current_dir(cwd)
