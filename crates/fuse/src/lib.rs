@@ -628,14 +628,7 @@ impl FerryFs {
     /// reached the daemon is not: `ESTALE`, as on NFS.)
     fn wake(&self, path: &OsStr) {
         let Some(ino) = lock(&self.nodes).by_path.get(path).copied() else { return };
-        let files: Vec<Arc<OpenFile>> = lock(&self.handles)
-            .values()
-            .filter_map(|h| match h {
-                Handle::File(f) if f.ino.load(Ordering::Relaxed) == ino => Some(Arc::clone(f)),
-                _ => None,
-            })
-            .collect();
-        for f in files {
+        for f in self.files_of(ino) {
             let _ = self.live(&f);
         }
     }
@@ -918,18 +911,23 @@ impl FerryFs {
         }
     }
 
-    /// After a change of the node's data through the mount: what other
-    /// handles of it read ahead, or got with their open, is stale.
-    fn changed(&self, ino: u64) {
-        self.pages.taint(ino);
-        let files: Vec<Arc<OpenFile>> = lock(&self.handles)
+    /// The open files of node `ino` (taken out of the table's lock, which
+    /// their calls to the server must not hold).
+    fn files_of(&self, ino: u64) -> Vec<Arc<OpenFile>> {
+        lock(&self.handles)
             .values()
             .filter_map(|h| match h {
                 Handle::File(f) if f.ino.load(Ordering::Relaxed) == ino => Some(Arc::clone(f)),
                 _ => None,
             })
-            .collect();
-        for f in files {
+            .collect()
+    }
+
+    /// After a change of the node's data through the mount: what other
+    /// handles of it read ahead, or got with their open, is stale.
+    fn changed(&self, ino: u64) {
+        self.pages.taint(ino);
+        for f in self.files_of(ino) {
             if let Some(file) = f.file.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 file.discard_read_ahead();
             }
