@@ -167,8 +167,11 @@ impl Leases {
 /// its replies), the watcher waits for a hang-up only, waking this often
 /// to see whether the caller is done: it does not wake at every reply of a
 /// busy connection, and a break that comes just after the caller's last
-/// reply waits at most this long.
-const BUSY_LOOK: Duration = Duration::from_millis(20);
+/// reply waits at most this long. At 20 ms, 1–3 % of the breaks of
+/// `ferry compare` experiment 11 waited 20 ms (the holder had just had a
+/// reply); waking at every reply instead made 6,000 `stat`s under `ferry
+/// run` 1.38 × slower.
+const BUSY_LOOK: Duration = Duration::from_millis(1);
 /// How often an idle watcher looks whether the engine is gone, or a notice
 /// waits in a buffer a poll cannot see.
 const LOOK: Duration = Duration::from_millis(100);

@@ -22,7 +22,7 @@
 //! server holds none, and its clients drop theirs with their connection.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,9 @@ pub struct Holder {
     heard_us: AtomicU64,
     /// The highest break sequence it returned.
     returned: Mutex<u64>,
+    /// The same, read without the lock by a change that looks a while
+    /// before it sleeps (`RETURN_SPIN`).
+    returned_seq: AtomicU64,
     answered: Condvar,
 }
 
@@ -88,6 +91,7 @@ impl Holder {
         let mut r = lock(&self.returned);
         if seq > *r {
             *r = seq;
+            self.returned_seq.store(seq, Release);
             self.answered.notify_all();
         }
     }
@@ -194,6 +198,8 @@ const LATE_NOTICE: Duration = Duration::from_secs(2);
 
 /// Entries made between two prunes of those no lease needs.
 const PRUNE_EVERY: usize = 1 << 14;
+/// How long a change looks for a holder's return before it sleeps for it.
+const RETURN_SPIN: Duration = Duration::from_micros(100);
 
 /// What the metrics count of leases.
 #[derive(Default)]
@@ -265,6 +271,7 @@ impl Leases {
                 gone: AtomicBool::new(false),
                 heard_us: AtomicU64::new(0),
                 returned: Mutex::new(0),
+                returned_seq: AtomicU64::new(0),
                 answered: Condvar::new(),
             });
             let mut t = lock(&self.table);
@@ -587,6 +594,12 @@ impl Leases {
         }
         self.counts.waits.fetch_add(1, Relaxed);
         for (h, seq, deadline) in waiting {
+            // A return comes about one round trip after its break: looking
+            // for it that long spares the waking of a sleeping thread.
+            let look_until = Instant::now() + RETURN_SPIN;
+            while h.returned_seq.load(Acquire) < seq && !h.gone.load(Relaxed) && Instant::now() < look_until {
+                std::thread::yield_now();
+            }
             let mut r = lock(&h.returned);
             while *r < seq && !h.gone.load(Relaxed) {
                 let now = Instant::now();
