@@ -447,6 +447,51 @@ fn a_mount_sees_another_mounts_change_at_once() {
     assert!(stale.is_empty(), "{} stale answers:\n{}", stale.len(), stale[..stale.len().min(20)].join("\n"));
 }
 
+/// A miss a mount looks up while a break of its directory arrives (another
+/// name made there): the break must take that miss with it, or the mount
+/// keeps it for its lease timeout with no lease on the directory left, and
+/// the name made next is never seen. The break came between the mount's
+/// check for breaks and its record of the miss (the shape of the rare
+/// "after create c: c seen ENOENT" of 10,000 rounds, issue 30). Mount B
+/// pauses in that window (`FERRY_TEST_MISS_PAUSE_US`) and A's create
+/// lands in it: before the fix, every round was stale.
+#[test]
+fn a_miss_looked_up_while_its_directory_breaks_is_dropped_with_it() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&[]);
+    std::fs::create_dir(srv.export.path().join("d")).unwrap();
+    let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
+    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
+    let _g2 = common::fuse::Detach(m2.path().to_path_buf());
+    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
+    let pause = [("FERRY_TEST_MISS_PAUSE_US", "60000")];
+    let _b = common::fuse::mount_url_env(&srv.url("/"), m2.path(), &srv.token_file, &[], &pause);
+    let (a, b) = (m1.path().join("d"), m2.path().join("d"));
+    let mut stale = Vec::new();
+    let rounds = 10;
+    for round in 0..rounds {
+        let other = a.join("x");
+        std::thread::scope(|s| {
+            let looking = s.spawn(|| seen_at(&b.join("c")));
+            // B's lookup has its answer (and the lease on `d` it grants)
+            // by now, and pauses before it keeps the miss.
+            std::thread::sleep(Duration::from_millis(15));
+            std::fs::write(&other, "x").unwrap();
+            assert_eq!(looking.join().unwrap(), "ENOENT");
+        });
+        std::fs::write(a.join("c"), "c").unwrap();
+        if seen_at(&b.join("c")) == "ENOENT" {
+            stale.push(format!("round {round}: c seen ENOENT after its create"));
+        }
+        std::fs::remove_file(a.join("c")).unwrap();
+        std::fs::remove_file(&other).unwrap();
+        // Made and removed by A: B looks at `c` anew next round (its kept
+        // entry of the file went with the unlink's break).
+        assert_eq!(seen_at(&b.join("c")), "ENOENT");
+    }
+    assert!(stale.is_empty(), "{} stale answers in {rounds} rounds:\n{}", stale.len(), stale.join("\n"));
+}
+
 /// A program under `ferry run` and a mount: each sees the other's changes
 /// at once.
 #[test]

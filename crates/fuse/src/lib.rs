@@ -266,6 +266,22 @@ fn io_errno(e: io::Error) -> Errno {
     Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
+/// For tests only: a pause between the check for breaks and the record
+/// of a miss (`lookup`), where no break may slip in; set by
+/// `FERRY_TEST_MISS_PAUSE_US` in the mount's environment, none otherwise.
+/// A break in that window was a rare race (issue 30); the pause makes the
+/// test of it certain.
+fn test_pause() {
+    static PAUSE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    let pause = *PAUSE.get_or_init(|| {
+        let us = std::env::var("FERRY_TEST_MISS_PAUSE_US").ok().and_then(|v| v.parse().ok());
+        Duration::from_micros(us.unwrap_or(0))
+    });
+    if !pause.is_zero() {
+        std::thread::sleep(pause);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The tables stay consistent between statements; a panicking request
     // must not take the whole mount down with it.
@@ -692,9 +708,9 @@ impl FerryFs {
         Ok(items)
     }
 
-    /// The listing of `path`, from the server, and whether it may be kept
-    /// for long (fetched under a lease nothing broke meanwhile).
-    fn list(&self, path: &OsStr) -> R<(Vec<DirItem>, bool)> {
+    /// The listing of `path`, from the server, and `recent`'s generation
+    /// before it was fetched (`ttls_since`).
+    fn list(&self, path: &OsStr) -> R<(Vec<DirItem>, u64)> {
         let gen = self.recent.generation();
         let entries = self.client.read_dir(path).map_err(errno)?;
         self.recent.put(
@@ -714,8 +730,7 @@ impl FerryFs {
                 gen,
             })
             .collect();
-        let long = self.long_ttl().is_some() && self.recent.generation() == gen;
-        Ok((items, long))
+        Ok((items, gen))
     }
 
     /// The server's handle behind a FUSE file handle.
@@ -1136,13 +1151,25 @@ impl Filesystem for FerryFs {
             Err(e) if e.errno() == libc::ENOENT && !self.opts.entry_timeout.is_zero() => {
                 let mut a = file_attr(0, &Attr::default());
                 a.ino = INodeNo(0);
-                let mut ttl = self.ttls_since(gen).1;
                 // A miss kept past the plain timeout must be dropped when
                 // the directory's lease breaks for any name: remembered,
-                // within a bound.
-                if ttl > self.opts.entry_timeout && !lock(&self.nodes).keep_miss(parent.0, name) {
+                // within a bound. Whether a break came since the lookup
+                // began (`ttls_since`) is read under the same hold of the
+                // table as the miss is remembered: a break read after the
+                // reply then either moved the generation first (the miss
+                // is not kept long) or takes the miss with it, since its
+                // handling takes the table after it moved the generation.
+                // Read before the table was held, a break handled in
+                // between took the directory's misses without this one,
+                // which the kernel then kept with no lease on the
+                // directory left to hear of the name's creation.
+                let mut nodes = lock(&self.nodes);
+                let mut ttl = self.ttls_since(gen).1;
+                test_pause();
+                if ttl > self.opts.entry_timeout && !nodes.keep_miss(parent.0, name) {
                     ttl = self.opts.entry_timeout;
                 }
+                drop(nodes);
                 reply.entry_with_ttls(&Duration::ZERO, &ttl, &a, Generation(0));
             }
             Err(e) => reply.error(errno(e)),
@@ -1577,12 +1604,18 @@ impl Filesystem for FerryFs {
             let flags = FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE;
             return reply.opened(self.add_handle(Handle::LazyDir(ino.0)), flags);
         }
-        let (items, long) = tri!(reply, self.list(&path));
-        let flags = match long && lock(&self.nodes).mark_listed(ino.0) {
+        let (items, gen) = tri!(reply, self.list(&path));
+        // Kept for long only if fetched under a lease nothing broke since:
+        // checked under the hold of the table that marks it, as a miss is
+        // kept (`lookup`), so a break handled after it unmarks it.
+        let mut nodes = lock(&self.nodes);
+        let long = self.long_ttl().is_some() && self.recent.generation() == gen;
+        let flags = match long && nodes.mark_listed(ino.0) {
             // The kernel keeps what this open lists, for the next opens.
             true => FopenFlags::FOPEN_CACHE_DIR,
             false => FopenFlags::empty(),
         };
+        drop(nodes);
         reply.opened(self.add_handle(Handle::Dir(Arc::new(items))), flags);
     }
 
