@@ -270,3 +270,40 @@ fn a_backed_file_answers_its_attributes_from_the_servers_file() {
         assert_eq!((disk.len(), disk.mode() & 0o7777), (data.len() as u64 + 4, 0o600));
     }
 }
+
+/// The mount renames a directory (the server then breaks every other
+/// session's leases, not the mount's own): what the mount keeps under its
+/// leases must still be broken by the next change another client makes —
+/// a name in a directory the mount made, and a miss it keeps in a
+/// directory it did not make. (The server used to forget the changer's
+/// own leases with everyone else's, so those changes broke nothing.)
+#[test]
+fn after_the_mount_renames_a_directory_another_clients_change_still_breaks_its_leases() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&[]);
+    watching(&srv);
+    let m1 = TempDir::new("m1");
+    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
+    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
+    let c = srv.client();
+    let mut stale = Vec::new();
+    for round in 0..20 {
+        let made = m1.path().join(format!("made{round}"));
+        std::fs::create_dir(&made).unwrap();
+        std::fs::create_dir(made.join("sub")).unwrap();
+        c.create_dir(format!("/theirs{round}"), 0o755).unwrap();
+        let theirs = m1.path().join(format!("theirs{round}"));
+        for p in [made.join("x"), theirs.join("x")] {
+            assert!(std::fs::symlink_metadata(&p).is_err(), "round {round}: {} before it was made", p.display());
+        }
+        std::fs::rename(made.join("sub"), made.join("sub2")).unwrap();
+        c.write(format!("/made{round}/x"), b"x").unwrap();
+        c.write(format!("/theirs{round}/x"), b"x").unwrap();
+        for p in [made.join("x"), theirs.join("x")] {
+            if std::fs::symlink_metadata(&p).is_err() {
+                stale.push(format!("round {round}: {} not seen", p.display()));
+            }
+        }
+    }
+    assert!(stale.is_empty(), "{} stale answers:\n{}", stale.len(), stale.join("\n"));
+}
