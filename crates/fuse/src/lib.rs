@@ -1380,6 +1380,10 @@ impl Filesystem for FerryFs {
             nodes.rename(&from, &to);
             nodes.made_remove(parent.0, name);
             nodes.made_add(newparent.0, newname);
+            if flags.bits() & libc::RENAME_WHITEOUT != 0 {
+                // A whiteout is left under the old name.
+                nodes.unmake(parent.0);
+            }
         }
         drop(nodes);
         reply.ok();
