@@ -1065,6 +1065,46 @@ impl FerryFs {
         lock(&self.nodes).detach(path);
     }
 
+    /// `getattr`, asked of the server.
+    fn getattr_remote(&self, ino: INodeNo, fh: Option<FileHandle>) -> R<Attr> {
+        match fh.map(|fh| self.server_handle(fh)) {
+            Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
+            _ => match self.obj(ino) {
+                Ok(o) => match (&o, self.recent_of(&o)) {
+                    (_, Some(a)) => Ok(a),
+                    (Obj::Handle(_), None) => match self.client.stat(o.target()).map_err(errno) {
+                        // A handle borrowed from another open of a nameless
+                        // node went with that open's release meanwhile.
+                        Err(e) if e == Errno::EBADF => self.former_attr(ino, Errno::ESTALE),
+                        r => r,
+                    },
+                    (Obj::Path(_), None) => self.client.stat(o.target()).map_err(errno),
+                },
+                Err(stale) => self.former_attr(ino, stale),
+            },
+        }
+    }
+
+    /// A negative entry the kernel keeps for `ttl` (node id 0 is FUSE's
+    /// "no such entry, cache that").
+    fn miss(ttl: &Duration, reply: ReplyEntry) {
+        let mut a = file_attr(0, &Attr::default());
+        a.ino = INodeNo(0);
+        reply.entry_with_ttls(&Duration::ZERO, ttl, &a, Generation(0));
+    }
+
+    /// After a change of `name` in directory `dir` through the mount:
+    /// `made` says whether it is there now (`None`: the change failed, and
+    /// the mount no longer claims to know the directory's names whole).
+    fn made(&self, dir: INodeNo, name: &OsStr, made: Option<bool>) {
+        let mut nodes = lock(&self.nodes);
+        match made {
+            Some(true) => nodes.made_add(dir.0, name),
+            Some(false) => nodes.made_remove(dir.0, name),
+            None => nodes.unmake(dir.0),
+        }
+    }
+
     fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
         if size == 0 {
             reply.size(value.len() as u32);
@@ -1135,6 +1175,23 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let path = tri!(reply, self.child(parent, name));
         let gen = self.recent.generation();
+        if let Some(ttl) = self.long_ttl() {
+            // A directory this mount made, whose every name it knows: a
+            // name it did not make is not there (another client's would
+            // have broken the lease). Checked and kept as a miss under one
+            // hold of the table, so a break that comes now drops the
+            // kernel's entry after this answer (the kernel's invalidation
+            // waits for the lookup).
+            let mut nodes = lock(&self.nodes);
+            if nodes.made_has(parent.0, name) == Some(false) {
+                let ttl = match nodes.keep_miss(parent.0, name) {
+                    true => ttl.max(self.opts.entry_timeout),
+                    false => self.opts.entry_timeout,
+                };
+                drop(nodes);
+                return Self::miss(&ttl, reply);
+            }
+        }
         if let Some(a) = self.recent.take(&path) {
             // From the listing just read; kept once more for the GETATTR
             // that follows.
@@ -1149,8 +1206,6 @@ impl Filesystem for FerryFs {
             // A negative entry with a TTL spares the server repeated misses
             // (a node id of 0 is FUSE's "no such entry, cache that").
             Err(e) if e.errno() == libc::ENOENT && !self.opts.entry_timeout.is_zero() => {
-                let mut a = file_attr(0, &Attr::default());
-                a.ino = INodeNo(0);
                 // A miss kept past the plain timeout must be dropped when
                 // the directory's lease breaks for any name: remembered,
                 // within a bound. Whether a break came since the lookup
@@ -1170,7 +1225,7 @@ impl Filesystem for FerryFs {
                     ttl = self.opts.entry_timeout;
                 }
                 drop(nodes);
-                reply.entry_with_ttls(&Duration::ZERO, &ttl, &a, Generation(0));
+                Self::miss(&ttl, reply)
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -1183,21 +1238,11 @@ impl Filesystem for FerryFs {
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let _acting = self.callers.acting(req);
         let gen = self.recent.generation();
-        let r = match fh.map(|fh| self.server_handle(fh)) {
-            Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
-            _ => match self.obj(ino) {
-                Ok(o) => match (&o, self.recent_of(&o)) {
-                    (_, Some(a)) => Ok(a),
-                    (Obj::Handle(_), None) => match self.client.stat(o.target()).map_err(errno) {
-                        // A handle borrowed from another open of a nameless
-                        // node went with that open's release meanwhile.
-                        Err(e) if e == Errno::EBADF => self.former_attr(ino, Errno::ESTALE),
-                        r => r,
-                    },
-                    (Obj::Path(_), None) => self.client.stat(o.target()).map_err(errno),
-                },
-                Err(stale) => self.former_attr(ino, stale),
-            },
+        let backed = self.modes.stat(ino.0).map(|r| r.map_err(Errno::from_i32));
+        let r = match backed {
+            // The server's own file, where it backs the node (`samehost`).
+            Some(r) => r,
+            None => self.getattr_remote(ino, fh),
         };
         let a = tri!(reply, r);
         lock(&self.nodes).seen(ino.0, &a);
@@ -1229,8 +1274,10 @@ impl Filesystem for FerryFs {
             self.changed(ino.0);
         }
         if mode.is_some() || uid.is_some() || gid.is_some() {
-            // Who may open it changed: the next open asks the server.
+            // Who may open it changed: the next open asks the server, and
+            // a lookup in it too (the server says who may search it).
             self.pages.taint(ino.0);
+            lock(&self.nodes).unmake(ino.0);
             // Open handles of the node learn its set-id bits (see `kill_setid`).
             for h in lock(&self.handles).values() {
                 if let Handle::File(f) = h {
@@ -1264,8 +1311,10 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
-        let a = tri!(reply, self.client.mknod(&path, mode, u64::from(rdev)).map_err(errno));
-        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)));
+        let undo = |_: &Errno| self.made(parent, name, None);
+        let a = tri!(reply, self.client.mknod(&path, mode, u64::from(rdev)).map_err(errno).inspect_err(undo));
+        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)).inspect_err(undo));
+        self.made(parent, name, Some(true));
         self.entry(&path, &a, reply);
     }
 
@@ -1273,9 +1322,26 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
-        let a = tri!(reply, self.client.create_dir(&path, mode & 0o7777).map_err(errno));
-        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, true)));
-        self.entry(&path, &a, reply);
+        let breaks = self.pages.breaks();
+        let undo = |_: &Errno| self.made(parent, name, None);
+        let a = tri!(reply, self.client.create_dir(&path, mode & 0o7777).map_err(errno).inspect_err(undo));
+        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, true)).inspect_err(undo));
+        let ino = {
+            let mut nodes = lock(&self.nodes);
+            let ino = nodes.remember(&path, &a);
+            nodes.made_add(parent.0, name);
+            // Empty, and leased by the reply that made it (a change by
+            // another client since would have come as a break first): the
+            // mount knows its every name until its lease breaks. Marked
+            // under the table's lock, which the break's handling takes
+            // after counting it.
+            if self.long_ttl().is_some() && self.pages.breaks() == breaks {
+                nodes.made_dir(ino);
+            }
+            ino
+        };
+        let (ttl, attr) = (&self.opts.attr_timeout, &file_attr(ino, &a));
+        reply.entry_with_ttls(ttl, &self.opts.entry_timeout, attr, Generation(0));
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1283,8 +1349,9 @@ impl Filesystem for FerryFs {
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
         self.wake(&path);
-        tri!(reply, self.client.remove_file(&path).map_err(errno));
+        tri!(reply, self.client.remove_file(&path).map_err(errno).inspect_err(|_| self.made(parent, name, None)));
         lock(&self.nodes).detach(&path);
+        self.made(parent, name, Some(false));
         reply.ok();
     }
 
@@ -1292,8 +1359,9 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, name));
-        tri!(reply, self.client.remove_dir(&path).map_err(errno));
+        tri!(reply, self.client.remove_dir(&path).map_err(errno).inspect_err(|_| self.made(parent, name, None)));
         lock(&self.nodes).detach(&path);
+        self.made(parent, name, Some(false));
         reply.ok();
     }
 
@@ -1301,8 +1369,10 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
         let path = tri!(reply, self.child(parent, link_name));
-        let a = tri!(reply, self.client.symlink(target, &path).map_err(errno));
-        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)));
+        let undo = |_: &Errno| self.made(parent, link_name, None);
+        let a = tri!(reply, self.client.symlink(target, &path).map_err(errno).inspect_err(undo));
+        let a = tri!(reply, self.own(req, &path, a).inspect_err(|_| self.undo_create(&path, false)).inspect_err(undo));
+        self.made(parent, link_name, Some(true));
         self.entry(&path, &a, reply);
     }
 
@@ -1326,11 +1396,21 @@ impl Filesystem for FerryFs {
         // Holding the table across the call keeps a lookup of either name
         // from slipping in between the server's rename and ours.
         let mut nodes = lock(&self.nodes);
-        tri!(reply, self.client.rename_with_flags(&from, &to, flags.bits()).map_err(errno));
+        if let Err(e) = self.client.rename_with_flags(&from, &to, flags.bits()) {
+            nodes.unmake(parent.0);
+            nodes.unmake(newparent.0);
+            return reply.error(errno(e));
+        }
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             nodes.exchange(&from, &to);
         } else {
             nodes.rename(&from, &to);
+            nodes.made_remove(parent.0, name);
+            nodes.made_add(newparent.0, newname);
+            if flags.bits() & libc::RENAME_WHITEOUT != 0 {
+                // A whiteout is left under the old name.
+                nodes.unmake(parent.0);
+            }
         }
         drop(nodes);
         reply.ok();
@@ -1341,7 +1421,11 @@ impl Filesystem for FerryFs {
         let _changes = self.recent.changing();
         let from = tri!(reply, self.path(ino));
         let to = tri!(reply, self.child(newparent, newname));
-        let a = tri!(reply, self.client.hard_link(&from, &to).map_err(errno));
+        let a = tri!(
+            reply,
+            self.client.hard_link(&from, &to).map_err(errno).inspect_err(|_| self.made(newparent, newname, None))
+        );
+        self.made(newparent, newname, Some(true));
         self.entry(&to, &a, reply);
     }
 
@@ -1822,7 +1906,8 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
-        let (ino, fh, attr) = tri!(reply, self.do_create(parent, name, mode, flags));
+        let undo = |_: &Errno| self.made(parent, name, None);
+        let (ino, fh, attr) = tri!(reply, self.do_create(parent, name, mode, flags).inspect_err(undo));
         let attr = match self.child(parent, name).and_then(|p| {
             self.own(req, &p, attr).inspect_err(|_| {
                 // A create either succeeds or leaves nothing: no file, no open
@@ -1833,8 +1918,12 @@ impl Filesystem for FerryFs {
             })
         }) {
             Ok(a) => a,
-            Err(e) => return reply.error(e),
+            Err(e) => {
+                undo(&e);
+                return reply.error(e);
+            }
         };
+        self.made(parent, name, Some(true));
         if flags & libc::O_EXCL != 0 && self.long_ttl().is_some() {
             // Made just now, so it has no file capability (the kernel asks
             // before the first write and the chown of each file).
@@ -1847,8 +1936,14 @@ impl Filesystem for FerryFs {
         self.pages.taint(ino);
         let f = tri!(reply, self.file(fh));
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+        // A file made just now (`O_EXCL`) with an execute bit never starts
+        // a backing (`samehost`), and has none to join: its descriptor
+        // would be asked for nothing (a round trip per script `tar x` or
+        // `git clone` makes).
+        let fresh_exec = flags & libc::O_EXCL != 0 && attr.mode & 0o111 != 0;
         let backing = g
             .as_ref()
+            .filter(|_| !fresh_exec)
             .and_then(|file| self.same_host.backing(&self.modes, file, ino, flags, true, |fd| reply.open_backing(fd)));
         drop(g);
         if let Some(id) = backing {

@@ -76,6 +76,14 @@ pub(crate) struct Nodes {
     /// broke since: the kernel asks for it before the first write and the
     /// chown of every file (tar, cp, git: a round trip per file).
     capless: std::collections::HashSet<u64>,
+    /// Directories this mount made under a lease nothing broke since, with
+    /// every name in them: each was made by this mount too, since another
+    /// client's change of an entry breaks the directory's lease (and takes
+    /// it out of here first). A lookup of any other name is a miss the
+    /// mount answers itself (`tar x`, `git clone`, `cp -r`: a round trip
+    /// per file made).
+    made: HashMap<u64, std::collections::HashSet<OsString>>,
+    made_count: usize,
     next: u64,
 }
 
@@ -112,6 +120,8 @@ impl Nodes {
             listed: std::collections::HashSet::new(),
             gone: HashMap::new(),
             capless: std::collections::HashSet::new(),
+            made: HashMap::new(),
+            made_count: 0,
             next: ROOT + 1,
         };
         let node = Node { paths: vec![root.into()], key: None, fmt: libc::S_IFDIR, lookups: 1, former: None };
@@ -243,15 +253,66 @@ impl Nodes {
     /// Directory `ino`'s listing may have changed: the kernel's copy is
     /// not kept past this open.
     /// Its lease broke: what was known of its extended attributes goes too.
+    /// Its names are not known whole any more either (`made`).
     pub(crate) fn unlist(&mut self, ino: u64) {
         self.listed.remove(&ino);
         self.capless.remove(&ino);
+        self.unmake(ino);
     }
 
-    /// No listing is kept, nor anything known of extended attributes.
+    /// No listing is kept, nor anything known of extended attributes or
+    /// of a directory's names.
     pub(crate) fn unlist_all(&mut self) {
         self.listed.clear();
         self.capless.clear();
+        self.made.clear();
+        self.made_count = 0;
+    }
+
+    /// Directory `ino` was just made by this mount, under a lease: empty,
+    /// and every name that comes into it is told (`made_add`) until its
+    /// lease breaks. Not kept past the bound.
+    pub(crate) fn made_dir(&mut self, ino: u64) {
+        if self.by_ino.contains_key(&ino) && self.made_count < MAX_MISSES {
+            self.unmake(ino);
+            self.made.insert(ino, std::collections::HashSet::new());
+        }
+    }
+
+    /// Whether `name` is in directory `dir`, where the mount knows all of
+    /// its names (`None`: it does not).
+    pub(crate) fn made_has(&self, dir: u64, name: &OsStr) -> Option<bool> {
+        self.made.get(&dir).map(|names| names.contains(name))
+    }
+
+    /// This mount made `name` in `dir` (a file, directory, link...).
+    pub(crate) fn made_add(&mut self, dir: u64, name: &OsStr) {
+        if self.made_count >= MAX_MISSES {
+            // Past the bound: that directory is asked about again.
+            self.unmake(dir);
+            return;
+        }
+        if let Some(names) = self.made.get_mut(&dir) {
+            if names.insert(name.to_owned()) {
+                self.made_count += 1;
+            }
+        }
+    }
+
+    /// This mount removed `name` from `dir` (or renamed it away).
+    pub(crate) fn made_remove(&mut self, dir: u64, name: &OsStr) {
+        if let Some(names) = self.made.get_mut(&dir) {
+            if names.remove(name) {
+                self.made_count -= 1;
+            }
+        }
+    }
+
+    /// Directory `dir`'s names are no longer known whole.
+    pub(crate) fn unmake(&mut self, dir: u64) {
+        if let Some(names) = self.made.remove(&dir) {
+            self.made_count -= names.len();
+        }
     }
 
     /// Node `ino` has no `security.capability` (the server said so, or
@@ -375,6 +436,7 @@ impl Nodes {
                     self.miss_count -= names.len();
                 }
                 self.listed.remove(&ino);
+                self.unmake(ino);
             }
         }
     }
@@ -385,6 +447,8 @@ impl Nodes {
         let gone: Vec<OsString> = self.by_path.keys().filter(|p| in_subtree(p, path)).cloned().collect();
         for p in gone {
             if let Some(ino) = self.by_path.remove(&p) {
+                // A directory of that path made again is a new one.
+                self.unmake(ino);
                 if let Some(n) = self.by_ino.get_mut(&ino) {
                     n.paths.retain(|q| *q != p);
                     if n.paths.is_empty() {

@@ -498,10 +498,27 @@ impl Leases {
                                 .extend(pending.into_iter().filter(|(h, ..)| mine.is_none_or(|m| !Arc::ptr_eq(m, h)))),
                             false => t.unreturned_all.extend(pending),
                         }
-                        // Nothing the table knows holds now.
+                        // Nothing the table knows holds now but the
+                        // changer's own leases, which a change of its own
+                        // does not break: forgotten, the next change of
+                        // one of them by another session would find no
+                        // holder to break, and the changer would keep
+                        // answering from it (a mount that renamed a
+                        // directory kept its misses and listings of every
+                        // directory unbroken).
                         let forgot = t.objects.values().map(|o| o.changed).max().unwrap_or(0);
                         t.forgot = t.forgot.max(forgot).max(seq);
-                        t.objects.clear();
+                        // Each kept one is touched by this change, as any
+                        // object is (a read begun before it is refused).
+                        t.objects.retain(|_, o| {
+                            o.holders.retain(|(h, _)| mine.is_some_and(|m| Arc::ptr_eq(m, h)));
+                            if me == 0 || o.by != me {
+                                o.before = o.changed;
+                            }
+                            o.by = me;
+                            o.changed = seq;
+                            !o.holders.is_empty()
+                        });
                         continue;
                     }
                     Touched::Object(k) | Touched::Entry(k, _) => *k,
