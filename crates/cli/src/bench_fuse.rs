@@ -117,7 +117,7 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
     let two = cpus.count() >= 2;
     // The null mount first: if mounting is refused here, say so and stop.
-    let null = match ferry_fuse::spawn_null(&mp_null, s.bytes, Duration::ZERO, THREADS, auto_unmount()) {
+    let null = match ferry_fuse::spawn_null(&mp_null, s.bytes, Duration::ZERO, THREADS, auto_unmount(), true) {
         Ok(session) => Mounted { session: Some(session), mp: mp_null.clone() },
         Err(e) => {
             println!("ferry bench --fuse: skipped: mounting a FUSE file system failed: {e}");

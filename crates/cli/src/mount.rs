@@ -163,10 +163,16 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         fsname: url.to_string(),
         options: a.options.clone(),
         threads: a.threads,
+        dev_fuse_only: false,
     };
     let fs = FerryFs::new(client, &url.path, opts);
     let session =
         ferry_fuse::spawn(fs, &mp, &cfg).map_err(|e| format!("{}: mount failed: {}", mp.display(), strip(&e)))?;
+    let transport = session.transport();
+    if !transport.ring_on() && transport.ring != ferry_fuse::RingState::Off {
+        // Said once: where the kernel has no rings, /dev/fuse serves.
+        eprintln!("ferry: {}: {transport}", mp.display());
+    }
     if a.daemon {
         tell_parent_ready()?;
     } else {

@@ -101,6 +101,9 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+mod uring;
+pub use crate::uring::RingState;
+pub use crate::uring::Transport;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

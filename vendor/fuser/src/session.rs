@@ -48,6 +48,10 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+use crate::uring::Counters;
+use crate::uring::Ring;
+use crate::uring::RingState;
+use crate::uring::Transport;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -139,6 +143,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// The io_uring rings set up after `INIT` (none: `/dev/fuse` only).
+    rings: Vec<Arc<Ring>>,
+    ring_state: RingState,
+    counters: Arc<Counters>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +194,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            rings: Vec::new(),
+            ring_state: RingState::Off,
+            counters: Arc::default(),
         };
 
         session.handshake()?;
@@ -214,6 +225,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            rings: Vec::new(),
+            ring_state: RingState::Off,
+            counters: Arc::default(),
         };
 
         session.handshake()?;
@@ -225,6 +239,7 @@ impl<FS: Filesystem> Session<FS> {
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
+        let transport = (self.ring_state.clone(), Arc::clone(&self.counters));
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let guard = thread::Builder::new()
@@ -234,6 +249,7 @@ impl<FS: Filesystem> Session<FS> {
             guard,
             sender,
             mount,
+            transport,
         })
     }
 
@@ -252,6 +268,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            rings,
+            ring_state: _,
+            counters,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -290,6 +309,7 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut threads = Vec::with_capacity(n_threads);
 
+        let ring_ch = channels.last().cloned();
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
             let event_loop = SessionEventLoop {
@@ -298,11 +318,30 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                counters: Arc::clone(&counters),
             };
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
+            );
+        }
+        // One thread per ring: it waits for its entries' completions.
+        for (i, ring) in rings.into_iter().enumerate() {
+            let Some(ch) = ring_ch.clone() else { break };
+            let thread_name = format!("fuser-ring-{i}");
+            let event_loop = SessionEventLoop {
+                thread_name: thread_name.clone(),
+                filesystem: filesystem.clone(),
+                ch,
+                allowed,
+                session_owner,
+                counters: Arc::clone(&counters),
+            };
+            threads.push(
+                thread::Builder::new()
+                    .name(thread_name)
+                    .spawn(move || crate::uring::serve(ring, &event_loop))?,
             );
         }
 
@@ -429,6 +468,19 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            // FUSE over io_uring, where the kernel offers it (the `fuse`
+            // module's `enable_uring`): the rings are set up once the
+            // reply below has initialised the connection.
+            let ring = self.config.uring
+                && init
+                    .capabilities()
+                    .contains(InitFlags::FUSE_OVER_IO_URING);
+            if ring {
+                config.requested |= InitFlags::FUSE_OVER_IO_URING;
+            } else if self.config.uring {
+                self.ring_state = RingState::NotOffered;
+            }
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -473,8 +525,42 @@ impl<FS: Filesystem> Session<FS> {
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
 
+            if ring {
+                self.start_rings(&config);
+            }
             return Ok(());
         }
+    }
+
+    /// Registers the rings' entries; on failure the session stays on
+    /// `/dev/fuse` (the kernel uses the rings only once every queue has
+    /// an entry).
+    fn start_rings(&mut self, config: &KernelConfig) {
+        let payload = (config.max_write as usize)
+            .max(usize::from(config.max_pages()) * page_size::get());
+        let n = self.config.n_threads.unwrap_or(1).max(1);
+        let queues_hint = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = match self.config.uring_threads {
+            0 => n.div_ceil(queues_hint).max(1),
+            t => t,
+        };
+        let depth = self.config.uring_depth.max(1);
+        match crate::uring::start(self.ch.device(), payload, threads, depth, &self.counters) {
+            Ok((rings, state)) => {
+                info!("{}", Transport::describe(&state));
+                self.rings = rings;
+                self.ring_state = state;
+            }
+            Err(e) => {
+                warn!("FUSE over io_uring: {e}; serving /dev/fuse reads");
+                self.ring_state = RingState::Failed(e);
+            }
+        }
+    }
+
+    /// The transport this session serves requests over.
+    pub fn transport(&self) -> Transport {
+        Transport::new(self.ring_state.clone(), &self.counters)
     }
 
     /// Unmount the filesystem
@@ -518,6 +604,7 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -533,12 +620,22 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
-                        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                        let op = req.request.operation();
+                        if let Ok(Operation::Destroy(_)) = op {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());
-                        } else {
-                            req.dispatch(self)
                         }
+                        if !matches!(
+                            op,
+                            Ok(Operation::Forget(_)
+                                | Operation::BatchForget(_)
+                                | Operation::Interrupt(_))
+                        ) {
+                            self.counters
+                                .dev
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        req.dispatch(self)
                     }
                     // Quit loop on illegal request
                     None => {
@@ -564,6 +661,7 @@ pub struct BackgroundSession {
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
+    transport: (RingState, Arc<Counters>),
 }
 
 impl BackgroundSession {
@@ -578,6 +676,12 @@ impl BackgroundSession {
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.sender.clone())
+    }
+
+    /// The transport the session serves requests over, and what each
+    /// carried so far.
+    pub fn transport(&self) -> Transport {
+        Transport::new(self.transport.0.clone(), &self.transport.1)
     }
 
     /// Join the filesystem thread.

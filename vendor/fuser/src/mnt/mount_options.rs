@@ -18,6 +18,14 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Serve requests over io_uring rings (FUSE over io_uring) when the
+    /// kernel offers it in `INIT`; `/dev/fuse` reads otherwise.
+    pub uring: bool,
+    /// Rings (each with its thread) per queue; the kernel has one queue
+    /// per possible CPU. 0: enough for `n_threads` in all.
+    pub uring_threads: usize,
+    /// Entries per ring (requests a ring's thread holds at once). 0: 1.
+    pub uring_depth: usize,
 }
 
 /// Mount options accepted by the FUSE filesystem type
