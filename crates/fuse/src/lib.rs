@@ -36,7 +36,7 @@ mod fusermount;
 mod invalidate;
 mod locks;
 
-pub use fuser::{BackgroundSession, RingState, Transport};
+pub use fuser::{BackgroundSession, RingState, Transport, TransportHandle};
 pub use fusermount::find as fusermount3;
 pub use invalidate::Invalidator;
 pub use null::{spawn_null, NullFs, NULL_FILE};
@@ -135,6 +135,11 @@ impl Mounted {
     /// The FUSE transport the mount serves, and what each carried.
     pub fn transport(&self) -> Transport {
         self.session.transport()
+    }
+
+    /// Reads [`Self::transport`] from anywhere, for as long as wanted.
+    pub fn transport_handle(&self) -> TransportHandle {
+        self.session.transport_handle()
     }
 
     /// Whether the session has ended (the mount went away).

@@ -104,6 +104,7 @@ mod time;
 mod uring;
 pub use crate::uring::RingState;
 pub use crate::uring::Transport;
+pub use crate::uring::TransportHandle;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

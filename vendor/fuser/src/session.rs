@@ -49,7 +49,7 @@ use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::uring::Counters;
-use crate::uring::Ring;
+use crate::uring::RingThread;
 use crate::uring::RingState;
 use crate::uring::Transport;
 
@@ -143,8 +143,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
-    /// The io_uring rings set up after `INIT` (none: `/dev/fuse` only).
-    rings: Vec<Arc<Ring>>,
+    /// The io_uring rings' threads, set up after `INIT` (none: `/dev/fuse`
+    /// only).
+    rings: Vec<RingThread<FS>>,
     ring_state: RingState,
     counters: Arc<Counters>,
 }
@@ -326,23 +327,18 @@ impl<FS: Filesystem> Session<FS> {
                     .spawn(move || event_loop.event_loop())?,
             );
         }
-        // One thread per ring: it waits for its entries' completions.
+        // Each ring's thread (started at `INIT`) now serves requests.
         for (i, ring) in rings.into_iter().enumerate() {
             let Some(ch) = ring_ch.clone() else { break };
-            let thread_name = format!("fuser-ring-{i}");
             let event_loop = SessionEventLoop {
-                thread_name: thread_name.clone(),
+                thread_name: format!("fuser-ring-{i}"),
                 filesystem: filesystem.clone(),
                 ch,
                 allowed,
                 session_owner,
                 counters: Arc::clone(&counters),
             };
-            threads.push(
-                thread::Builder::new()
-                    .name(thread_name)
-                    .spawn(move || crate::uring::serve(ring, &event_loop))?,
-            );
+            threads.push(ring.go(event_loop));
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -681,7 +677,12 @@ impl BackgroundSession {
     /// The transport the session serves requests over, and what each
     /// carried so far.
     pub fn transport(&self) -> Transport {
-        Transport::new(self.transport.0.clone(), &self.transport.1)
+        self.transport_handle().get()
+    }
+
+    /// A handle on [`Self::transport`] that outlives this borrow.
+    pub fn transport_handle(&self) -> crate::TransportHandle {
+        crate::TransportHandle::new(self.transport.0.clone(), &self.transport.1)
     }
 
     /// Join the filesystem thread.

@@ -28,6 +28,9 @@ use std::io;
 use std::io::IoSlice;
 use std::mem::size_of;
 use std::os::fd::AsRawFd;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
+use std::sync::mpsc;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -58,6 +61,9 @@ const ENT_IN_OUT: usize = 256;
 const REQ_HEADER: usize = ENT_IN_OUT + 32;
 const COMMIT_ID: usize = ENT_IN_OUT + 8;
 const PAYLOAD_SZ: usize = ENT_IN_OUT + 16;
+
+/// `user_data` of the wake-up poll (entries are numbered from 0).
+const WAKE: u64 = u64::MAX;
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -109,6 +115,28 @@ pub enum RingState {
     NotOffered,
     /// Offered and granted, but setting the rings up failed.
     Failed(String),
+}
+
+/// A handle that reads a session's [`Transport`] from any thread, for as
+/// long as wanted (e.g. a metrics endpoint).
+#[derive(Debug, Clone)]
+pub struct TransportHandle {
+    ring: RingState,
+    counters: Arc<Counters>,
+}
+
+impl TransportHandle {
+    pub(crate) fn new(ring: RingState, counters: &Arc<Counters>) -> TransportHandle {
+        TransportHandle {
+            ring,
+            counters: Arc::clone(counters),
+        }
+    }
+
+    /// The transport and its counts now.
+    pub fn get(&self) -> Transport {
+        Transport::new(self.ring.clone(), &self.counters)
+    }
 }
 
 impl Transport {
@@ -227,8 +255,12 @@ pub(crate) struct Ring {
     entries: Box<[Entry]>,
     /// Entries whose command the kernel still holds or will get back.
     live: AtomicUsize,
-    /// Completions seen while checking the registration, served first.
-    early: Mutex<Vec<cqueue::Entry>>,
+    /// Wakes the serving thread for a reply made on another thread: only
+    /// the serving thread submits, because the kernel delivers the next
+    /// request to an entry in the context of the task that submitted the
+    /// entry's command (task work), and that task must be one that comes
+    /// back for it — never an application thread waiting on the mount.
+    wake: OwnedFd,
     counters: Arc<Counters>,
 }
 
@@ -276,6 +308,16 @@ fn possible_cpus() -> usize {
         });
     // SAFETY: sysconf has no memory effects.
     parsed.unwrap_or_else(|| unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize)
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain system call; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor this function owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// The header size of each operation's first argument — what the kernel
@@ -371,7 +413,7 @@ impl Ring {
             payload,
             entries: entries.into_boxed_slice(),
             live: AtomicUsize::new(0),
-            early: Mutex::new(Vec::new()),
+            wake: eventfd()?,
             counters: Arc::clone(counters),
         })
     }
@@ -396,8 +438,20 @@ impl Ring {
         }
     }
 
-    /// Registers every entry with the kernel.
-    fn register(&self) -> io::Result<()> {
+    /// Watches the wake-up descriptor (multishot: once for the ring's
+    /// life, re-armed if the kernel ends it).
+    fn arm_wake(&self) -> io::Result<()> {
+        let sqe = io_uring::opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(WAKE);
+        self.push(&sqe.into())
+    }
+
+    /// Registers every entry with the kernel; run by the serving thread
+    /// (see `wake`). Returns completions already there.
+    fn register(&self) -> io::Result<Vec<cqueue::Entry>> {
+        self.arm_wake()?;
         for (idx, e) in self.entries.iter().enumerate() {
             let sqe = UringCmd80::new(self.fd(), CMD_REGISTER)
                 .cmd(cmd_area(0, self.qid))
@@ -410,14 +464,12 @@ impl Ring {
         self.uring.submitter().submit()?;
         // A registration the kernel refused completes at once with its
         // error; a good one completes only with a request.
-        // SAFETY: the serving thread has not started; nobody else reads
-        // the completion queue.
+        // SAFETY: only the serving thread reads the completion queue.
         let done: Vec<cqueue::Entry> = unsafe { self.uring.completion_shared() }.collect();
-        if let Some(bad) = done.iter().find(|c| c.result() < 0) {
+        if let Some(bad) = done.iter().find(|c| c.user_data() != WAKE && c.result() < 0) {
             return Err(io::Error::from_raw_os_error(-bad.result()));
         }
-        self.early.lock().extend(done);
-        Ok(())
+        Ok(done)
     }
 
     /// Hands entry `idx` back with its reply (written already).
@@ -429,7 +481,13 @@ impl Ring {
             .user_data(idx as u64);
         self.push(&sqe)?;
         if SERVING.with(Cell::get) != self as *const Ring as usize {
-            self.uring.submitter().submit()?;
+            // The serving thread submits it (see `wake`).
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: an 8-byte write from a live buffer to our eventfd.
+            let n = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+            if n != 8 {
+                return Err(io::Error::last_os_error());
+            }
         }
         Ok(())
     }
@@ -505,38 +563,99 @@ impl RingSlot {
     }
 }
 
-/// Sets up the rings after `INIT` granted `FUSE_OVER_IO_URING`.
-pub(crate) fn start(
+/// A ring's serving thread, waiting for the session's dispatcher.
+pub(crate) struct RingThread<FS: Filesystem> {
+    go: mpsc::SyncSender<SessionEventLoop<FS>>,
+    thread: std::thread::JoinHandle<io::Result<()>>,
+}
+
+impl<FS: Filesystem> std::fmt::Debug for RingThread<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RingThread({:?})", self.thread.thread().name())
+    }
+}
+
+impl<FS: Filesystem> RingThread<FS> {
+    /// Starts serving with `se`; the handle ends when the ring does.
+    pub(crate) fn go(self, se: SessionEventLoop<FS>) -> std::thread::JoinHandle<io::Result<()>> {
+        // A thread that already ended (it could not register) drops `se`.
+        let _ = self.go.send(se);
+        self.thread
+    }
+}
+
+/// Sets up the rings after `INIT` granted `FUSE_OVER_IO_URING`: each gets
+/// its thread, which registers the entries (see `Ring::wake` for why that
+/// thread) and then waits for `RingThread::go`.
+pub(crate) fn start<FS: Filesystem>(
     dev: &Arc<DevFuse>,
     max_write: usize,
     threads: usize,
     depth: usize,
     counters: &Arc<Counters>,
-) -> Result<(Vec<Arc<Ring>>, RingState), String> {
+) -> Result<(Vec<RingThread<FS>>, RingState), String> {
     let queues = possible_cpus();
     // The kernel's smallest acceptable payload buffer is its largest
     // request or reply: max(8 KiB, max_write, max_pages pages).
     let payload = max_write.max(8192).div_ceil(PAGE) * PAGE;
     let (threads, depth) = (threads.max(1), depth.max(1));
-    let mut rings = Vec::with_capacity(queues * threads);
+    let mut started = Vec::with_capacity(queues * threads);
+    let (ready_tx, ready_rx) = mpsc::channel::<(u16, io::Result<()>)>();
     for qid in 0..queues {
-        for _ in 0..threads {
+        for t in 0..threads {
             let ring = Ring::new(dev, qid as u16, depth, payload, counters)
                 .map_err(|e| format!("io_uring setup: {e}"))?;
-            let ring = Arc::new(ring);
-            rings.push(Arc::clone(&ring));
-            ring.register()
-                .map_err(|e| format!("registering queue {qid}'s entries: {e}"))?;
+            let (go, wait) = mpsc::sync_channel::<SessionEventLoop<FS>>(1);
+            let ready = ready_tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("fuser-ring-{qid}-{t}"))
+                .spawn(move || ring_thread(Arc::new(ring), ready, wait))
+                .map_err(|e| format!("starting a ring thread: {e}"))?;
+            started.push(RingThread { go, thread });
+        }
+    }
+    drop(ready_tx);
+    for _ in 0..started.len() {
+        match ready_rx.recv() {
+            Ok((_, Ok(()))) => {}
+            Ok((qid, Err(e))) => return Err(format!("registering queue {qid}'s entries: {e}")),
+            Err(_) => return Err("a ring thread ended before registering".into()),
         }
     }
     Ok((
-        rings,
+        started,
         RingState::On {
             queues,
             threads,
             depth,
         },
     ))
+}
+
+fn ring_thread<FS: Filesystem>(
+    ring: Arc<Ring>,
+    ready: mpsc::Sender<(u16, io::Result<()>)>,
+    wait: mpsc::Receiver<SessionEventLoop<FS>>,
+) -> io::Result<()> {
+    SERVING.with(|s| s.set(Arc::as_ptr(&ring) as usize));
+    let early = match ring.register() {
+        Ok(early) => {
+            let _ = ready.send((ring.qid, Ok(())));
+            early
+        }
+        Err(e) => {
+            let _ = ready.send((ring.qid, Err(e)));
+            return Ok(());
+        }
+    };
+    drop(ready);
+    // Requests that come meanwhile wait in the completion queue.
+    let Ok(se) = wait.recv() else {
+        // The session was dropped before it ran: ending this thread
+        // cancels its entries.
+        return Ok(());
+    };
+    serve(ring, early, &se)
 }
 
 /// A request's bytes laid out as `/dev/fuse` gives them, 8-aligned.
@@ -554,12 +673,24 @@ impl Scratch {
 }
 
 /// Serves one ring until the kernel gives back all its entries (unmount).
-pub(crate) fn serve<FS: Filesystem>(ring: Arc<Ring>, se: &SessionEventLoop<FS>) -> io::Result<()> {
-    SERVING.with(|s| s.set(Arc::as_ptr(&ring) as usize));
+fn serve<FS: Filesystem>(
+    ring: Arc<Ring>,
+    mut cqes: Vec<cqueue::Entry>,
+    se: &SessionEventLoop<FS>,
+) -> io::Result<()> {
     let mut scratch = Scratch(Vec::new());
-    let mut cqes: Vec<cqueue::Entry> = std::mem::take(&mut *ring.early.lock());
     loop {
         for c in cqes.drain(..) {
+            if c.user_data() == WAKE {
+                let mut count = [0u8; 8];
+                // SAFETY: an 8-byte read into a live buffer from our
+                // (non-blocking) eventfd.
+                let _ = unsafe { libc::read(ring.wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+                if !cqueue::more(c.flags()) {
+                    ring.arm_wake()?;
+                }
+                continue;
+            }
             let idx = c.user_data() as usize;
             let res = c.result();
             if idx >= ring.entries.len() {
