@@ -49,8 +49,8 @@ use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::uring::Counters;
-use crate::uring::RingThread;
 use crate::uring::RingState;
+use crate::uring::RingThread;
 use crate::uring::Transport;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
@@ -467,10 +467,8 @@ impl<FS: Filesystem> Session<FS> {
             // FUSE over io_uring, where the kernel offers it (the `fuse`
             // module's `enable_uring`): the rings are set up once the
             // reply below has initialised the connection.
-            let ring = self.config.uring
-                && init
-                    .capabilities()
-                    .contains(InitFlags::FUSE_OVER_IO_URING);
+            let ring =
+                self.config.uring && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING);
             if ring {
                 config.requested |= InitFlags::FUSE_OVER_IO_URING;
             } else if self.config.uring {
@@ -532,16 +530,18 @@ impl<FS: Filesystem> Session<FS> {
     /// `/dev/fuse` (the kernel uses the rings only once every queue has
     /// an entry).
     fn start_rings(&mut self, config: &KernelConfig) {
-        let payload = (config.max_write as usize)
-            .max(usize::from(config.max_pages()) * page_size::get());
+        let payload =
+            (config.max_write as usize).max(usize::from(config.max_pages()) * page_size::get());
         let n = self.config.n_threads.unwrap_or(1).max(1);
-        let queues_hint = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = match self.config.uring_threads {
-            0 => n.div_ceil(queues_hint).max(1),
-            t => t,
-        };
         let depth = self.config.uring_depth.max(1);
-        match crate::uring::start(self.ch.device(), payload, threads, depth, &self.counters) {
+        let (threads, per) = (self.config.uring_threads, n);
+        match crate::uring::start(
+            self.ch.device(),
+            payload,
+            (threads, per),
+            depth,
+            &self.counters,
+        ) {
             Ok((rings, state)) => {
                 info!("{}", Transport::describe(&state));
                 self.rings = rings;

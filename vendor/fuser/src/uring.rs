@@ -30,12 +30,12 @@ use std::mem::size_of;
 use std::os::fd::AsRawFd;
 use std::os::fd::FromRawFd;
 use std::os::fd::OwnedFd;
-use std::sync::mpsc;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 
 use io_uring::IoUring;
 use io_uring::cqueue;
@@ -441,10 +441,11 @@ impl Ring {
     /// Watches the wake-up descriptor (multishot: once for the ring's
     /// life, re-armed if the kernel ends it).
     fn arm_wake(&self) -> io::Result<()> {
-        let sqe = io_uring::opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32)
-            .multi(true)
-            .build()
-            .user_data(WAKE);
+        let sqe =
+            io_uring::opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32)
+                .multi(true)
+                .build()
+                .user_data(WAKE);
         self.push(&sqe.into())
     }
 
@@ -466,7 +467,10 @@ impl Ring {
         // error; a good one completes only with a request.
         // SAFETY: only the serving thread reads the completion queue.
         let done: Vec<cqueue::Entry> = unsafe { self.uring.completion_shared() }.collect();
-        if let Some(bad) = done.iter().find(|c| c.user_data() != WAKE && c.result() < 0) {
+        if let Some(bad) = done
+            .iter()
+            .find(|c| c.user_data() != WAKE && c.result() < 0)
+        {
             return Err(io::Error::from_raw_os_error(-bad.result()));
         }
         Ok(done)
@@ -513,7 +517,10 @@ impl Ring {
         let mut len: usize = rest.iter().map(|p| p.len()).sum();
         if len > self.payload {
             // The kernel would refuse it: say so to the caller instead.
-            warn!("FUSE reply of {len} bytes exceeds the ring's {} byte payload", self.payload);
+            warn!(
+                "FUSE reply of {len} bytes exceeds the ring's {} byte payload",
+                self.payload
+            );
             out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
             out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
             rest.clear();
@@ -530,7 +537,11 @@ impl Ring {
                 std::ptr::copy_nonoverlapping(p.as_ptr(), at, p.len());
                 at = at.add(p.len());
             }
-            std::ptr::copy_nonoverlapping((len as u32).to_ne_bytes().as_ptr(), h.add(PAYLOAD_SZ), 4);
+            std::ptr::copy_nonoverlapping(
+                (len as u32).to_ne_bytes().as_ptr(),
+                h.add(PAYLOAD_SZ),
+                4,
+            );
         }
     }
 }
@@ -590,11 +601,17 @@ impl<FS: Filesystem> RingThread<FS> {
 pub(crate) fn start<FS: Filesystem>(
     dev: &Arc<DevFuse>,
     max_write: usize,
-    threads: usize,
+    (threads, n_threads): (usize, usize),
     depth: usize,
     counters: &Arc<Counters>,
 ) -> Result<(Vec<RingThread<FS>>, RingState), String> {
     let queues = possible_cpus();
+    // 0: as many serving threads in all as the session's readers.
+    let threads = if threads == 0 {
+        n_threads.div_ceil(queues)
+    } else {
+        threads
+    };
     // The kernel's smallest acceptable payload buffer is its largest
     // request or reply: max(8 KiB, max_write, max_pages pages).
     let payload = max_write.max(8192).div_ceil(PAGE) * PAGE;
@@ -705,7 +722,10 @@ fn serve<FS: Filesystem>(
                 // Unmount (ENOTCONN) or the ring going away (ECANCELED):
                 // the kernel is done with this entry.
                 if res != -libc::ENOTCONN && res != -libc::ECANCELED && res != -libc::ENODEV {
-                    warn!("FUSE ring entry ended: {}", io::Error::from_raw_os_error(-res));
+                    warn!(
+                        "FUSE ring entry ended: {}",
+                        io::Error::from_raw_os_error(-res)
+                    );
                 }
                 ring.live.fetch_sub(1, Ordering::AcqRel);
                 continue;
@@ -777,7 +797,8 @@ fn handle<FS: Filesystem>(
         b[..4].copy_from_slice(&len_field);
         b[IN_HEADER..IN_HEADER + op].copy_from_slice(&head[OP_IN..OP_IN + op]);
         // SAFETY: the payload buffer holds `payload_sz` bytes of request.
-        let payload = unsafe { std::slice::from_raw_parts(e.data.ptr.as_ptr().add(PREFIX), payload_sz) };
+        let payload =
+            unsafe { std::slice::from_raw_parts(e.data.ptr.as_ptr().add(PREFIX), payload_sz) };
         b[IN_HEADER + op..].copy_from_slice(payload);
         b
     };
