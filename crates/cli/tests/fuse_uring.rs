@@ -228,3 +228,26 @@ fn the_mount_falls_back_to_dev_fuse_reads_where_the_kernel_offers_no_rings() {
     assert_eq!((ring, on), (0.0, 0.0), "rings despite FERRY_FUSE_URING=0");
     assert!(dev > 0.0);
 }
+
+/// `ferry bench --fuse` measures both transports in one run and puts the
+/// switch back as it found it.
+#[test]
+fn the_fuse_benchmark_compares_io_uring_with_dev_fuse() {
+    common::fuse::require_fuse();
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let before = fs::read_to_string(ENABLE_URING).unwrap();
+    let o = Command::new("timeout")
+        .args(["300", common::FERRY, "bench", "--fuse", "--quick", "--runs", "1"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("FUSE transport of the mounts not marked /dev/fuse: FUSE over io_uring: "), "{out}");
+    for row in ["null FUSE read, /dev/fuse", "ferry mount read, /dev/fuse", "ferry mount write, /dev/fuse"] {
+        let line = out.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row}: {out}"));
+        assert!(line.contains("io_uring is "), "{line}");
+    }
+    assert!(out.contains("client CPU, mount read"), "{out}");
+    assert!(out.contains("target: ferry mount read >= 0.8 x the library's"), "{out}");
+    assert_eq!(fs::read_to_string(ENABLE_URING).unwrap(), before, "enable_uring not put back");
+}
