@@ -768,6 +768,12 @@ fn handle<FS: Filesystem>(
         ring: Arc::clone(ring),
         idx,
     };
+    if opcode == fuse_opcode::FUSE_DESTROY as u32 {
+        // The session ends with the unmount that follows; nothing to do
+        // (on /dev/fuse it ends the reading thread, here the kernel gives
+        // the entries back).
+        return reply_errno(&slot, unique, 0);
+    }
     let op = op_header_size(opcode).filter(|&n| n <= OP_IN_MAX);
     let (Some(op), true) = (op, payload_sz <= ring.payload) else {
         // Unknown to this decoder: an error, as for an unparsable read.
@@ -823,6 +829,7 @@ fn handle<FS: Filesystem>(
     Ok(())
 }
 
+/// An answer without data: `errno` 0 for success.
 fn reply_errno(slot: &RingSlot, unique: u64, errno: i32) -> io::Result<()> {
     let mut out = [0u8; OUT_HEADER];
     out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
