@@ -188,15 +188,20 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         ferry_fuse::spawn(fs, &mp, &cfg).map_err(|e| format!("{}: mount failed: {}", mp.display(), strip(&e)))?;
     let _ = transport.set(session.transport_handle());
     let transport = session.transport();
-    if !transport.ring_on() && transport.ring != ferry_fuse::RingState::Off {
-        // Said once: where the kernel has no rings, /dev/fuse serves.
-        eprintln!("ferry: {}: {transport}", mp.display());
-    }
+    // Said once: where the kernel offers no rings, /dev/fuse serves.
+    let fallback = (!transport.ring_on() && transport.ring != ferry_fuse::RingState::Off)
+        .then(|| format!("ferry: {}: {transport}", mp.display()));
     if a.daemon {
+        if let Some(f) = &fallback {
+            eprintln!("{f}");
+        }
         tell_parent_ready()?;
     } else {
         // In the foreground nothing else says the mount is up.
         eprintln!("ferry: {url} mounted on {}; Ctrl-C or `ferry umount` unmounts", mp.display());
+        if let Some(f) = &fallback {
+            eprintln!("{f}");
+        }
     }
     serve_until_unmounted(session, &mp)
 }
