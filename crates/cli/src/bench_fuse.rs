@@ -8,6 +8,12 @@
 //! are mounted in this process (fuser's background session), so nothing is
 //! left mounted when the benchmark ends or fails: each mount is unmounted
 //! when its guard drops.
+//!
+//! Both FUSE transports in one run: the null and ferry mounts are made
+//! twice, once while the kernel offers FUSE over io_uring (root switches
+//! the `fuse` module's `enable_uring` on for as long as mounting takes,
+//! then puts it back) and once on `/dev/fuse` reads; the client's CPU per
+//! GiB (this process: application loop and FUSE daemon) beside each.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -64,13 +70,14 @@ fn auto_unmount() -> bool {
     ["/usr/bin/fusermount3", "/bin/fusermount3"].iter().any(|p| Path::new(p).is_file())
 }
 
-fn mount_ferry(addr: &str, mp: &Path, opts: FsOptions) -> Result<Mounted, String> {
+fn mount_ferry(addr: &str, mp: &Path, opts: FsOptions, dev_fuse_only: bool) -> Result<Mounted, String> {
     let client = Client::connect(addr, &Options::default()).map_err(|e| e.to_string())?;
     let cfg = MountConfig {
         fs: opts.clone(),
         fsname: format!("ferry://{addr}/"),
         threads: THREADS,
         auto_unmount: auto_unmount(),
+        dev_fuse_only,
         ..MountConfig::default()
     };
     let fs = FerryFs::new(client, "/", opts);
@@ -111,19 +118,27 @@ pub fn run(a: &BenchArgs, bytes: u64, block: usize, dir: &Path) -> Result<(), St
 
 fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), String> {
     let (mp_null, mp_ferry, mp_ferry0) = (mnt.join("null"), mnt.join("ferry"), mnt.join("ferry-nocache"));
-    for d in [&mp_null, &mp_ferry, &mp_ferry0] {
+    let (mp_null_dev, mp_ferry_dev) = (mnt.join("null-dev"), mnt.join("ferry-dev"));
+    for d in [&mp_null, &mp_ferry, &mp_ferry0, &mp_null_dev, &mp_ferry_dev] {
         fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
     }
+    // Both FUSE transports in one run: the kernel offers io_uring to the
+    // mounts made while `enable_uring` is on, which is put back as found
+    // once they are up (a mount keeps the transport it started with).
+    let uring = ferry_fuse::EnableUring::set(true).map_err(|e| format!("{}: {e}", ferry_fuse::ENABLE_URING));
     let cpus = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
     let two = cpus.count() >= 2;
     // The null mount first: if mounting is refused here, say so and stop.
-    let null = match ferry_fuse::spawn_null(&mp_null, s.bytes, Duration::ZERO, THREADS, auto_unmount()) {
+    let null = match ferry_fuse::spawn_null(&mp_null, s.bytes, Duration::ZERO, THREADS, auto_unmount(), true) {
         Ok(session) => Mounted { session: Some(session), mp: mp_null.clone() },
         Err(e) => {
             println!("ferry bench --fuse: skipped: mounting a FUSE file system failed: {e}");
             return Ok(());
         }
     };
+    let null_dev = ferry_fuse::spawn_null(&mp_null_dev, s.bytes, Duration::ZERO, THREADS, auto_unmount(), false)
+        .map_err(|e| format!("{}: mount failed: {e}", mp_null_dev.display()))?;
+    let null_dev = Mounted { session: Some(null_dev), mp: mp_null_dev.clone() };
     make_tree(&dir.join("tree"), s.dirs, s.files_per_dir)?;
     let (server, port) = start_server(dir)?;
     if two {
@@ -138,19 +153,38 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     // The FUSE transport, not the same-host passthrough (`--same-host`
     // measures that): the daemon reads and writes the server's files.
     let transport = FsOptions { same_host_passthrough: false, ..FsOptions::default() };
-    let ferry = mount_ferry(&addr, &mp_ferry, transport.clone())?;
+    let ferry = mount_ferry(&addr, &mp_ferry, transport.clone(), false)?;
+    let ferry_dev = mount_ferry(&addr, &mp_ferry_dev, transport.clone(), true)?;
     let nocache = FsOptions {
         attr_timeout: Duration::ZERO,
         entry_timeout: Duration::ZERO,
         lease_timeout: Duration::ZERO,
         ..transport
     };
-    let ferry0 = mount_ferry(&addr, &mp_ferry0, nocache)?;
+    let ferry0 = mount_ferry(&addr, &mp_ferry0, nocache, false)?;
+    let ring_said = match (&uring, &ferry.session) {
+        (Err(e), _) => format!("io_uring not available here ({e})"),
+        (Ok(_), Some(s)) => s.transport().to_string(),
+        (Ok(_), None) => String::new(),
+    };
+    drop(uring);
     let client = Client::connect(&addr, &Options::default()).map_err(|e| e.to_string())?;
 
     let mut nread = Series::new("null FUSE sequential read", "MB/s");
     let mut fread = Series::new("ferry mount sequential read", "MB/s");
     let mut lread = Series::new("ferry library read (no FUSE)", "MB/s");
+    // The same over /dev/fuse reads (the mounts above use io_uring where
+    // the kernel offered it), and the client's CPU per GiB moved.
+    let mut nread_dev = Series::new("null FUSE read, /dev/fuse", "MB/s");
+    let mut nwrite_dev = Series::new("null FUSE write, /dev/fuse", "MB/s");
+    let mut fread_dev = Series::new("ferry mount read, /dev/fuse", "MB/s");
+    let mut fwrite_dev = Series::new("ferry mount write, /dev/fuse", "MB/s");
+    let mut lwrite = Series::new("ferry library write (no FUSE)", "MB/s");
+    let mut fread_cpu = Series::new("client CPU, mount read", "s/GiB");
+    let mut fread_dev_cpu = Series::new("client CPU, mount read, /dev/fuse", "s/GiB");
+    let mut lread_cpu = Series::new("client CPU, library read", "s/GiB");
+    let mut fwrite_cpu = Series::new("client CPU, mount write", "s/GiB");
+    let mut fwrite_dev_cpu = Series::new("client CPU, mount write, /dev/fuse", "s/GiB");
     // Under a lease the file's pages stay in the kernel past its close: a
     // read again is a read of the local page cache (`FOPEN_KEEP_CACHE`).
     let mut fread1 = Series::new("ferry mount read, small file, first", "MB/s");
@@ -171,23 +205,40 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
     let mut warm = Series::new("tree scan again, ferry mount (warm)", "ms");
     let mut scan0 = Series::new("tree scan, ferry mount, no cache", "ms");
     let data = mp_ferry.join("bench-fuse.dat");
+    let data_dev = mp_ferry_dev.join("bench-fuse.dat");
     let null_file = mp_null.join(ferry_fuse::NULL_FILE);
+    let null_dev_file = mp_null_dev.join(ferry_fuse::NULL_FILE);
     let files = s.dirs * s.files_per_dir;
     for run in 0..a.runs {
         crate::bench::progress("FUSE: read, write, stat and tree scan, ferry mount and null", run, a.runs);
         // Alternating ferry and null, so a noisy moment hits both.
-        fwrite.values.push(write_file(&data, s.bytes, s.block, true)?);
+        let (w, cpu) = cpu_per_gib(s.bytes, || write_file(&data, s.bytes, s.block, true))?;
+        fwrite.values.push(w);
+        fwrite_cpu.values.push(cpu);
+        let (w, cpu) = cpu_per_gib(s.bytes, || write_file(&data_dev, s.bytes, s.block, true))?;
+        fwrite_dev.values.push(w);
+        fwrite_dev_cpu.values.push(cpu);
         nwrite.values.push(write_file(&null_file, s.bytes, s.block, false)?);
-        fread.values.push(read_file(&data, s.bytes, s.block)?);
+        nwrite_dev.values.push(write_file(&null_dev_file, s.bytes, s.block, false)?);
+        let (r, cpu) = cpu_per_gib(s.bytes, || read_file(&data, s.bytes, s.block))?;
+        fread.values.push(r);
+        fread_cpu.values.push(cpu);
+        let (r, cpu) = cpu_per_gib(s.bytes, || read_file(&data_dev, s.bytes, s.block))?;
+        fread_dev.values.push(r);
+        fread_dev_cpu.values.push(cpu);
         fs::write(&small, vec![0x33u8; small_bytes as usize]).map_err(|e| format!("{}: {e}", small.display()))?;
         let small_on_mount = mp_ferry.join("bench-fuse-small.dat");
         fread1.values.push(read_file(&small_on_mount, small_bytes, s.block)?);
         fread2.values.push(read_file(&small_on_mount, small_bytes, s.block)?);
         nread.values.push(read_file(&null_file, s.bytes, s.block)?);
+        nread_dev.values.push(read_file(&null_dev_file, s.bytes, s.block)?);
         fread0.values.push(read_file(&mp_ferry0.join("bench-fuse.dat"), s.bytes, s.block)?);
         native_read.values.push(read_file(&small, small_bytes, s.block)?);
         // The same file read with the library, no FUSE: what the mount adds.
-        lread.values.push(super::ferry_read(&client, "/bench-fuse.dat", s.bytes, s.block)?);
+        let (r, cpu) = cpu_per_gib(s.bytes, || super::ferry_read(&client, "/bench-fuse.dat", s.bytes, s.block))?;
+        lread.values.push(r);
+        lread_cpu.values.push(cpu);
+        lwrite.values.push(super::ferry_write(&client, s.bytes, s.block)?);
         let (n, f, f99) = stats(&mp_null.join(ferry_fuse::NULL_FILE), &mp_ferry0.join("bench-fuse.dat"), s.stats)?;
         nstat.values.push(n);
         fstat.values.push(f);
@@ -199,7 +250,8 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         scan0.values.push(tree_scan(&mp_ferry0.join("tree"), files)?);
     }
     drop(client);
-    drop((ferry, ferry0, null));
+    let _ = fs::remove_file(dir.join("bench.dat"));
+    drop((ferry, ferry0, null, ferry_dev, null_dev));
     drop(server);
     println!(
         "ferry bench --fuse: {} MiB file, {} KiB requests (direct I/O), {} runs, {} stats each, \
@@ -213,6 +265,7 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         s.dirs,
         if two { "pinned: application and FUSE daemons CPU 0, ferry server CPU 1" } else { "one CPU: not pinned" }
     );
+    println!("FUSE transport of the mounts not marked /dev/fuse: {ring_said}");
     println!("{:<36} {:>10} {:>22} {:>22}", "figure", "median", "min..max", "ratio");
     let pct = |x: &Series, of: &Series| format!("{:.0} % of null FUSE", 100.0 * x.median() / of.median());
     for (series, ratio) in [
@@ -232,6 +285,16 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         ),
         (&nwrite, String::new()),
         (&fwrite, pct(&fwrite, &nwrite)),
+        (&lwrite, format!("mount is {:.0} % of it", 100.0 * fwrite.median() / lwrite.median())),
+        (&nread_dev, format!("io_uring is {:.2} x it", nread.median() / nread_dev.median())),
+        (&nwrite_dev, format!("io_uring is {:.2} x it", nwrite.median() / nwrite_dev.median())),
+        (&fread_dev, format!("io_uring is {:.2} x it", fread.median() / fread_dev.median())),
+        (&fwrite_dev, format!("io_uring is {:.2} x it", fwrite.median() / fwrite_dev.median())),
+        (&fread_cpu, String::new()),
+        (&fread_dev_cpu, String::new()),
+        (&lread_cpu, format!("mount read is {:.2} x it", fread_cpu.median() / lread_cpu.median())),
+        (&fwrite_cpu, String::new()),
+        (&fwrite_dev_cpu, String::new()),
         (&nstat, String::new()),
         (&fstat, format!("{:.2} x null FUSE", fstat.median() / nstat.median())),
         (&fstat99, String::new()),
@@ -241,12 +304,20 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         (&scan0, format!("{:.1} x native", scan0.median() / native.median())),
     ] {
         println!(
-            "{:<36} {:>7.1} {:<4} {:>10.1}..{:<10.1} {ratio}",
+            "{:<36} {:>7.2} {:<5} {:>10.2}..{:<10.2} {ratio}",
             series.name,
             series.median(),
             series.unit,
             series.min(),
             series.max()
+        );
+    }
+    for (what, ratio, target) in
+        [("mount read", fread.median() / lread.median(), 0.8), ("mount write", fwrite.median() / lwrite.median(), 0.6)]
+    {
+        println!(
+            "target: ferry {what} >= {target} x the library's (issue 34): {} ({ratio:.2} x)",
+            if ratio >= target { "met" } else { "NOT met" }
         );
     }
     let ratio = fread.median() / nread.median();
@@ -262,6 +333,24 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         if warm_speed >= 0.8 { "met" } else { "NOT met" }
     );
     Ok(())
+}
+
+/// Runs `f` (which moves `bytes`): its result, and this process's CPU
+/// seconds (user and system, every thread: the application's loop and, for
+/// a mount, its FUSE daemon) per GiB moved.
+fn cpu_per_gib(bytes: u64, f: impl FnOnce() -> Result<f64, String>) -> Result<(f64, f64), String> {
+    let t0 = cpu_secs();
+    let r = f()?;
+    Ok((r, (cpu_secs() - t0) * (1u64 << 30) as f64 / bytes as f64))
+}
+
+/// CPU seconds this process used so far (`/proc/self/stat`, clock ticks).
+fn cpu_secs() -> f64 {
+    let stat = fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) / 100.0;
+    tick(11) + tick(12)
 }
 
 /// `dirs` directories of `per_dir` small files, made directly in the

@@ -125,10 +125,15 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         .reconnecting_for(if a.hard { Duration::MAX } else { RECONNECT_FOR })
         .counting(metrics.as_ref().map(|(_, ops)| Arc::clone(ops)))
         .get(&url)?;
+    // The FUSE transport's counters, known once the mount is up.
+    let transport: Arc<std::sync::OnceLock<ferry_fuse::TransportHandle>> = Arc::default();
     if let Some((l, ops)) = metrics {
         let at = l.local_addr().map_err(|e| e.to_string())?;
         let c = client.clone();
+        let tr = Arc::clone(&transport);
         ferry_metrics::serve_http(l, move || {
+            let t = tr.get().map(|h| h.get());
+            let (ring, dev, on) = t.map_or((0, 0, 0), |t| (t.ring_requests, t.dev_requests, u64::from(t.ring_on())));
             ops.render(
                 "ferry_client",
                 &[
@@ -144,6 +149,19 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
                         "counter",
                         c.sessions_lost(),
                     ),
+                    (
+                        "ferry_fuse_ring_requests_total",
+                        "Kernel requests served from FUSE-over-io_uring ring entries.",
+                        "counter",
+                        ring,
+                    ),
+                    (
+                        "ferry_fuse_dev_requests_total",
+                        "Kernel requests read from /dev/fuse after INIT (FORGET and INTERRUPT, which only it carries, not counted).",
+                        "counter",
+                        dev,
+                    ),
+                    ("ferry_fuse_ring_on", "1 when the mount serves FUSE over io_uring.", "gauge", on),
                 ],
             )
         })
@@ -163,15 +181,27 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         fsname: url.to_string(),
         options: a.options.clone(),
         threads: a.threads,
+        dev_fuse_only: false,
     };
     let fs = FerryFs::new(client, &url.path, opts);
     let session =
         ferry_fuse::spawn(fs, &mp, &cfg).map_err(|e| format!("{}: mount failed: {}", mp.display(), strip(&e)))?;
+    let _ = transport.set(session.transport_handle());
+    let transport = session.transport();
+    // Said once: where the kernel offers no rings, /dev/fuse serves.
+    let fallback = (!transport.ring_on() && transport.ring != ferry_fuse::RingState::Off)
+        .then(|| format!("ferry: {}: {transport}", mp.display()));
     if a.daemon {
+        if let Some(f) = &fallback {
+            eprintln!("{f}");
+        }
         tell_parent_ready()?;
     } else {
         // In the foreground nothing else says the mount is up.
         eprintln!("ferry: {url} mounted on {}; Ctrl-C or `ferry umount` unmounts", mp.display());
+        if let Some(f) = &fallback {
+            eprintln!("{f}");
+        }
     }
     serve_until_unmounted(session, &mp)
 }

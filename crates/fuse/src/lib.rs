@@ -36,7 +36,7 @@ mod fusermount;
 mod invalidate;
 mod locks;
 
-pub use fuser::BackgroundSession;
+pub use fuser::{BackgroundSession, RingState, Transport, TransportHandle};
 pub use fusermount::find as fusermount3;
 pub use invalidate::Invalidator;
 pub use null::{spawn_null, NullFs, NULL_FILE};
@@ -49,6 +49,8 @@ mod samehost;
 use nodes::{Nodes, ROOT};
 use passthrough::{Mode, Taken};
 mod recent;
+mod transport;
+pub use transport::{ring_wanted, EnableUring, ENABLE_URING};
 
 /// Largest read or write the kernel sends in one request.
 const MAX_IO: u32 = 1024 * 1024;
@@ -113,6 +115,9 @@ pub struct MountConfig {
     pub options: Vec<String>,
     /// Threads reading requests from the kernel (0: a default).
     pub threads: usize,
+    /// Serve `/dev/fuse` reads only, even where the kernel offers FUSE
+    /// over io_uring (`transport`).
+    pub dev_fuse_only: bool,
 }
 
 /// A mount served on background threads.
@@ -125,6 +130,16 @@ pub struct Mounted {
 impl Mounted {
     pub(crate) fn new(session: BackgroundSession) -> Mounted {
         Mounted { session, helper: None }
+    }
+
+    /// The FUSE transport the mount serves, and what each carried.
+    pub fn transport(&self) -> Transport {
+        self.session.transport()
+    }
+
+    /// Reads [`Self::transport`] from anywhere, for as long as wanted.
+    pub fn transport_handle(&self) -> TransportHandle {
+        self.session.transport_handle()
     }
 
     /// Whether the session has ended (the mount went away).
@@ -185,6 +200,7 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mo
     // hold up a `stat`; the client engine pipelines them on one connection.
     config.n_threads = Some(if cfg.threads == 0 { 4 } else { cfg.threads });
     config.clone_fd = true;
+    config.uring = ring_wanted(cfg.dev_fuse_only);
     if auto_unmount && !cfg.allow_other {
         // A private mount: fusermount3 mounts it for us, without the
         // allow_other fuser would add (which it refuses to users).

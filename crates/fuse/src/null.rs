@@ -71,7 +71,8 @@ impl NullFs {
 }
 
 /// Mounts a [`NullFs`] on `mountpoint` the way `ferry mount` mounts (same
-/// request size, direct I/O, `threads` readers of /dev/fuse); unmounted
+/// request size, direct I/O, `threads` readers of /dev/fuse, and the
+/// io_uring rings if `ring` and the kernel offers them); unmounted
 /// when the session is dropped, and by `fusermount3` if the process dies
 /// first and `auto_unmount` is set. The mount point's owner owns the files.
 pub fn spawn_null(
@@ -80,6 +81,7 @@ pub fn spawn_null(
     ttl: Duration,
     threads: usize,
     auto_unmount: bool,
+    ring: bool,
 ) -> io::Result<Mounted> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(mountpoint)?;
@@ -94,6 +96,7 @@ pub fn spawn_null(
     }
     config.n_threads = Some(threads.max(1));
     config.clone_fd = true;
+    config.uring = ring;
     fuser::spawn_mount(NullFs::new(size, ttl, (m.uid(), m.gid())), mountpoint, &config).map(Mounted::new)
 }
 
