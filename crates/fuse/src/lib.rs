@@ -1255,14 +1255,20 @@ impl Filesystem for FerryFs {
         let _acting = self.callers.acting(req);
         let gen = self.recent.generation();
         let backed = self.modes.stat(ino.0).map(|r| r.map_err(Errno::from_i32));
-        let r = match backed {
+        let (r, local) = match backed {
             // The server's own file, where it backs the node (`samehost`).
-            Some(r) => r,
-            None => self.getattr_remote(ino, fh),
+            Some(r) => (r, true),
+            None => (self.getattr_remote(ino, fh), false),
         };
         let a = tri!(reply, r);
         lock(&self.nodes).seen(ino.0, &a);
-        reply.attr(&self.ttls_since(gen).0, &file_attr(ino.0, &a));
+        // An answer the server never saw is under no lease (and a file
+        // lent for writing is under none at all: another client's `chmod`
+        // of it breaks nothing here), so the kernel keeps it for no time:
+        // the next `stat` is another `fstat` of the same file, still no
+        // round trip.
+        let ttl = if local { Duration::ZERO } else { self.ttls_since(gen).0 };
+        reply.attr(&ttl, &file_attr(ino.0, &a));
     }
 
     fn setattr(
@@ -1285,6 +1291,7 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        let gen = self.recent.generation();
         let a = tri!(reply, self.do_setattr(ino, &SetAttrs { mode, uid, gid, size, atime, mtime }, fh));
         if size.is_some() {
             self.changed(ino.0);
@@ -1304,7 +1311,13 @@ impl Filesystem for FerryFs {
                 }
             }
         }
-        reply.attr(&self.opts.attr_timeout, &file_attr(ino.0, &a));
+        // A break read while the change ran (a grant the server refused,
+        // as for a file lent for writing, comes as one just before the
+        // reply) may have dropped the kernel's attributes before this
+        // reply reaches it: kept even for the plain timeout, they would
+        // hide the next change of a client the server no longer breaks.
+        let ttl = if self.recent.generation() == gen { self.opts.attr_timeout } else { Duration::ZERO };
+        reply.attr(&ttl, &file_attr(ino.0, &a));
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
