@@ -183,16 +183,9 @@ impl Turns {
         true
     }
 
-    /// The connection ended: no more threads for it (the event loop's
-    /// connections; one of threads waits for them instead, `close`).
+    /// The connection ended: no more workers for it.
     pub fn unwatch(&self) {
         lock(&self.grow).take();
-    }
-
-    /// Whether a helper thread that ended a request should leave: another
-    /// thread reads already.
-    pub fn spare(&self) -> bool {
-        self.reading.load(Relaxed)
     }
 
     /// A helper thread left.
@@ -200,16 +193,6 @@ impl Turns {
         let _running = lock(&self.running);
         self.threads.fetch_sub(1, Relaxed);
         self.done.notify_all();
-    }
-
-    /// The first thread, at the connection's end, waits for its helpers
-    /// (still running a request each) and takes the means to start more.
-    pub fn close(&self) {
-        lock(&self.grow).take();
-        let mut running = lock(&self.running);
-        while self.threads.load(Relaxed) > 1 {
-            running = self.done.wait(running).unwrap_or_else(|e| e.into_inner());
-        }
     }
 
     /// The watchdog's look: a thread more if a request ran a whole tick
