@@ -407,7 +407,12 @@ fn beside_idle(plan: &Plan, ferry: &System, res: &mut Results) -> Result<(), Str
     let held = load::sample(&ferry.server);
     let beside = stat_latency(addr, plan.stats.min(5000))?;
     let per = held.rss_kib.saturating_sub(before.rss_kib) as f64 / n as f64;
+    // Per idle client: a lower bound after the runs before grew the
+    // server's heap (what they freed is reused); `ferry soak --idle` has
+    // the figure of a fresh server.
     res.add("6", &ferry.name, &p, "memory per idle client", "KiB", per);
+    res.add("6", &ferry.name, &p, "server RSS with them", "MiB", held.rss_kib as f64 / 1024.0);
+    res.add("6", &ferry.name, &p, "server threads with them", "count", held.threads as f64);
     res.add("6", &ferry.name, &p, "stat p50 alone", "µs", alone.0 as f64);
     res.add("6", &ferry.name, &p, "stat p99 alone", "µs", alone.1 as f64);
     res.add("6", &ferry.name, &p, "stat p50 beside idle", "µs", beside.0 as f64);

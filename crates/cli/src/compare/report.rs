@@ -181,9 +181,15 @@ pub(super) fn print_tables(
     table(res, "6", "server RSS", "6. The server meanwhile (peak of 3 samples)", &names);
     table(res, "6", "server threads", "6. The server meanwhile (peak of 3 samples)", &names);
     table(res, "6", "server descriptors", "6. The server meanwhile (peak of 3 samples)", &names);
-    for m in
-        ["memory per idle client", "stat p50 alone", "stat p50 beside idle", "stat p99 alone", "stat p99 beside idle"]
-    {
+    for m in [
+        "memory per idle client",
+        "server RSS with them",
+        "server threads with them",
+        "stat p50 alone",
+        "stat p50 beside idle",
+        "stat p99 alone",
+        "stat p99 beside idle",
+    ] {
         table(res, "6", m, "6. Idle clients on ferry's server", &names);
     }
     print_fetch(res, systems, plan, runs);
