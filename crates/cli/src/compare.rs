@@ -11,6 +11,7 @@
 //! with min and max; the tables are printed and written as CSV and JSON.
 
 mod experiments;
+mod load;
 mod programs;
 mod report;
 mod worker;
@@ -51,6 +52,16 @@ pub struct CompareArgs {
     /// Only these experiments, e.g. `--only 1,4` (0 = raw limits).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<u32>,
+    /// Only these systems, e.g. `--systems nfs3-ra,ferry-run` (ferry's
+    /// library and the local directory are always measured).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// Experiment 6: also hold this many idle clients on ferry's server,
+    /// each with a session, and run its largest client count beside them
+    /// (the server's memory per idle client, a client's `stat` beside them
+    /// against alone).
+    #[arg(long, default_value_t = 0)]
+    pub idle: usize,
     /// Internal: one measurement client (see compare/worker.rs).
     #[arg(long, hide = true, num_args = 1.., allow_hyphen_values = true)]
     pub worker: Vec<String>,
@@ -77,6 +88,10 @@ struct Plan {
     /// (small files are fetched several times and the figures divided).
     fetch_sizes: Vec<u64>,
     fetch_bytes: u64,
+    /// Experiment 6: idle clients held beside the largest client count.
+    idle: usize,
+    /// Ferry's server (`host:port`), once started.
+    addr: String,
 }
 
 impl Plan {
@@ -96,6 +111,8 @@ impl Plan {
                 rtts: 200,
                 fetch_sizes: vec![MIB, 4 * MIB],
                 fetch_bytes: 8 * MIB,
+                idle: 0,
+                addr: String::new(),
             }
         } else {
             Plan {
@@ -112,6 +129,8 @@ impl Plan {
                 rtts: 20_000,
                 fetch_sizes: vec![MIB, 10 * MIB, 100 * MIB],
                 fetch_bytes: 200 * MIB,
+                idle: 0,
+                addr: String::new(),
             }
         }
     }
@@ -592,7 +611,8 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
     if !a.worker.is_empty() {
         return worker::main(&a.worker);
     }
-    let plan = Plan::new(a.quick);
+    let mut plan = Plan::new(a.quick);
+    plan.idle = a.idle;
     if a.quick {
         println!("{}", crate::bench::QUICK_NOTE);
     }
@@ -618,8 +638,21 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
     let t0 = Instant::now();
     eprintln!("ferry compare: writing test data in {}", run.export.display());
     make_data(&run.export, &plan)?;
-    let (server, port) = bench::start_server(&run.export)?;
+    // Idle clients beside the busiest point need room past the default
+    // connection limit, descriptors for it (the server keeps its handle
+    // budget clear of 2 per connection it may accept), and their sessions
+    // gone a second after they leave, not still holding their journals
+    // through the next run.
+    let most = plan.idle + 2 * plan.clients.iter().max().unwrap_or(&1) + 64;
+    let mut args = vec!["--max-connections".to_string(), most.max(1024).to_string()];
+    if plan.idle > 0 {
+        crate::soak_idle::raise_fd_limit();
+        args.extend(["--session-lease".into(), "1".into()]);
+    }
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let (server, port) = bench::start_server_with(&run.export, &args)?;
     let server_pid = server.0.id();
+    plan.addr = format!("127.0.0.1:{port}");
     let exe = exe()?;
     // The client cache of every ferry client here: its own directory, no
     // rules but the `++` naming (never the user's cache or configuration).
@@ -689,6 +722,12 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
         note: "the export directory itself, no network (page cache)".into(),
         local: true,
     });
+    if !a.systems.is_empty() {
+        // Ferry's library stays: other experiments and the idle clients
+        // are measured on it alone.
+        systems.retain(|s| s.name == "ferry" || s.local || a.systems.contains(&s.name));
+        status.push(format!("systems measured: {}", a.systems.join(", ")));
+    }
     for s in &status {
         println!("{s}");
     }

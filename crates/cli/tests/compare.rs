@@ -96,3 +96,38 @@ fn compare_quick_runs_every_experiment() {
         }
     }
 }
+
+/// Experiment 6 with idle clients beside it, for ferry and `ferry run`
+/// only: the server's memory, threads and descriptors beside each client
+/// count, and what the idle clients cost it and a client's `stat`.
+#[test]
+fn compare_reports_the_server_beside_its_clients_and_idle_ones() {
+    let out = std::env::temp_dir().join(format!("ferry-compare-idle-{}", std::process::id()));
+    let o = Command::new(FERRY)
+        .args(["compare", "--quick", "--only", "6", "--idle", "60", "--systems", "ferry-run", "--out"])
+        .arg(&out)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .output()
+        .expect("run ferry compare");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "ferry compare failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let csv = std::fs::read_to_string(out.join("results.csv")).expect("results.csv");
+    let _ = std::fs::remove_dir_all(&out);
+    let figure = |row: &str| -> f64 {
+        let l = csv.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row:?} row:\n{csv}"));
+        l.split(',').nth(5).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no median in {l}"))
+    };
+    for sys in ["ferry", "ferry-run"] {
+        assert!(figure(&format!("6,{sys},3,server RSS,")) > 1.0, "{sys}: the server's memory");
+        assert!(figure(&format!("6,{sys},3,server threads,")) >= 2.0, "{sys}: the server's threads");
+        assert!(figure(&format!("6,{sys},3,server descriptors,")) >= 3.0, "{sys}: the server's descriptors");
+    }
+    assert!(!csv.lines().any(|l| l.starts_with("6,ferry-fuse,")), "--systems left ferry-fuse out:\n{csv}");
+    assert!(figure("6,ferry,3 + 60 idle,aggregate throughput,") > 0.0, "the readers beside the idle clients");
+    assert!(figure("6,ferry,60 idle,server RSS with them,") > 1.0);
+    assert!(figure("6,ferry,60 idle,stat p99 beside idle,") > 0.0);
+    for title in ["6. The server meanwhile", "6. Idle clients on ferry's server"] {
+        assert!(stdout.contains(title), "no {title:?} in\n{stdout}");
+    }
+}

@@ -82,7 +82,11 @@ const COMMANDS: &[(&str, &[&str], &[&str])] = &[
         &["--size-mib", "--block-kib", "--runs", "--rtts", "--dir", "--quick", "--fuse", "--run", "--same-host"],
         &[],
     ),
-    ("compare", &["--quick", "--runs", "--out", "--baselines", "--bench-dir", "--dir", "--only"], &[]),
+    (
+        "compare",
+        &["--quick", "--runs", "--out", "--baselines", "--bench-dir", "--dir", "--only", "--systems", "--idle"],
+        &[],
+    ),
     ("soak", &["--clients", "--secs", "--max-file", "--seed", "--dir", "--idle", "--idle-procs", "--server"], &[]),
     ("completions", &[], &[]),
     ("man", &["--dir"], &[]),

@@ -4,26 +4,97 @@
 //! write verifier does, every 32 MiB) would stall its own pipeline for as
 //! long as the disk takes. So the server takes the file (its handle's
 //! `Arc`) when the `Fsync` arrives, which is after every write the session
-//! sent before it has run, and a thread of the connection waits for the
+//! sent before it has run, and a thread of the commit pool waits for the
 //! disk and sends the reply, out of order (clients match replies by id).
+//!
+//! The pool is the server's, not a connection's: a thread per connection
+//! that ever committed, kept for the connection's life, made 200 writers
+//! 200 threads more (and a descriptor each) long after their last commit.
+//! A commit takes a waiting thread or starts one, up to [`MAX_THREADS`]
+//! (past that it waits in the queue); a thread idle for [`LINGER`] leaves.
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use ferry_proto::{ErrorReply, Reply};
+use ferry_sock::Socket;
 
 use crate::backend::Backend;
 
-struct Job<F> {
-    op: u16,
-    id: u64,
-    file: Arc<F>,
-    datasync: bool,
+/// Commit threads at most: disks waited for at once.
+const MAX_THREADS: usize = 64;
+/// How long a commit thread waits for work before it leaves.
+const LINGER: Duration = Duration::from_secs(2);
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Threads waiting for a job.
+    waiting: usize,
+    threads: usize,
 }
 
-/// A connection's commit thread, started at its first `Fsync`.
+struct Pool {
+    queue: Mutex<Queue>,
+    more: Condvar,
+}
+
+static POOL: Pool =
+    Pool { queue: Mutex::new(Queue { jobs: VecDeque::new(), waiting: 0, threads: 0 }), more: Condvar::new() };
+
+fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `job` on a thread of the pool: `Err` only if there is none and
+/// none can start (the caller then runs it in line).
+fn submit(job: Job) -> Result<(), Job> {
+    let mut q = lock(&POOL.queue);
+    // Each queued job has a waiting thread to take it, or one starts.
+    if q.jobs.len() + 1 > q.waiting && q.threads < MAX_THREADS {
+        let spawned = std::thread::Builder::new().name("ferry-commit".into()).stack_size(128 * 1024).spawn(committer);
+        match spawned {
+            Ok(_) => q.threads += 1,
+            Err(e) if q.threads == 0 => {
+                tracing::warn!("no commit thread ({e}): committing in line");
+                return Err(job);
+            }
+            // Those running take it when they are done.
+            Err(_) => {}
+        }
+    }
+    q.jobs.push_back(job);
+    drop(q);
+    POOL.more.notify_one();
+    Ok(())
+}
+
+/// A thread of the pool: runs jobs until none came for [`LINGER`].
+fn committer() {
+    let mut q = lock(&POOL.queue);
+    loop {
+        if let Some(job) = q.jobs.pop_front() {
+            drop(q);
+            job();
+            q = lock(&POOL.queue);
+            continue;
+        }
+        q.waiting += 1;
+        let (g, t) = POOL.more.wait_timeout(q, LINGER).unwrap_or_else(|e| e.into_inner());
+        q = g;
+        q.waiting -= 1;
+        if t.timed_out() && q.jobs.is_empty() {
+            q.threads -= 1;
+            return;
+        }
+    }
+}
+
+/// A connection's commits: how many it has queued or running.
 pub struct Committer<B: Backend> {
     backend: Arc<B>,
     /// Commits queued or running, at most the client's request window:
@@ -33,19 +104,19 @@ pub struct Committer<B: Backend> {
     window: usize,
     /// Held by whoever writes to the socket, so frames never interleave.
     wlock: Arc<Mutex<()>>,
-    jobs: Option<Sender<Job<B::File>>>,
 }
 
 impl<B: Backend> Committer<B> {
     pub fn new(backend: Arc<B>, window: usize, wlock: Arc<Mutex<()>>) -> Self {
-        Committer { backend, queued: Arc::default(), window: window.max(1), wlock, jobs: None }
+        Committer { backend, queued: Arc::default(), window: window.max(1), wlock }
     }
 
-    /// Queues the commit of `file`; its reply goes to `sock`. Fails only if
-    /// no thread can be started (the caller then commits in line).
+    /// Queues the commit of `file`; its reply goes to `sock`. Fails if the
+    /// connection's window of commits is full or no thread can take it
+    /// (the caller then commits in line).
     pub fn start(
         &mut self,
-        sock: &ferry_sock::Socket,
+        sock: &Arc<Socket>,
         op: u16,
         id: u64,
         file: Arc<B::File>,
@@ -54,41 +125,25 @@ impl<B: Backend> Committer<B> {
         if self.queued.load(Relaxed) >= self.window {
             return Err(());
         }
-        if self.jobs.is_none() {
-            let (tx, rx) = channel::<Job<B::File>>();
-            let sock = sock.try_clone().map_err(drop)?;
-            let (backend, wlock, queued) =
-                (Arc::clone(&self.backend), Arc::clone(&self.wlock), Arc::clone(&self.queued));
-            std::thread::Builder::new()
-                .name("ferry-commit".into())
-                .stack_size(128 * 1024)
-                .spawn(move || {
-                    let mut out = Vec::new();
-                    // Ends when the connection drops its sender.
-                    for j in rx {
-                        out.clear();
-                        match backend.fsync(&j.file, j.datasync) {
-                            Ok(()) => Reply::Empty.encode(j.op, j.id, &mut out),
-                            Err(e) => {
-                                let msg = std::io::Error::from_raw_os_error(e.0).to_string();
-                                ErrorReply { errno: e.0 as u32, message: &msg }.encode(j.op, j.id, &mut out)
-                            }
-                        }
-                        let _g = wlock.lock().unwrap_or_else(|e| e.into_inner());
-                        // A connection gone meanwhile has no one to tell.
-                        let _ = (&sock).write_all(&out);
-                        queued.fetch_sub(1, Relaxed);
-                    }
-                })
-                .map_err(drop)?;
-            self.jobs = Some(tx);
-        }
-        let job = Job { op, id, file, datasync };
+        let (backend, wlock, queued, sock) =
+            (Arc::clone(&self.backend), Arc::clone(&self.wlock), Arc::clone(&self.queued), Arc::clone(sock));
         self.queued.fetch_add(1, Relaxed);
-        let sent = self.jobs.as_ref().map_or(Err(()), |j| j.send(job).map_err(drop));
-        if sent.is_err() {
+        let job = Box::new(move || {
+            let mut out = Vec::new();
+            match backend.fsync(&file, datasync) {
+                Ok(()) => Reply::Empty.encode(op, id, &mut out),
+                Err(e) => {
+                    let msg = std::io::Error::from_raw_os_error(e.0).to_string();
+                    ErrorReply { errno: e.0 as u32, message: &msg }.encode(op, id, &mut out)
+                }
+            }
+            let _g = wlock.lock().unwrap_or_else(|e| e.into_inner());
+            // A connection gone meanwhile has no one to tell.
+            let _ = (&*sock).write_all(&out);
+            queued.fetch_sub(1, Relaxed);
+        });
+        submit(job).map_err(|_| {
             self.queued.fetch_sub(1, Relaxed);
-        }
-        sent
+        })
     }
 }

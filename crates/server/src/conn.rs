@@ -1,7 +1,8 @@
-//! One client connection: handshake, then read a frame, execute it, write
-//! the reply — all on the connection's own thread, so a read request never
-//! changes threads between the socket and `sendfile`. A request that runs
-//! long gets the rest of the connection served beside it by another thread
+//! One client connection: handshake (on a thread of its own), then, served
+//! by a worker of the event loop (`evloop.rs`), read a frame, execute it,
+//! write the reply — all on that worker, so a read request never changes
+//! threads between the socket and `sendfile`. A request that runs long
+//! gets the rest of the connection served beside it by another worker
 //! (`turns`).
 
 use ferry_sock::Socket;
@@ -112,9 +113,6 @@ pub struct Conn<B: Backend> {
     fds_sent: Arc<AtomicU64>,
     /// Its requests running, and the threads serving it.
     turns: Arc<Turns>,
-    /// This thread was added to serve beside a slow request; it leaves
-    /// once another thread reads the socket again.
-    helper: bool,
     /// Why the connection ended, told by the thread that found out.
     ended: Arc<Mutex<Option<End>>>,
     /// The ids this connection's thread wears (`IDENTITY`).
@@ -214,7 +212,6 @@ impl<B: Backend> Conn<B> {
             out: Vec::new(),
             fds_sent: Arc::default(),
             turns: Turns::new(),
-            helper: false,
             ended: Arc::default(),
             creds: crate::identity::ThreadCreds::new(),
             binding: None,
@@ -252,7 +249,6 @@ impl<B: Backend> Conn<B> {
             commits: Arc::clone(&self.commits),
             fds_sent: Arc::clone(&self.fds_sent),
             turns: Arc::clone(&self.turns),
-            helper: true,
             ended: Arc::clone(&self.ended),
             creds: crate::identity::ThreadCreds::new(),
             binding: self.binding,
@@ -274,46 +270,6 @@ impl<B: Backend> Conn<B> {
         self.policy = Some(policy.clone());
         lock(&self.joined).session = Some(Arc::new(Session::new(Arc::clone(&self.common.backend), policy)));
         Ok(caps)
-    }
-
-    /// Whether the event loop can serve the connection: its input is read
-    /// as it comes, not through TLS records.
-    pub fn plain(&self) -> bool {
-        self.tx.tls().is_none()
-    }
-
-    /// Runs the connection to its end on this thread (and the threads a
-    /// slow request adds), after [`start`](Self::start).
-    pub fn run(mut self, caps: u64) -> End {
-        // From now on a request that runs long gets another thread beside
-        // it, which starts from a copy of this hold of the connection.
-        match self.sibling() {
-            Ok(template) => {
-                let template = Mutex::new(template);
-                self.turns.watch(Box::new(move || {
-                    let Ok(mut c) = lock(&template).sibling() else { return false };
-                    let spawned = std::thread::Builder::new().name("ferry-conn+".into()).stack_size(256 * 1024).spawn(
-                        move || {
-                            // Its own ids, those of the process.
-                            c.creds = crate::identity::ThreadCreds::new();
-                            let _span = tracing::info_span!("conn", peer = %c.peer).entered();
-                            let turns = Arc::clone(&c.turns);
-                            c.serve(caps);
-                            drop(c);
-                            turns.leave();
-                        },
-                    );
-                    spawned.is_ok()
-                }));
-            }
-            Err(e) => tracing::warn!(peer = %self.peer, "requests of this connection run one at a time: {e}"),
-        }
-        self.serve(caps);
-        // The peer learns at once, and a thread still running a request
-        // finds no one to answer.
-        let _ = self.tx.shutdown_both();
-        self.turns.close();
-        self.finish()
     }
 
     /// What the connection leaves behind once no thread serves it: its
@@ -415,31 +371,6 @@ impl<B: Backend> Conn<B> {
                     return Ready::Ended;
                 }
                 return if handed { Ready::Handed } else { Ready::Yield };
-            }
-        }
-    }
-
-    /// Serves requests until the connection ends, or until this helper
-    /// thread is not needed any more.
-    fn serve(&mut self, caps: u64) {
-        loop {
-            let r = self.serve_one(caps);
-            self.big = None;
-            if let Err(e) = r {
-                // (A connection of its own thread waits for input: `Ok`
-                // always served a request.)
-                // The first reason found is the connection's.
-                lock(&self.ended).get_or_insert(e);
-                self.turns.over();
-                self.turns.reading(false);
-                return;
-            }
-            if self.helper && self.turns.spare() {
-                if let Err(e) = self.flush() {
-                    lock(&self.ended).get_or_insert(e);
-                    self.turns.over();
-                }
-                return;
             }
         }
     }

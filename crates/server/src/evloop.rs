@@ -12,8 +12,9 @@
 //!
 //! Requests may block (a disk, a lock, a lease break waiting for another
 //! client). So a watchdog looks at the workers every [`TICK`]: when one has
-//! been in the same request for a tick and none waits for events, another
-//! worker starts; workers beyond the CPU count leave after a while idle.
+//! been blocked in the kernel in the same request for a tick and none waits
+//! for events, another worker starts; workers beyond the CPU count leave
+//! after a while idle.
 //! And a connection's own slow request gives its reading turn away
 //! (`turns.rs`): the socket is armed again and the next worker reads on
 //! beside it, by the rules of PROTOCOL.md section 10.
@@ -21,7 +22,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,8 @@ const LINGER: Duration = Duration::from_secs(2);
 
 /// One worker's count of the requests it served, for the watchdog.
 struct Worker {
+    /// Its thread id, for its state in /proc.
+    tid: AtomicI32,
     stamp: AtomicU64,
     seen: AtomicU64,
     waiting: AtomicBool,
@@ -88,6 +91,9 @@ pub struct EvLoop<B: Backend> {
     queue: Mutex<VecDeque<u64>>,
     wake: OwnedFd,
     slots: Mutex<HashMap<u64, Arc<Slot<B>>>>,
+    /// The connections being served now, and by how many: those whose
+    /// request may run long, for the watchdog of `turns.rs`.
+    busy: Mutex<HashMap<u64, (usize, Arc<crate::turns::Turns>)>>,
     next: AtomicU64,
     base: usize,
     workers: Mutex<Vec<Arc<Worker>>>,
@@ -115,6 +121,7 @@ impl<B: Backend> EvLoop<B> {
             queue: Mutex::default(),
             wake,
             slots: Mutex::default(),
+            busy: Mutex::default(),
             next: AtomicU64::new(1),
             base,
             workers: Mutex::default(),
@@ -134,6 +141,7 @@ impl<B: Backend> EvLoop<B> {
 
     fn add_worker(self: &Arc<Self>) -> std::io::Result<()> {
         let w = Arc::new(Worker {
+            tid: AtomicI32::new(0),
             stamp: AtomicU64::new(0),
             seen: AtomicU64::new(0),
             waiting: AtomicBool::new(false),
@@ -142,6 +150,7 @@ impl<B: Backend> EvLoop<B> {
         self.total.fetch_add(1, SeqCst);
         let (ev, me) = (Arc::clone(self), Arc::clone(&w));
         let spawned = std::thread::Builder::new().name("ferry-worker".into()).stack_size(256 * 1024).spawn(move || {
+            me.tid.store(rustix::thread::gettid().as_raw_nonzero().get(), Relaxed);
             ME.with(|m| *m.borrow_mut() = Some(Arc::clone(&me)));
             ev.work(&me);
         });
@@ -268,12 +277,14 @@ impl<B: Backend> EvLoop<B> {
             Ready::Ended
         } else {
             let rights = slot.turns.rights();
+            self.busy(slot, true);
             hold.enter(kit);
             let r = {
                 let _span = tracing::info_span!("conn", peer = %slot.peer).entered();
                 hold.serve_ready(slot.caps, rights)
             };
             hold.leave(kit);
+            self.busy(slot, false);
             r
         };
         slot.last.store(self.now(), Relaxed);
@@ -301,6 +312,28 @@ impl<B: Backend> EvLoop<B> {
                 hold.shut();
                 self.put(slot, Some(hold));
             }
+        }
+    }
+
+    /// Counts a worker in or out of serving `slot`.
+    fn busy(&self, slot: &Slot<B>, on: bool) {
+        let mut busy = lock(&self.busy);
+        if on {
+            busy.entry(slot.key).or_insert_with(|| (0, Arc::clone(&slot.turns))).0 += 1;
+        } else if let Some(b) = busy.get_mut(&slot.key) {
+            b.0 -= 1;
+            if b.0 == 0 {
+                busy.remove(&slot.key);
+            }
+        }
+    }
+
+    /// The connections being served: one whose request ran a whole tick
+    /// with none reading on gets another worker (`Turns::look`).
+    fn look_busy(&self) {
+        let busy: Vec<Arc<crate::turns::Turns>> = lock(&self.busy).values().map(|(_, t)| Arc::clone(t)).collect();
+        for t in busy {
+            t.look();
         }
     }
 
@@ -376,7 +409,7 @@ impl<B: Backend> EvLoop<B> {
         let mut stuck = 0;
         lock(&self.workers).retain(|w| {
             let stamp = w.stamp.load(Relaxed);
-            if !w.waiting.load(Relaxed) && w.seen.swap(stamp, Relaxed) == stamp {
+            if !w.waiting.load(Relaxed) && w.seen.swap(stamp, Relaxed) == stamp && blocked(w.tid.load(Relaxed)) {
                 stuck += 1;
             }
             !w.gone.load(Relaxed)
@@ -408,12 +441,25 @@ fn watch<B: Backend>(ev: Weak<EvLoop<B>>) {
     loop {
         std::thread::sleep(TICK);
         let Some(ev) = ev.upgrade() else { return };
+        ev.look_busy();
         ev.look();
         n += 1;
         if n.is_multiple_of(100) {
             ev.sweep();
         }
     }
+}
+
+/// Whether thread `tid` of this process waits in the kernel (a disk, a
+/// lock, a socket) rather than runs or waits for a CPU. A worker that went
+/// a tick without a request done only because the CPUs were busy (200
+/// client processes on 2 cores) is not stuck: another worker would only
+/// compete with it (such workers grew the loop to 100 threads).
+fn blocked(tid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else { return true };
+    // The state follows the command name, which may hold spaces and ')'.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    state != Some('R')
 }
 
 /// The one log line a connection's end gets.

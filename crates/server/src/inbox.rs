@@ -1,9 +1,11 @@
 //! A connection's input, read frame by frame. On a connection of the event
 //! loop (`evloop.rs`) a read never waits: what has not arrived yet — half a
 //! header, half a body — is kept here and the connection goes back to the
-//! loop, so a client that stalls mid-frame holds no thread. On a connection
-//! served by a thread of its own (TLS) reads wait, within the socket's
-//! timeout and the handshake's deadline.
+//! loop, so a client that stalls mid-frame holds no thread; under TLS the
+//! part of a record that came waits in the connection's record layer
+//! (`ferry_sock::tls`) the same way. During the handshake, on the
+//! connection's own thread, reads wait within the socket's timeout and
+//! the handshake's deadline.
 //!
 //! The 64 KiB read buffer is the thread's while the connection is idle: a
 //! connection between requests keeps no buffer (or only the few bytes of a
@@ -158,6 +160,7 @@ impl Inbox {
     /// Between requests: the read buffer goes back to the thread, keeping
     /// only what arrived of a frame not yet whole.
     pub fn rest(&mut self) {
+        self.timed.stream.rest();
         let kept = self.buf[self.start..self.end].to_vec();
         let buf = std::mem::replace(&mut self.buf, kept);
         (self.start, self.end) = (0, self.buf.len());
@@ -177,12 +180,5 @@ fn read_some(timed: &mut Timed, nonblocking: bool, into: &mut [u8]) -> io::Resul
     if !nonblocking {
         return timed.read(into).map(Some);
     }
-    loop {
-        match rustix::net::recv(&*timed.stream, &mut *into, rustix::net::RecvFlags::DONTWAIT) {
-            Ok((n, _)) => return Ok(Some(n)),
-            Err(rustix::io::Errno::AGAIN) => return Ok(None),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    timed.stream.recv_nowait(into)
 }

@@ -5,15 +5,16 @@
 //! load — would hold up every request behind it, and a client sends all
 //! its threads' requests (all users of a mount) on one connection.
 //!
-//! So a watchdog looks at every connection each [`TICK`]: one whose
-//! request has run for a tick with no thread reading the socket gets
-//! another thread, which reads on and runs what follows beside the slow
-//! request — as long as what follows may overtake it ([`Kind`], the rules
-//! of PROTOCOL.md section 10). A fast connection never meets a second
-//! thread; a helper thread leaves once another one reads again.
+//! So the event loop's watchdog looks each [`TICK`] at the connections its
+//! workers are serving (not at every connection: 5,000 idle ones made a
+//! scan of them all a millisecond of every ten): one whose request has run
+//! for a tick with no worker reading the socket gets another worker, which
+//! reads on and runs what follows beside the slow request — as long as
+//! what follows may overtake it ([`Kind`], the rules of PROTOCOL.md section
+//! 10). A fast connection never meets a second worker.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ferry_proto::Request;
@@ -113,9 +114,8 @@ impl Turns {
     }
 
     /// Lets the watchdog add threads to this connection.
-    pub fn watch(self: &Arc<Self>, grow: Box<dyn Fn() -> bool + Send>) {
+    pub fn watch(&self, grow: Box<dyn Fn() -> bool + Send>) {
         *lock(&self.grow) = Some(grow);
-        watchdog().add(Arc::downgrade(self));
     }
 
     /// Held by the thread that reads the socket, from the wait for a
@@ -183,16 +183,9 @@ impl Turns {
         true
     }
 
-    /// The connection ended: no more threads for it (the event loop's
-    /// connections; one of threads waits for them instead, `close`).
+    /// The connection ended: no more workers for it.
     pub fn unwatch(&self) {
         lock(&self.grow).take();
-    }
-
-    /// Whether a helper thread that ended a request should leave: another
-    /// thread reads already.
-    pub fn spare(&self) -> bool {
-        self.reading.load(Relaxed)
     }
 
     /// A helper thread left.
@@ -202,19 +195,9 @@ impl Turns {
         self.done.notify_all();
     }
 
-    /// The first thread, at the connection's end, waits for its helpers
-    /// (still running a request each) and takes the means to start more.
-    pub fn close(&self) {
-        lock(&self.grow).take();
-        let mut running = lock(&self.running);
-        while self.threads.load(Relaxed) > 1 {
-            running = self.done.wait(running).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
     /// The watchdog's look: a thread more if a request ran a whole tick
     /// with no thread reading. Returns whether the connection still lives.
-    fn look(&self) -> bool {
+    pub fn look(&self) -> bool {
         let started = self.started.load(Relaxed);
         let before = self.seen.swap(started, Relaxed);
         let grow = lock(&self.grow);
@@ -236,45 +219,6 @@ impl Turns {
             }
         }
         true
-    }
-}
-
-/// The one thread that looks at every connection.
-struct Watchdog {
-    conns: Mutex<Vec<Weak<Turns>>>,
-    wake: Condvar,
-}
-
-fn watchdog() -> &'static Watchdog {
-    static W: OnceLock<Watchdog> = OnceLock::new();
-    W.get_or_init(|| {
-        let spawned = std::thread::Builder::new().name("ferry-watch".into()).stack_size(64 * 1024).spawn(|| {
-            let w = watchdog();
-            loop {
-                let mut conns = lock(&w.conns);
-                // Sleeps without ticking while there is nothing to watch.
-                while conns.is_empty() {
-                    conns = w.wake.wait(conns).unwrap_or_else(|e| e.into_inner());
-                }
-                let now: Vec<Arc<Turns>> = conns.iter().filter_map(Weak::upgrade).collect();
-                drop(conns);
-                let gone: Vec<*const Turns> = now.iter().filter(|t| !t.look()).map(Arc::as_ptr).collect();
-                lock(&w.conns).retain(|c| c.strong_count() > 0 && !gone.contains(&c.as_ptr()));
-                drop(now);
-                std::thread::sleep(TICK);
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("no watchdog thread ({e}): a slow request holds up its connection");
-        }
-        Watchdog { conns: Mutex::default(), wake: Condvar::new() }
-    })
-}
-
-impl Watchdog {
-    fn add(&self, t: Weak<Turns>) {
-        lock(&self.conns).push(t);
-        self.wake.notify_one();
     }
 }
 

@@ -220,6 +220,32 @@ impl Socket {
         Ok(got.bytes)
     }
 
+    /// Reads what has come without waiting (through TLS records on a TLS
+    /// connection): `None` if nothing has. 0 at the peer's close.
+    pub fn recv_nowait(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let r = match self.tls() {
+            Some(t) => t.recv_nowait(self.fd.as_fd(), buf),
+            None => loop {
+                match rustix::net::recv(&self.fd, &mut *buf, RecvFlags::DONTWAIT) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    r => break r.map(|(n, _)| n).map_err(io::Error::from),
+                }
+            },
+        };
+        match r {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The connection is idle: buffers it would make again are let go.
+    pub fn rest(&self) {
+        if let Some(t) = self.tls() {
+            t.rest();
+        }
+    }
+
     fn read_plain(&self, buf: &mut [u8]) -> io::Result<usize> {
         if let Some(t) = self.tls() {
             return t.recv(self.fd.as_fd(), buf);

@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use super::load;
+
 use super::*;
 
 /// Runs one measurement; a baseline's failure is recorded and the run
@@ -350,14 +352,17 @@ pub(super) fn exp_clients(
         for &(n, mix) in &points {
             for sys in systems.iter().filter(|s| !s.local && (s.writes || !mix)) {
                 match parallel(sys, n, mix, plan.duration) {
-                    Ok((mbps, ops, failed)) => {
+                    Ok(got) => {
                         let p = if mix { format!("{n} mixed") } else { n.to_string() };
-                        res.add("6", &sys.name, &p, "aggregate throughput", "MB/s", mbps);
-                        res.add("6", &sys.name, &p, "operations", "ops/s", ops);
-                        res.add("6", &sys.name, &p, "failed requests", "count", failed);
+                        add_clients(res, &sys.name, &p, got);
                     }
                     Err(e) => errors.push(format!("{} {n} clients: {e}", sys.name)),
                 }
+            }
+        }
+        if plan.idle > 0 {
+            if let Err(e) = beside_idle(plan, &systems[0], res) {
+                errors.push(format!("ferry beside {} idle clients: {e}", plan.idle));
             }
         }
     }
@@ -374,12 +379,68 @@ pub(super) fn exp_clients(
     ferry_errors(errors)
 }
 
+/// One point of experiment 6: its throughput, and beside it what the
+/// server held meanwhile.
+fn add_clients(res: &mut Results, sys: &str, p: &str, got: Parallel) {
+    res.add("6", sys, p, "aggregate throughput", "MB/s", got.mbps);
+    res.add("6", sys, p, "operations", "ops/s", got.ops);
+    res.add("6", sys, p, "failed requests", "count", got.failed);
+    if let Some(l) = got.load {
+        res.add("6", sys, p, "server RSS", "MiB", l.rss_kib as f64 / 1024.0);
+        res.add("6", sys, p, "server threads", "count", l.threads as f64);
+        res.add("6", sys, p, "server descriptors", "count", l.fds as f64);
+    }
+}
+
+/// Ferry's server holding `plan.idle` idle clients, each with a session:
+/// its memory per idle client, a client's `stat` beside them against
+/// alone, and the largest client count of experiment 6 run beside them.
+fn beside_idle(plan: &Plan, ferry: &System, res: &mut Results) -> Result<(), String> {
+    use crate::soak_idle::{hold, stat_latency};
+    let (n, active) = (plan.idle, plan.clients.iter().copied().max().unwrap_or(1));
+    let addr = plan.addr.as_str();
+    let p = format!("{n} idle");
+    let alone = stat_latency(addr, plan.stats.min(5000))?;
+    let before = load::sample(&ferry.server);
+    let idle = hold(addr, n, 4)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let held = load::sample(&ferry.server);
+    let beside = stat_latency(addr, plan.stats.min(5000))?;
+    let per = held.rss_kib.saturating_sub(before.rss_kib) as f64 / n as f64;
+    // Per idle client: a lower bound after the runs before grew the
+    // server's heap (what they freed is reused); `ferry soak --idle` has
+    // the figure of a fresh server.
+    res.add("6", &ferry.name, &p, "memory per idle client", "KiB", per);
+    res.add("6", &ferry.name, &p, "server RSS with them", "MiB", held.rss_kib as f64 / 1024.0);
+    res.add("6", &ferry.name, &p, "server threads with them", "count", held.threads as f64);
+    res.add("6", &ferry.name, &p, "stat p50 alone", "µs", alone.0 as f64);
+    res.add("6", &ferry.name, &p, "stat p99 alone", "µs", alone.1 as f64);
+    res.add("6", &ferry.name, &p, "stat p50 beside idle", "µs", beside.0 as f64);
+    res.add("6", &ferry.name, &p, "stat p99 beside idle", "µs", beside.1 as f64);
+    let got = parallel(ferry, active, false, plan.duration)?;
+    add_clients(res, &ferry.name, &format!("{active} + {n} idle"), got);
+    drop(idle);
+    // Their sessions end a second after (`--session-lease 1`).
+    std::thread::sleep(Duration::from_secs(3));
+    Ok(())
+}
+
+/// What `parallel` measured.
+struct Parallel {
+    mbps: f64,
+    ops: f64,
+    failed: f64,
+    load: Option<load::Load>,
+}
+
 /// `n` client processes reading (or, mixed, half writing) 64 KiB chunks
 /// for `duration` seconds from a common start time: aggregate MB/s,
-/// operations/s, and failed requests (plus clients that failed outright).
-fn parallel(sys: &System, n: usize, mix: bool, duration: f64) -> Result<(f64, f64, f64), String> {
+/// operations/s, failed requests (plus clients that failed outright), and
+/// the server's peak load meanwhile.
+fn parallel(sys: &System, n: usize, mix: bool, duration: f64) -> Result<Parallel, String> {
     let t0 = wall() + 0.5 + 0.02 * n as f64;
     let t1 = t0 + duration;
+    let sampler = load::Sampler::start(&sys.server, t0, t1);
     let mut children = Vec::with_capacity(n);
     for i in 0..n {
         let args: Vec<String> = [
@@ -421,7 +482,7 @@ fn parallel(sys: &System, n: usize, mix: bool, duration: f64) -> Result<(f64, f6
     if let Some(e) = first_err {
         eprintln!("ferry compare: {} with {n} clients: a client failed: {e}", sys.name);
     }
-    Ok((bytes / duration / 1e6, ops / duration, failed))
+    Ok(Parallel { mbps: bytes / duration / 1e6, ops: ops / duration, failed, load: sampler.join() })
 }
 
 pub(super) fn raw_limits(

@@ -178,6 +178,20 @@ pub(super) fn print_tables(
     table(res, "5", "rate", "5. Tree scan", &names);
     table(res, "6", "aggregate throughput", "6. Concurrent clients reading 64 KiB chunks", &names);
     table(res, "6", "failed requests", "6. Concurrent clients", &names);
+    table(res, "6", "server RSS", "6. The server meanwhile (peak of 3 samples)", &names);
+    table(res, "6", "server threads", "6. The server meanwhile (peak of 3 samples)", &names);
+    table(res, "6", "server descriptors", "6. The server meanwhile (peak of 3 samples)", &names);
+    for m in [
+        "memory per idle client",
+        "server RSS with them",
+        "server threads with them",
+        "stat p50 alone",
+        "stat p50 beside idle",
+        "stat p99 alone",
+        "stat p99 beside idle",
+    ] {
+        table(res, "6", m, "6. Idle clients on ferry's server", &names);
+    }
     print_fetch(res, systems, plan, runs);
     let split: Vec<String> =
         ["main only", "channels 1", "channels 2", "channels 4", "1 from 64K", "1 from 4M", "same host", "local"]
