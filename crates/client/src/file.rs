@@ -238,14 +238,17 @@ fn cache_entry(
     if attr.mode & libc::S_IFMT != libc::S_IFREG || id.is_empty() || !cache.decide(path, policy, from).cache {
         return None;
     }
+    // A file the open brought whole (64 KiB or less) is kept in memory
+    // with the handle, not on disk: a store entry costs two files made,
+    // a rename, a header read and the shared count's lock (~25 system
+    // calls) to save nothing — the open that checks a copy brings the data
+    // anyway, and under a lease the kernel's pages or the program keep it.
+    if first.len() as u64 == attr.size {
+        return None;
+    }
     let key = [prefix, id].concat();
     let version = [change.to_le_bytes(), attr.size.to_le_bytes()].concat();
-    let entry = cache.store.entry(&key, &version, attr.size).ok()?;
-    // What the open brought fills the first chunk when it is all of it.
-    if !first.is_empty() && (first.len() as u64 == attr.size.min(CACHE_CHUNK)) && entry.missing(0, 1).is_some() {
-        let _ = entry.fill(0, first);
-    }
-    Some(entry)
+    cache.store.entry(&key, &version, attr.size).ok()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
