@@ -535,3 +535,82 @@ for r in range(3):
     let held = std::fs::read_dir(cache.join("v1")).map(|d| d.flatten().count()).unwrap_or(0);
     assert!(held <= 2, "the disk cache holds {held} files for small files the opens brought whole");
 }
+
+/// `ferry run` with a cache policy opens a cached file again without
+/// asking the server while its lease of a server that sees every change
+/// holds: 20 opens of a 1 MiB file cost one `OpenCached`, and each gets a
+/// descriptor of the local copy. Another client's write breaks the lease
+/// before it is acknowledged, so the next open asks again and gets the new
+/// version. Before, every open was validated by a round trip.
+#[test]
+fn ferry_run_opens_a_cached_file_again_by_its_lease() {
+    use std::io::BufRead;
+    let srv = Server::start(&["--metrics", "127.0.0.1:0"]);
+    let w = common::fuse::wait_for(Duration::from_secs(10), || srv.log().contains("watching"));
+    assert!(w, "the server watches its export: {}", srv.log());
+    let metrics = common::scrape::metrics_addr(&srv);
+    let opens = || {
+        let (_, body) = common::scrape::get(&metrics, "/metrics");
+        common::scrape::sample(&body, "ferry_requests_total{op=\"open_cached\"}") as u64
+    };
+    let plain = srv.client();
+    let data = random_bytes(1 << 20, 7);
+    put(&plain, "/++lease.bin", &data);
+    let tmp = TempDir::new("runlease");
+    let cache = tmp.path().join("cache");
+    let script = format!(
+        r#"
+import os, sys
+p = "/remote/++lease.bin"
+first = None
+for i in range(20):
+    fd = os.open(p, os.O_RDONLY)
+    target = os.readlink(f"/proc/self/fd/{{fd}}")
+    assert target.startswith({cache:?}), target
+    got = os.pread(fd, 16, 0)
+    first = first or got
+    assert got == first
+    os.close(fd)
+print("opened", first.hex(), flush=True)
+sys.stdin.readline()
+fd = os.open(p, os.O_RDONLY)
+print("again", os.pread(fd, 16, 0).hex(), flush=True)
+"#,
+        cache = cache.display().to_string()
+    );
+    let mut child = Command::new("timeout")
+        .args(["60", FERRY, "run", "--mount"])
+        .arg(format!("/remote={}", srv.url("/")))
+        .args(["--", "python3", "-c", &script])
+        .env("FERRY_TOKEN_FILE", &srv.token_file)
+        .env("FERRY_CACHE_DIR", &cache)
+        .env("FERRY_CACHE_CONFIG", tmp.path().join("none.conf"))
+        .env_remove("FERRY_MOUNTS")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let before = opens();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), format!("opened {}", hex(&data[..16])), "the copy differs");
+    let asked = opens() - before;
+    eprintln!("20 opens of a cached file under a lease: {asked} OpenCached");
+    // Another client changes the file; its write returns once the lease broke.
+    let w = plain.open("/++lease.bin", OpenOptions::new().write(true)).unwrap();
+    w.write_at(b"CHANGED", 0).unwrap();
+    w.close().unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let mut want = data[..16].to_vec();
+    want[..7].copy_from_slice(b"CHANGED");
+    assert_eq!(line.trim(), format!("again {}", hex(&want)), "an open after a change got the old copy");
+    assert!(child.wait().unwrap().success());
+    assert!(asked <= 2, "20 opens under a lease asked the server {asked} times");
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
