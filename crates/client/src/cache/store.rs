@@ -35,7 +35,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -63,8 +63,10 @@ struct Inner {
     scanned: AtomicBool,
     /// `DIR/v1/usage`: the count every process shares.
     counter: Option<File>,
-    /// A thread of `in_background` is counting or evicting.
-    busy: AtomicBool,
+    /// The process whose thread of `in_background` is counting or
+    /// evicting (0: none). A process id, not a flag: a child forked
+    /// meanwhile has no such thread, and must not wait for it.
+    busy: AtomicU32,
 }
 
 /// One version of one remote file's data.
@@ -109,7 +111,7 @@ impl Store {
             usage: AtomicU64::new(0),
             scanned: AtomicBool::new(false),
             counter,
-            busy: AtomicBool::new(false),
+            busy: AtomicU32::new(0),
         };
         Ok(Store { inner: Arc::new(inner) })
     }
@@ -297,7 +299,9 @@ impl Store {
     /// again). Its signals are blocked: it may run inside any program
     /// (`ferry run`).
     fn in_background(&self) {
-        if self.inner.busy.swap(true, Ordering::SeqCst) {
+        let me = std::process::id();
+        let held = self.inner.busy.load(Ordering::SeqCst);
+        if held == me || self.inner.busy.compare_exchange(held, me, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             return;
         }
         let store = self.clone();
@@ -306,17 +310,17 @@ impl Store {
             if let Ok(Some((u, evicted))) = store.evict() {
                 store.set_count(u, evicted);
             }
-            store.inner.busy.store(false, Ordering::SeqCst);
+            store.inner.busy.store(0, Ordering::SeqCst);
         });
         if spawned.is_err() {
-            self.inner.busy.store(false, Ordering::SeqCst);
+            self.inner.busy.store(0, Ordering::SeqCst);
         }
     }
 
     /// Whether a listing of the store is under way (`in_background`).
     #[doc(hidden)]
     pub fn is_busy(&self) -> bool {
-        self.inner.busy.load(Ordering::SeqCst)
+        self.inner.busy.load(Ordering::SeqCst) == std::process::id()
     }
 
     /// Brings the store under its limit; what it holds then, and whether
