@@ -29,7 +29,7 @@ done
 # the gateway tests; groff and man, which render the man pages `ferry man`
 # makes.
 missing=()
-for pair in fusermount3:fuse3 tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc prove:perl rsync:rsync runuser:util-linux fincore:util-linux-extra unshare:util-linux ip:iproute2 systemd-analyze:systemd mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client groff:groff-base man:man-db; do
+for pair in fusermount3:fuse3 strace:strace tar:tar gzip:gzip git:git sqlite3:sqlite3 make:make gcc:gcc prove:perl rsync:rsync runuser:util-linux fincore:util-linux-extra unshare:util-linux ip:iproute2 systemd-analyze:systemd mount:mount redis-server:redis-server openssl:openssl glusterd:glusterfs-server mount.glusterfs:glusterfs-client groff:groff-base man:man-db; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

@@ -260,6 +260,14 @@ impl Client {
         self.inner.cache.is_some()
     }
 
+    /// A new read-only descriptor of the local copy `t` names, if the
+    /// cache holds it whole; asks the server nothing. The caller vouches
+    /// that the file is still that version (a lease nothing broke since
+    /// the open that gave `t`).
+    pub fn reopen_cached(&self, t: &crate::file::CacheTicket) -> Option<std::fs::File> {
+        crate::file::reopen_cached(&self.cache()?.0, t)
+    }
+
     /// The local cache and this server's prefix of its keys.
     pub(crate) fn cache(&self) -> Option<&(Arc<Cache>, Vec<u8>)> {
         self.inner.cache.as_ref()

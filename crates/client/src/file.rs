@@ -205,6 +205,8 @@ pub struct File {
     closed: bool,
     /// The local cache's copy, for a file the cache policy caches.
     cached: Option<Entry>,
+    /// What names `cached`'s version (`cache_ticket`).
+    ticket: Option<CacheTicket>,
     /// The server's own descriptor of the file, when it is on this host
     /// (asked for at the first read or write that would go to it).
     local: std::sync::OnceLock<Option<Local>>,
@@ -221,6 +223,16 @@ const AGAIN_MAX: usize = 64;
 /// over as a local file.
 pub const WHOLE_FETCH_MAX: u64 = 256 << 20;
 
+/// Names one version of a file the local cache holds, to open its copy
+/// again without the server while a lease vouches that the file did not
+/// change (`Client::reopen_cached`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheTicket {
+    key: Vec<u8>,
+    version: Vec<u8>,
+    size: u64,
+}
+
 /// The cache entry of a file just opened, if the policy caches it. Any
 /// failure of the local cache leaves the file uncached, never unopened.
 #[allow(clippy::too_many_arguments)]
@@ -234,18 +246,32 @@ fn cache_entry(
     policy: u8,
     from: &[u8],
     first: &[u8],
-) -> Option<Entry> {
+) -> Option<(Entry, CacheTicket)> {
     if attr.mode & libc::S_IFMT != libc::S_IFREG || id.is_empty() || !cache.decide(path, policy, from).cache {
         return None;
     }
-    let key = [prefix, id].concat();
-    let version = [change.to_le_bytes(), attr.size.to_le_bytes()].concat();
-    let entry = cache.store.entry(&key, &version, attr.size).ok()?;
-    // What the open brought fills the first chunk when it is all of it.
-    if !first.is_empty() && (first.len() as u64 == attr.size.min(CACHE_CHUNK)) && entry.missing(0, 1).is_some() {
-        let _ = entry.fill(0, first);
+    // A file the open brought whole (64 KiB or less) is kept in memory
+    // with the handle, not on disk: a store entry costs two files made,
+    // a rename, a header read and the shared count's lock (~25 system
+    // calls) to save nothing — the open that checks a copy brings the data
+    // anyway, and under a lease the kernel's pages or the program keep it.
+    if first.len() as u64 == attr.size {
+        return None;
     }
-    Some(entry)
+    let t = ticket(prefix, id, change, attr.size);
+    Some((cache.store.entry(&t.key, &t.version, t.size).ok()?, t))
+}
+
+fn ticket(prefix: &[u8], id: &[u8], change: u64, size: u64) -> CacheTicket {
+    let key = [prefix, id].concat();
+    let version = [change.to_le_bytes(), size.to_le_bytes()].concat();
+    CacheTicket { key, version, size }
+}
+
+/// The copy `t` names, if the store holds it whole: a new read-only open
+/// of its data file.
+pub(crate) fn reopen_cached(cache: &Cache, t: &CacheTicket) -> Option<std::fs::File> {
+    cache.store.complete(&t.key, &t.version, t.size)?.data_file().ok()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -298,6 +324,7 @@ impl File {
             }
             _ => None,
         };
+        let (entry, ticket) = entry.map_or((None, None), |(e, t)| (Some(e), Some(t)));
         let rlen = first.len();
         let unstable = Mutex::new(Unstable::new(client.unstable_total()));
         Ok(File {
@@ -327,6 +354,7 @@ impl File {
             small_end: None,
             closed: false,
             cached: entry,
+            ticket,
             local: std::sync::OnceLock::new(),
         })
     }
@@ -340,6 +368,13 @@ impl File {
     /// Whether reads are served from the local cache.
     pub fn is_cached(&self) -> bool {
         self.cached.is_some()
+    }
+
+    /// For a cached file: what names the version this open found, to open
+    /// its copy again without the server (`Client::reopen_cached`) while a
+    /// lease vouches that the file did not change.
+    pub fn cache_ticket(&self) -> Option<&CacheTicket> {
+        self.ticket.as_ref()
     }
 
     /// For a cached file: which file and version of it the open found

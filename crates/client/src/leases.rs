@@ -245,10 +245,10 @@ fn keep_alive(e: &Engine, l: &Leases) {
 
 /// Every signal blocked in the calling thread while it lives (a thread
 /// started meanwhile inherits the mask), the old mask back after.
-struct SignalsBlocked(libc::sigset_t);
+pub(crate) struct SignalsBlocked(libc::sigset_t);
 
 impl SignalsBlocked {
-    fn new() -> SignalsBlocked {
+    pub(crate) fn new() -> SignalsBlocked {
         // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask
         // only write the sets given, which live on this stack frame.
         unsafe {

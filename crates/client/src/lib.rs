@@ -43,7 +43,7 @@ pub use client::{join, Client, SessionTicket};
 pub use engine::{Options, DATA_CHANNELS, DATA_THRESHOLD};
 pub use error::{Error, Result};
 pub use ferry_proto::{cache as cache_policy, caps, Attr, DirEntry, StatFs, Target, Time};
-pub use file::{File, OpenOptions};
+pub use file::{CacheTicket, File, OpenOptions};
 pub use leases::Leases;
 pub use lock::{backoff, LockHolder, LockKind, LockSpec, LockType};
 pub use url::Url;

@@ -813,9 +813,10 @@ impl FerryFs {
         writes: bool,
     ) -> R<(Option<Arc<BackingId>>, FopenFlags)> {
         let direct = flags.contains(FopenFlags::FOPEN_DIRECT_IO);
-        // The mount's own choice of direct I/O (not `--cache`, a file not
-        // in the disk cache) may follow the node's other opens.
-        let flexible = !self.opts.cache;
+        // The mount's own choice of direct I/O (not `--cache` without a
+        // lease, a file not in the disk cache) may follow the node's other
+        // opens.
+        let flexible = !self.opts.cache || self.long_ttl().is_some();
         let (mode, id) = match self.modes.open(ino, direct, writes, flexible) {
             Ok(passthrough::Open::As(taken)) => (taken, None),
             Ok(passthrough::Open::Join(id)) => (Taken { mode: Mode::Passthrough, writes: false }, Some(id)),
@@ -837,8 +838,15 @@ impl FerryFs {
         Ok((id, flags))
     }
 
-    fn open_flags(&self) -> FopenFlags {
-        if self.opts.cache {
+    /// The kernel I/O mode an open of the mount's own choice asks for.
+    /// Under a lease of a server that sees every change, `--cache` changes
+    /// only readers: a writer writes as on the default mount (direct,
+    /// write-behind, through the pages only beside a page-cache reader),
+    /// since writing through the page cache costs a synchronous request
+    /// per write and a `security.capability` lookup per file, and keeps
+    /// nothing the lease does not already keep.
+    fn open_flags(&self, writes: bool) -> FopenFlags {
+        if self.opts.cache && !(writes && self.long_ttl().is_some()) {
             FopenFlags::empty()
         } else {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
@@ -1160,15 +1168,14 @@ impl Filesystem for FerryFs {
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
         // Cached files are handed to the kernel, where it can take them;
-        // on the server's host, every file (`samehost`) unless the mount
-        // uses the page cache.
+        // on the server's host, every other file (`samehost`), `--cache`
+        // or not: `IoModes` keeps backings and page-cache opens apart, and
+        // a file in the disk cache is never backed by the server's.
         let cached = self.client.caches() && self.opts.passthrough;
         // Registering a backing needs CAP_SYS_ADMIN: an ordinary user's
         // daemon does not ask for passthrough at all.
-        let same_host = self.opts.same_host_passthrough
-            && !self.opts.cache
-            && rustix::process::geteuid().is_root()
-            && self.client.on_server_host();
+        let same_host =
+            self.opts.same_host_passthrough && rustix::process::geteuid().is_root() && self.client.on_server_host();
         if (cached || same_host)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
@@ -1512,7 +1519,7 @@ impl Filesystem for FerryFs {
             f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);
             return reply.opened_passthrough(fh, FopenFlags::empty(), &id);
         }
-        let mut flags = self.open_flags();
+        let mut flags = self.open_flags(writes);
         let mut lease_keep = false;
         if let Some(file) = g.as_ref().filter(|f| f.is_cached()) {
             // A cached file: the kernel reads the local cache file itself
@@ -1980,7 +1987,7 @@ impl Filesystem for FerryFs {
             let (ttl, attr) = (&self.opts.attr_timeout, &file_attr(ino, &attr));
             return reply.created_passthrough(ttl, attr, Generation(0), fh, FopenFlags::empty(), &id);
         }
-        let flags = match self.io_mode(&f, fh, ino, self.open_flags(), true) {
+        let flags = match self.io_mode(&f, fh, ino, self.open_flags(true), true) {
             Ok((_, flags)) => flags,
             Err(e) => return reply.error(e),
         };

@@ -144,7 +144,7 @@ impl Pages {
             return false;
         }
         let mut c = self.lock();
-        if c.contains(&ino) || std::env::var_os("MUTANT").is_some() {
+        if c.contains(&ino) {
             return true;
         }
         if c.len() >= MAX {

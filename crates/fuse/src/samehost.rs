@@ -8,7 +8,7 @@
 //! open handle's descriptor (`FileFd`: to root or the server's own user
 //! only, opened as the handle was, so the kernel's open of the backing
 //! with the caller's flags does nothing the server did not just allow);
-//! the mount does not use the page cache (`--cache`) and the kernel let the
+//! the file is not in the disk cache, and the kernel let the
 //! daemon register backings (root: `CAP_SYS_ADMIN`). A backing *starts*
 //! only at an open of a node with no other open the kernel would refuse
 //! beside it or that writes behind the server (`passthrough::IoModes`), of

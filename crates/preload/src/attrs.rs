@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use ferry_client::{Attr, Leases};
+use ferry_client::{Attr, CacheTicket, Leases};
 
 use crate::sync::Mutex;
 
@@ -93,6 +93,11 @@ struct Cache {
     /// The leases of each mount's connection, where the server grants
     /// them: what is kept of a mount is answered only while they hold.
     leases: Vec<(usize, Arc<Leases>, bool)>,
+    /// Cached files this process opened under a lease of a server that
+    /// sees every change, by (mount, path): the copy a next read-only open
+    /// gets without asking the server, until a break or a change empties
+    /// this (the lease is the check the open's round trip made).
+    copies: HashMap<(usize, Vec<u8>), CacheTicket>,
 }
 
 impl Cache {
@@ -236,8 +241,45 @@ pub fn changed() {
         if let Some(c) = CACHE.lock().as_mut() {
             c.mounts.clear();
             c.listed = 0;
+            c.copies.clear();
         }
     }
+}
+
+/// Copies kept at most; past it they start again.
+const MAX_COPIES: usize = 1 << 12;
+
+/// Remembers the local copy of a cached file an open of `path` found, if
+/// nothing changed or broke since `gen` (taken before its request) and the
+/// mount's lease, from a server that sees every change, holds.
+pub fn put_copy(gen: u64, mount: usize, path: &[u8], ticket: &CacheTicket) {
+    if timeout().is_none() {
+        return;
+    }
+    let mut c = CACHE.lock();
+    let Some(c) = c.as_mut() else { return };
+    if GENERATION.load(Relaxed) != gen || !c.leases.iter().any(|(m, l, long)| *m == mount && *long && l.held()) {
+        return;
+    }
+    if c.copies.len() >= MAX_COPIES {
+        c.copies.clear();
+    }
+    c.copies.insert((mount, path.to_vec()), ticket.clone());
+    FILLED.store(true, Relaxed);
+}
+
+/// The copy of `path` a read-only open may get without asking the server:
+/// one an open found under the lease that still holds.
+pub fn copy(mount: usize, path: &[u8]) -> Option<CacheTicket> {
+    if !FILLED.load(Relaxed) {
+        return None;
+    }
+    let c = CACHE.lock();
+    let c = c.as_ref()?;
+    if !c.leases.iter().any(|(m, l, long)| *m == mount && *long && l.held()) {
+        return None;
+    }
+    c.copies.get(&(mount, path.to_vec())).cloned()
 }
 
 /// How long an answer is kept under a lease of a server that sees every
@@ -271,6 +313,7 @@ pub fn forget_after_fork() {
         c.mounts.clear();
         c.listed = 0;
         c.leases.clear();
+        c.copies.clear();
     }
 }
 

@@ -36,6 +36,15 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
     crate::open::send_pending(r.mount, &r.path);
     let changes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & (libc::O_CREAT | libc::O_TRUNC) != 0;
     let c = if changes { client(r)? } else { state::client(r.mount)? };
+    let reader = !changes && flags & (libc::O_DIRECTORY | libc::O_PATH | libc::O_NOFOLLOW) == 0;
+    if reader {
+        // A cached file this process opened under a lease nothing broke
+        // since: its copy, without a round trip (the lease is the check).
+        if let Some(local) = crate::attrs::copy(r.mount, &r.path).and_then(|t| c.reopen_cached(&t)) {
+            return Ok(program_fd(local, flags & libc::O_CLOEXEC != 0));
+        }
+    }
+    let gen = crate::attrs::generation();
     let pass = flags & !(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_LARGEFILE | libc::O_NONBLOCK | libc::O_ASYNC);
     let mode = mode & 0o7777 & !umask();
     let file = c
@@ -46,6 +55,9 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
         // the local cache file, so mmap, sendfile and splice work natively.
         // Any failure of the local copy leaves it a remote file.
         if let Ok(Some(local)) = file.cache_file() {
+            if let Some(t) = file.cache_ticket().filter(|_| reader) {
+                crate::attrs::put_copy(gen, r.mount, &r.path, t);
+            }
             return Ok(program_fd(local, flags & libc::O_CLOEXEC != 0));
         }
     }

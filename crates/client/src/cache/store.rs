@@ -26,14 +26,16 @@
 //! time (an `flock` on `DIR/v1/lock`). What is held is counted in
 //! `DIR/v1/usage` (a little-endian u64 under an `flock`), which every
 //! process adds its fills to: no process lists the store to learn it,
-//! except to initialise the count once and to evict — so a process's cost
-//! per file never grows with the store.
+//! except to initialise the count once and to evict, and both are done by
+//! a thread of their own, never on the path of an open, a read or a fill
+//! — so a file's cost never grows with the store (a store of a million
+//! entries is listed in seconds).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -61,6 +63,10 @@ struct Inner {
     scanned: AtomicBool,
     /// `DIR/v1/usage`: the count every process shares.
     counter: Option<File>,
+    /// The process whose thread of `in_background` is counting or
+    /// evicting (0: none). A process id, not a flag: a child forked
+    /// meanwhile has no such thread, and must not wait for it.
+    busy: AtomicU32,
 }
 
 /// One version of one remote file's data.
@@ -105,6 +111,7 @@ impl Store {
             usage: AtomicU64::new(0),
             scanned: AtomicBool::new(false),
             counter,
+            busy: AtomicU32::new(0),
         };
         Ok(Store { inner: Arc::new(inner) })
     }
@@ -154,6 +161,21 @@ impl Store {
         };
         let _ = e.meta.set_modified(SystemTime::now());
         Ok(e)
+    }
+
+    /// The entry of `key` in `version`, `size` bytes long, if the store
+    /// holds it whole (nothing made or dropped otherwise): a copy a lease
+    /// vouches for, opened again without asking the server.
+    pub fn complete(&self, key: &[u8], version: &[u8], size: u64) -> Option<Entry> {
+        let (meta_path, _) = self.paths(key, version);
+        let header = self.header(key, version, size);
+        let meta = open_rw(&meta_path).ok()?;
+        if read_header(&meta, header.len())? != header {
+            return None;
+        }
+        drop(meta);
+        let e = self.entry(key, version, size).ok()?;
+        e.is_complete().then_some(e)
     }
 
     fn header(&self, key: &[u8], version: &[u8], size: u64) -> Vec<u8> {
@@ -231,50 +253,79 @@ impl Store {
         Ok(held.into_values().collect())
     }
 
-    /// Counts `n` bytes just filled, and removes least recently used
-    /// entries if the store is over its limit.
+    /// Counts `n` bytes just filled; if the store is over its limit (or
+    /// nobody counted it yet), a thread of its own lists it and removes
+    /// least recently used entries: the filler does not wait for that.
     fn filled(&self, n: u64) {
         let i = &self.inner;
-        if let Some(total) = self.count(|held| held.map(|h| h + n)) {
-            if total > i.limit {
-                if let Ok(u) = self.evict() {
-                    self.count(|_| Some(u));
-                }
-            }
-            return;
+        match self.count(|held| held + n) {
+            Some((total, false)) if total <= i.limit => return,
+            Some(_) => return self.in_background(),
+            None => {}
         }
         let usage = i.usage.fetch_add(n, Ordering::Relaxed) + n;
         if usage <= i.limit && i.scanned.swap(true, Ordering::Relaxed) {
             return;
         }
-        // Best effort: a failed eviction leaves the store over its limit
-        // until the next fill tries again.
-        if let Ok(u) = self.evict() {
-            i.usage.store(u, Ordering::Relaxed);
-        }
+        self.in_background();
     }
 
     /// Changes the shared count under its lock: `f` gets what it holds
-    /// (`None` before anyone counted: the store is scanned once to start
-    /// it) and returns the new value. `None` if there is no shared count.
-    fn count(&self, f: impl FnOnce(Option<u64>) -> Option<u64>) -> Option<u64> {
+    /// (0 before anyone counted) and returns the new value, given back
+    /// with whether the count was new (`in_background` then lists the
+    /// store to start it). `None`: there is no shared count file.
+    fn count(&self, f: impl FnOnce(u64) -> u64) -> Option<(u64, bool)> {
         use rustix::fs::{flock, FlockOperation};
         let c = self.inner.counter.as_ref()?;
         flock(c, FlockOperation::LockExclusive).ok()?;
         let mut b = [0u8; 8];
-        let held = match c.read_exact_at(&mut b, 0) {
-            Ok(()) => Some(u64::from_le_bytes(b)),
-            Err(_) => self.scan().ok().map(|h| h.iter().map(|e| e.bytes).sum()),
-        };
-        let new = f(held).or(held);
-        if let Some(v) = new {
-            let _ = c.write_all_at(&v.to_le_bytes(), 0);
-        }
+        let fresh = c.read_exact_at(&mut b, 0).is_err();
+        let new = f(if fresh { 0 } else { u64::from_le_bytes(b) });
+        let _ = c.write_all_at(&new.to_le_bytes(), 0);
         let _ = flock(c, FlockOperation::Unlock);
-        new
+        Some((new, fresh))
     }
 
-    fn evict(&self) -> io::Result<u64> {
+    /// Sets the shared count to what a listing found: exactly after an
+    /// eviction, else at least (fills counted while it listed stay).
+    fn set_count(&self, v: u64, exact: bool) {
+        self.inner.usage.store(v, Ordering::Relaxed);
+        let _ = self.count(|held| if exact { v } else { held.max(v) });
+    }
+
+    /// Lists the store, brings it under its limit and sets the count, on
+    /// a thread of its own (one per process at a time; best effort: a
+    /// failure leaves the store over its limit until the next fill tries
+    /// again). Its signals are blocked: it may run inside any program
+    /// (`ferry run`).
+    fn in_background(&self) {
+        let me = std::process::id();
+        let held = self.inner.busy.load(Ordering::SeqCst);
+        if held == me || self.inner.busy.compare_exchange(held, me, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            return;
+        }
+        let store = self.clone();
+        let _blocked = crate::leases::SignalsBlocked::new();
+        let spawned = std::thread::Builder::new().name("ferry-cache-evict".into()).spawn(move || {
+            if let Ok(Some((u, evicted))) = store.evict() {
+                store.set_count(u, evicted);
+            }
+            store.inner.busy.store(0, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            self.inner.busy.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether a listing of the store is under way (`in_background`).
+    #[doc(hidden)]
+    pub fn is_busy(&self) -> bool {
+        self.inner.busy.load(Ordering::SeqCst) == std::process::id()
+    }
+
+    /// Brings the store under its limit; what it holds then, and whether
+    /// anything went. `None`: another process is at it.
+    fn evict(&self) -> io::Result<Option<(u64, bool)>> {
         let lock = OpenOptions::new()
             .write(true)
             .create(true)
@@ -283,10 +334,13 @@ impl Store {
             .open(self.inner.dir.join("lock"))?;
         // Someone else evicting: they will bring it down.
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-            return Ok(self.inner.usage.load(Ordering::Relaxed));
+            return Ok(None);
         }
         let mut held = self.scan()?;
         let mut usage: u64 = held.iter().map(|e| e.bytes).sum();
+        if usage <= self.inner.limit {
+            return Ok(Some((usage, false)));
+        }
         held.sort_by_key(|e| e.used);
         // A store of many entries goes down to a tenth below the limit:
         // listing it costs in proportion to what it holds, so one kept at
@@ -306,7 +360,7 @@ impl Store {
             }
             usage -= e.bytes;
         }
-        Ok(usage)
+        Ok(Some((usage, true)))
     }
 }
 
