@@ -516,11 +516,18 @@ for r in range(3):
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let metrics = format!("127.0.0.1:{port}");
         let mut extra = vec!["--metrics", &metrics];
+        // Both over TCP: a `--cache` mount does not take the same-host
+        // path (ARCHITECTURE.md), which spares the default mount requests
+        // on the server's host.
         let env: Vec<(&str, &str)> = if on {
             extra.push("--cache");
-            vec![("FERRY_CACHE_DIR", cache.to_str().unwrap()), ("FERRY_CACHE_CONFIG", conf.to_str().unwrap())]
+            vec![
+                ("FERRY_CACHE_DIR", cache.to_str().unwrap()),
+                ("FERRY_CACHE_CONFIG", conf.to_str().unwrap()),
+                ("FERRY_SAME_HOST", "0"),
+            ]
         } else {
-            vec![("FERRY_CACHE", "off")]
+            vec![("FERRY_CACHE", "off"), ("FERRY_SAME_HOST", "0")]
         };
         let _m = common::fuse::mount_url_env(&srv.url("/"), &mp, &srv.token_file, &extra, &env);
         assert!(common::fuse::wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(&metrics).is_ok()));

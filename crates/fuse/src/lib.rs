@@ -1168,14 +1168,16 @@ impl Filesystem for FerryFs {
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
         // Cached files are handed to the kernel, where it can take them;
-        // on the server's host, every other file (`samehost`), `--cache`
-        // or not: `IoModes` keeps backings and page-cache opens apart, and
-        // a file in the disk cache is never backed by the server's.
+        // on the server's host, every file (`samehost`) unless the mount
+        // uses the page cache: its lazy opens met files renamed over with
+        // ESTALE when backings were on beside them (ARCHITECTURE.md).
         let cached = self.client.caches() && self.opts.passthrough;
         // Registering a backing needs CAP_SYS_ADMIN: an ordinary user's
         // daemon does not ask for passthrough at all.
-        let same_host =
-            self.opts.same_host_passthrough && rustix::process::geteuid().is_root() && self.client.on_server_host();
+        let same_host = self.opts.same_host_passthrough
+            && !self.opts.cache
+            && rustix::process::geteuid().is_root()
+            && self.client.on_server_host();
         if (cached || same_host)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
