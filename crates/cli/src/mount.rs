@@ -133,7 +133,8 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
         let tr = Arc::clone(&transport);
         ferry_metrics::serve_http(l, move || {
             let t = tr.get().map(|h| h.get());
-            let (ring, dev, on) = t.map_or((0, 0, 0), |t| (t.ring_requests, t.dev_requests, u64::from(t.ring_on())));
+            let (ring, dev, on) = t.as_ref().map_or((0, 0, 0), |t| (t.ring_requests, t.dev_requests, u64::from(t.ring_on())));
+            let lent = t.map_or(0, |t| t.lent_replies);
             ops.render(
                 "ferry_client",
                 &[
@@ -160,6 +161,12 @@ pub fn mount(a: MountArgs, tf: Option<&Path>) -> Result<(), String> {
                         "Kernel requests read from /dev/fuse after INIT (FORGET and INTERRUPT, which only it carries, not counted).",
                         "counter",
                         dev,
+                    ),
+                    (
+                        "ferry_fuse_ring_lent_replies_total",
+                        "Replies whose data went straight into the ring entry's buffer (reads), not copied there.",
+                        "counter",
+                        lent,
                     ),
                     ("ferry_fuse_ring_on", "1 when the mount serves FUSE over io_uring.", "gauge", on),
                 ],

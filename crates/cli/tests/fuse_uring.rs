@@ -81,12 +81,19 @@ impl Mount {
 
     /// (requests over the ring, requests read from /dev/fuse, ring on).
     fn counts(&self) -> (f64, f64, f64) {
+        let (ring, dev, on, _) = self.counts_lent();
+        (ring, dev, on)
+    }
+
+    /// `counts`, and the read replies written in the ring's payload.
+    fn counts_lent(&self) -> (f64, f64, f64, f64) {
         let (status, m) = get(&self.metrics, "/metrics");
         assert_eq!(status, "HTTP/1.1 200 OK", "{m}");
         (
             sample(&m, "ferry_fuse_ring_requests_total"),
             sample(&m, "ferry_fuse_dev_requests_total"),
             sample(&m, "ferry_fuse_ring_on"),
+            sample(&m, "ferry_fuse_ring_lent_replies_total"),
         )
     }
 }
@@ -144,6 +151,19 @@ with open(p, "wb") as f:
 with open(p, "rb") as f:
     back = f.read()
 assert back == data, "python3 read back other bytes"
+# Reads of every shape into the ring entry's payload: larger than one
+# request (the kernel splits it), across the end of the file (short), at
+# and past it (empty), unaligned, and through the page cache (mmap).
+with open(p, "rb") as f:
+    fd, n = f.fileno(), len(data)
+    assert os.pread(fd, 5 << 20, 0) == data, "a read past one request and the end"
+    assert os.pread(fd, 100, n - 10) == data[-10:], "a read across the end"
+    assert os.pread(fd, 100, n) == b"", "a read at the end"
+    assert os.pread(fd, 100, n + 4096) == b"", "a read past the end"
+    assert os.pread(fd, 70001, 12345) == data[12345:82346], "an unaligned read"
+    import mmap
+    with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as m:
+        assert m[:] == data, "page-cache reads (mmap)"
 with open(p, "r+b") as f:
     f.seek(1000)
     f.write(b"ferry")
@@ -182,9 +202,12 @@ fn the_mount_serves_requests_over_io_uring_when_the_kernel_offers_it() {
     let (ring0, dev0, on) = m.counts();
     assert_eq!(on, 1.0, "the rings are not on: {}", m.said());
     programs(&mp, &work, srv.export.path());
-    let (ring, dev, _) = m.counts();
+    let (ring, dev, _, lent) = m.counts_lent();
     // 192 MiB written and read in 1 MiB requests, and the rest.
     assert!(ring - ring0 > 400.0, "requests over the ring: {ring0} → {ring}");
+    // Each read's data received straight into its entry's payload (the
+    // 192 MiB `dd` alone is 192 reads), none copied there.
+    assert!(lent > 192.0, "read replies written in place in the ring: {lent}");
     assert_eq!(dev - dev0, 0.0, "requests still read from /dev/fuse: {dev0} → {dev} (ring {ring})");
     assert_eq!(dev, 0.0, "no request after INIT came by /dev/fuse: {dev}");
     drop(m);
@@ -209,8 +232,8 @@ fn the_mount_falls_back_to_dev_fuse_reads_where_the_kernel_offers_no_rings() {
     assert!(said.contains("/dev/fuse reads (the kernel does not offer FUSE over io_uring"), "said: {said}");
     assert_eq!(said.matches("io_uring").count(), 1, "said once: {said}");
     programs(&mp, &work, srv.export.path());
-    let (ring, dev, on) = m.counts();
-    assert_eq!((ring, on), (0.0, 0.0), "no rings");
+    let (ring, dev, on, lent) = m.counts_lent();
+    assert_eq!((ring, on, lent), (0.0, 0.0, 0.0), "no rings");
     assert!(dev > 400.0, "requests read from /dev/fuse: {dev}");
     drop(m);
 

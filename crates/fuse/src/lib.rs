@@ -547,6 +547,16 @@ pub struct FerryFs {
     leases: Option<Arc<ferry_client::Leases>>,
 }
 
+/// A read of `buf.len()` bytes at `offset` into `buf`: bytes read, short
+/// only at the end of the file.
+fn read_into(file: &File, buf: &mut [u8], offset: u64) -> ferry_client::Result<usize> {
+    // A small file came whole with its open (`OpenRead`).
+    if let Some(n) = file.read_from_open(offset, buf) {
+        return Ok(n);
+    }
+    file.read_at(buf, offset)
+}
+
 thread_local! {
     /// Read buffer reused per worker thread: a fresh 1 MiB buffer per read
     /// costs page faults on every request.
@@ -1571,7 +1581,7 @@ impl Filesystem for FerryFs {
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
+        mut reply: ReplyData,
     ) {
         let f = tri!(reply, self.live_file(fh));
         if !f.trusted.load(Ordering::SeqCst) && Taken::from_u8(f.io_mode.load(Ordering::Relaxed)).mode == Mode::Cached {
@@ -1580,15 +1590,23 @@ impl Filesystem for FerryFs {
         }
         let g = f.file.read().unwrap_or_else(|e| e.into_inner());
         let file = tri!(reply, g.as_ref().ok_or(Errno::EBADF));
+        let size = size as usize;
+        // Over FUSE over io_uring the data lands in the ring entry's
+        // payload, which the kernel copies to the reader from: received
+        // from the socket (or read from the server's descriptor) straight
+        // there, with no buffer of ours in between.
+        if let Some(buf) = reply.buffer(size) {
+            return match read_into(file, buf, offset) {
+                Ok(n) => reply.commit(n),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
+        // `/dev/fuse`: into our buffer, which the reply's `writev` copies.
         READ_BUF.with_borrow_mut(|buf| {
-            if buf.len() < size as usize {
-                buf.resize(size as usize, 0);
+            if buf.len() < size {
+                buf.resize(size, 0);
             }
-            // A small file came whole with its open (`OpenRead`).
-            if let Some(n) = file.read_from_open(offset, &mut buf[..size as usize]) {
-                return reply.data(&buf[..n]);
-            }
-            match file.read_at(&mut buf[..size as usize], offset) {
+            match read_into(file, &mut buf[..size], offset) {
                 Ok(n) => reply.data(&buf[..n]),
                 Err(e) => reply.error(errno(e)),
             }

@@ -198,12 +198,15 @@ impl ReplyEmpty {
 #[derive(Debug)]
 pub struct ReplyData {
     reply: ReplyRaw,
+    /// Bytes of the ring entry's payload lent by [`ReplyData::buffer`].
+    lent: Option<usize>,
 }
 
 impl Reply for ReplyData {
     fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyData {
         ReplyData {
             reply: Reply::new(unique, sender),
+            lent: None,
         }
     }
 }
@@ -212,6 +215,45 @@ impl ReplyData {
     /// Reply to a request with the given data
     pub fn data(self, data: &[u8]) {
         self.reply.send_ll(&ll::ResponseSlice(data));
+    }
+
+    /// Where the reply's data can be written in place, `size` bytes: the
+    /// payload buffer of the ring entry the request came in (FUSE over
+    /// io_uring), which the kernel copies to the reader from. Fill the
+    /// front of it and reply with [`ReplyData::commit`] — no copy of the
+    /// data in between — or with `error` (what was written is ignored).
+    ///
+    /// `None` where there is no such buffer — a request read from
+    /// `/dev/fuse`, or `size` larger than the entry's payload: reply with
+    /// [`ReplyData::data`] as usual.
+    pub fn buffer(&mut self, size: usize) -> Option<&mut [u8]> {
+        let Some(ReplySender::Ring(slot, _)) = self.reply.sender.as_mut() else {
+            return None;
+        };
+        let buf = slot.lend(size)?;
+        self.lent = Some(size);
+        Some(buf)
+    }
+
+    /// Reply with the first `len` bytes of the buffer [`ReplyData::buffer`]
+    /// gave (`len` below its size: a short read, `0` at end of file). A
+    /// `len` past it, or no buffer lent, is a bug of the caller: the
+    /// request gets `EIO`.
+    pub fn commit(mut self, len: usize) {
+        let Some(lent) = self.lent else {
+            error!("FUSE reply committed without a lent buffer");
+            return self.reply.error(ll::Errno::EIO);
+        };
+        if len > lent {
+            error!("FUSE reply of {len} bytes committed from a {lent} byte buffer");
+            return self.reply.error(ll::Errno::EIO);
+        }
+        let Some(ReplySender::Ring(slot, _)) = self.reply.sender.take() else {
+            unreachable!("a buffer is lent only by a ring entry's reply");
+        };
+        if let Err(err) = slot.send_lent(self.reply.unique.0, len) {
+            error!("Failed to send FUSE reply: {err}");
+        }
     }
 
     /// Reply to a request with the given error code

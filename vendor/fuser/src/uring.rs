@@ -81,6 +81,7 @@ const PAGE: usize = 4096;
 pub(crate) struct Counters {
     pub(crate) ring: AtomicU64,
     pub(crate) dev: AtomicU64,
+    pub(crate) lent: AtomicU64,
 }
 
 /// The transport a session uses, and what it carried.
@@ -93,6 +94,9 @@ pub struct Transport {
     /// Requests read from `/dev/fuse` after `INIT` (`FORGET` and
     /// `INTERRUPT` not counted: the kernel sends those there always).
     pub dev_requests: u64,
+    /// Replies whose data was written straight into the ring entry's
+    /// payload (`ReplyData::buffer`), not copied there.
+    pub lent_replies: u64,
 }
 
 /// Whether a session serves requests over io_uring.
@@ -145,6 +149,7 @@ impl Transport {
             ring,
             ring_requests: counters.ring.load(Ordering::Relaxed),
             dev_requests: counters.dev.load(Ordering::Relaxed),
+            lent_replies: counters.lent.load(Ordering::Relaxed),
         }
     }
 
@@ -496,6 +501,22 @@ impl Ring {
         Ok(())
     }
 
+    /// Writes a reply's `fuse_out_header` and payload size into entry
+    /// `idx`, whose payload holds the reply's data already.
+    fn write_header(&self, idx: usize, out: &[u8; OUT_HEADER], len: usize) {
+        let h = self.entries[idx].header.ptr.as_ptr();
+        // SAFETY: the entry is this reply's (the kernel completed it and it
+        // is not committed yet); both writes stay inside the header page.
+        unsafe {
+            std::ptr::copy_nonoverlapping(out.as_ptr(), h, OUT_HEADER);
+            std::ptr::copy_nonoverlapping(
+                (len as u32).to_ne_bytes().as_ptr(),
+                h.add(PAYLOAD_SZ),
+                4,
+            );
+        }
+    }
+
     /// Writes a reply (`fuse_out_header` then its payload) into entry `idx`.
     fn write_reply(&self, idx: usize, parts: &[&[u8]]) {
         let e = &self.entries[idx];
@@ -528,21 +549,16 @@ impl Ring {
         }
         // SAFETY: the entry is this reply's (the kernel completed it and it
         // is not committed yet) and no dispatch reads it in place (the
-        // caller checked `borrowed`); the writes stay inside the buffers.
+        // caller checked `borrowed`); the writes stay inside the payload
+        // (`len` was checked against it above).
         unsafe {
-            let h = e.header.ptr.as_ptr();
-            std::ptr::copy_nonoverlapping(out.as_ptr(), h, OUT_HEADER);
             let mut at = e.data.ptr.as_ptr().add(PREFIX);
             for p in rest {
                 std::ptr::copy_nonoverlapping(p.as_ptr(), at, p.len());
                 at = at.add(p.len());
             }
-            std::ptr::copy_nonoverlapping(
-                (len as u32).to_ne_bytes().as_ptr(),
-                h.add(PAYLOAD_SZ),
-                4,
-            );
         }
+        self.write_header(idx, &out, len);
     }
 }
 
@@ -570,6 +586,54 @@ impl RingSlot {
         let parts: Vec<&[u8]> = data.iter().map(|s| &s[..]).collect();
         self.ring.write_reply(self.idx, &parts);
         drop(st);
+        self.ring.commit(self.idx)
+    }
+}
+
+impl RingSlot {
+    /// The entry's payload, lent to the reply for its data to be written
+    /// in place (a `READ`'s, received straight from where it comes),
+    /// `size` bytes of it; `None` if `size` exceeds the payload (the reply
+    /// then goes the copying way, which says why it cannot fit) or a
+    /// dispatch reads the request's data in place (never for a reply that
+    /// carries data: only a `WRITE`'s is read in place).
+    ///
+    /// `&mut self`: the one reply made for the request holds the only
+    /// `RingSlot` that writes the entry, so the borrow is exclusive; it
+    /// ends before the reply is sent, which takes the reply by value.
+    pub(crate) fn lend(&mut self, size: usize) -> Option<&mut [u8]> {
+        if size > self.ring.payload || self.ring.entries[self.idx].state.lock().borrowed {
+            return None;
+        }
+        // SAFETY: the kernel completed this entry and it is not committed:
+        // its buffers are this request's until its one reply commits it,
+        // and that reply holds this slot mutably borrowed while the slice
+        // lives. The request's own bytes were copied out before dispatch
+        // (it is not read in place, checked above), so nothing else reads
+        // or writes the payload; `size` is within it. The memory outlives
+        // the borrow: `self.ring` keeps the ring (and its entries) alive.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ring.entries[self.idx].data.ptr.as_ptr().add(PREFIX),
+                size,
+            )
+        })
+    }
+
+    /// Sends a reply whose data, `len` bytes, was written into the lent
+    /// payload: writes the header and commits the entry. No copy.
+    pub(crate) fn send_lent(&self, unique: u64, len: usize) -> io::Result<()> {
+        let e = &self.ring.entries[self.idx];
+        let st = e.state.lock();
+        // `lend` refused while borrowed, and a lent reply is made by the
+        // dispatch's own request, never in place.
+        debug_assert!(!st.borrowed);
+        let mut out = [0u8; OUT_HEADER];
+        out[0..4].copy_from_slice(&((OUT_HEADER + len) as u32).to_ne_bytes());
+        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+        self.ring.write_header(self.idx, &out, len);
+        drop(st);
+        self.ring.counters.lent.fetch_add(1, Ordering::Relaxed);
         self.ring.commit(self.idx)
     }
 }
