@@ -71,7 +71,7 @@ fn auto_unmount() -> bool {
 }
 
 fn mount_ferry(addr: &str, mp: &Path, opts: FsOptions, dev_fuse_only: bool) -> Result<Mounted, String> {
-    let client = Client::connect(addr, &Options::default()).map_err(|e| e.to_string())?;
+    let client = Client::connect(addr, &client_options()?).map_err(|e| e.to_string())?;
     let cfg = MountConfig {
         fs: opts.clone(),
         fsname: format!("ferry://{addr}/"),
@@ -83,6 +83,13 @@ fn mount_ferry(addr: &str, mp: &Path, opts: FsOptions, dev_fuse_only: bool) -> R
     let fs = FerryFs::new(client, "/", opts);
     let session = ferry_fuse::spawn(fs, mp, &cfg).map_err(|e| format!("{}: mount failed: {e}", mp.display()))?;
     Ok(Mounted { session: Some(session), mp: mp.to_path_buf() })
+}
+
+/// The mounts' and the library's client options: the data path's settings
+/// from the environment, as `ferry mount` takes them (`FERRY_SAME_HOST=0`
+/// measures both over TCP instead of the server's descriptors).
+fn client_options() -> Result<Options, String> {
+    Options::default().data_path_from_env()
 }
 
 /// Throughput, latency and scan sizes for one invocation.
@@ -168,7 +175,7 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         (Ok(_), None) => String::new(),
     };
     drop(uring);
-    let client = Client::connect(&addr, &Options::default()).map_err(|e| e.to_string())?;
+    let client = Client::connect(&addr, &client_options()?).map_err(|e| e.to_string())?;
 
     let mut nread = Series::new("null FUSE sequential read", "MB/s");
     let mut fread = Series::new("ferry mount sequential read", "MB/s");
