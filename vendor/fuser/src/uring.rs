@@ -588,9 +588,7 @@ impl RingSlot {
         drop(st);
         self.ring.commit(self.idx)
     }
-}
 
-impl RingSlot {
     /// The entry's payload, lent to the reply for its data to be written
     /// in place (a `READ`'s, received straight from where it comes),
     /// `size` bytes of it; `None` if `size` exceeds the payload (the reply
