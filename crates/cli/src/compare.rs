@@ -10,7 +10,9 @@
 //! whole process tree. Each figure is the median of `--runs` repetitions,
 //! with min and max; the tables are printed and written as CSV and JSON.
 
+mod breaks;
 mod experiments;
+mod floor;
 mod load;
 mod programs;
 mod report;
@@ -570,11 +572,20 @@ fn program_places(run: &mut Run, port: u16, env: &[(String, String)]) -> Result<
         env: Vec::new(),
         local_root: None,
         note: note.into(),
+        metrics: None,
     };
     let mut places = vec![place("local", dir("local")?, "the export directory itself")];
     dir("fuse")?;
-    let (mnt, _) = start_mount(run, port, &[], env)?;
-    places.push(place("ferry-fuse", mnt.join("programs-fuse"), "ferry mount with its defaults"));
+    // Its metrics count what it asks the server (the floor).
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        l.local_addr().map_err(|e| e.to_string())?.to_string()
+    };
+    let (mnt, _) = start_mount(run, port, &["--metrics", &metrics], env)?;
+    places.push(programs::Place {
+        metrics: Some(metrics),
+        ..place("ferry-fuse", mnt.join("programs-fuse"), "ferry mount with its defaults")
+    });
     // Every file cached: the client's disk cache by a rule, and the
     // kernel's page cache (--cache).
     dir("fuse-cache")?;
@@ -775,19 +786,19 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
         match made {
             Ok((src, p)) => {
                 places = p;
-                note(programs::exp_programs(&src, &places, runs, &mut res));
+                note(programs::exp_programs(&src, &places, runs, &mut res, &run.state, &format!("127.0.0.1:{port}")));
             }
             Err(e) => note(Err(format!("experiment 10: {e}"))),
         }
     }
     if only(11) {
-        note(programs::exp_breaks(port, if a.quick { 50 } else { 2000 }, runs, &mut res));
+        note(breaks::exp_breaks(&run.state.join("breaks"), if a.quick { 50 } else { 2000 }, runs, &mut res));
     }
     drop(server);
     let machine = machine();
     print_tables(&res, &systems, &plan, runs, &machine);
     programs::print_programs(&res, &places, runs);
-    programs::print_breaks(&res, runs);
+    breaks::print_breaks(&res, runs);
     if let Some(out) = &a.out {
         write_files(out, &res, &status, &systems, &machine, &failures, runs, a.quick)?;
         println!("results written to {}/results.csv and results.json", out.display());

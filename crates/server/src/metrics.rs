@@ -38,6 +38,9 @@ pub struct Gauges {
     pub lease_waits: u64,
     pub lease_wait_seconds: f64,
     pub lease_timeouts: u64,
+    /// `leases::Timeline` of the last break waited for: start, wrote,
+    /// returned, resumed.
+    pub lease_last_break: [u64; 4],
 }
 
 impl Metrics {
@@ -124,6 +127,20 @@ impl Metrics {
             "# HELP ferry_lease_wait_seconds_total Time changes spent waiting for holders to return breaks.\n\
              # TYPE ferry_lease_wait_seconds_total counter\nferry_lease_wait_seconds_total {}\n",
             g.lease_wait_seconds
-        )
+        ) + &last_break(&g.lease_last_break)
     }
+}
+
+/// The steps of the last break a change waited for, as CLOCK_MONOTONIC
+/// stamps (a client on the same host lays its own beside them).
+fn last_break(t: &[u64; 4]) -> String {
+    let mut s = String::from(
+        "# HELP ferry_lease_last_break_ns Steps of the last change that waited for one holder's return, \
+         CLOCK_MONOTONIC ns: start (change applied), wrote (the break's write began), returned (return read), resumed \
+         (change went on).\n# TYPE ferry_lease_last_break_ns gauge\n",
+    );
+    for (step, v) in ["start", "wrote", "returned", "resumed"].iter().zip(t) {
+        s.push_str(&format!("ferry_lease_last_break_ns{{step=\"{step}\"}} {v}\n"));
+    }
+    s
 }

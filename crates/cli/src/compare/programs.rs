@@ -1,8 +1,7 @@
-//! Experiments 10 and 11 (leases): real programs — `git clone`, `git
-//! status`, `find -ls`, `tar c`, `tar x`, `make -j2` — on the default
-//! mount, on a mount with its caches on (`--cache` and a policy caching
-//! everything), under `ferry run` and on the export itself; and what a
-//! lease break costs the client whose change causes it, in round trips.
+//! Experiment 10 (leases): real programs — `git clone`, `git status`,
+//! `find -ls`, `tar c`, `tar x`, `make -j2` — on the default mount, on a
+//! mount with its caches on (`--cache` and a policy caching everything),
+//! under `ferry run` and on the export itself.
 //!
 //! Each program is a real process timed from spawn to exit. The tree is a
 //! generated repository (text files and a small C project) committed with
@@ -11,8 +10,6 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-use ferry_client::{Client, Leases, Options, Target};
 
 use super::report::{median, Results};
 
@@ -27,11 +24,15 @@ pub(super) struct Place {
     /// cannot see `root` itself (a `ferry run` prefix).
     pub(super) local_root: Option<PathBuf>,
     pub(super) note: String,
+    /// Where the mount answers `GET /metrics` (the default mount's, for
+    /// the floor).
+    pub(super) metrics: Option<String>,
 }
 
 /// The programs, in the order they run on each place; each uses what the
 /// one before left (`git status` the clone, `make again` the build).
-const PROGRAMS: [&str; 7] = ["git clone", "git status", "find -ls", "tar c", "tar x", "make -j2", "make again"];
+pub(super) const PROGRAMS: [&str; 7] =
+    ["git clone", "git status", "find -ls", "tar c", "tar x", "make -j2", "make again"];
 
 /// The repository and a tarball of its files, made once on the local disk.
 pub(super) struct Source {
@@ -150,6 +151,17 @@ fn s(p: &Path) -> String {
 
 /// One run of every program in one place; figures in ms, by program.
 fn run_programs(place: &Place, src: &Source, run: usize) -> Result<Vec<(&'static str, f64)>, String> {
+    run_programs_hooked(place, src, run, &mut |_, _| {})
+}
+
+/// `run_programs`, calling `hook(program, false)` just before each measured
+/// program starts and `hook(program, true)` once it ended.
+pub(super) fn run_programs_hooked(
+    place: &Place,
+    src: &Source,
+    run: usize,
+    hook: &mut dyn FnMut(&str, bool),
+) -> Result<Vec<(&'static str, f64)>, String> {
     let limit = Duration::from_secs(600);
     let clone = place.root.join(format!("clone{run}"));
     let xdir = place.root.join(format!("x{run}"));
@@ -178,7 +190,10 @@ fn run_programs(place: &Place, src: &Source, run: usize) -> Result<Vec<(&'static
             }
             _ => unreachable!("every program has its command"),
         };
-        out.push((prog, timed(place, &cmd, limit)?));
+        hook(prog, false);
+        let ms = timed(place, &cmd, limit)?;
+        hook(prog, true);
+        out.push((prog, ms));
     }
     // What the programs made is what they should have made.
     let count =
@@ -205,7 +220,14 @@ impl Place {
     }
 }
 
-pub(super) fn exp_programs(src: &Source, places: &[Place], runs: usize, res: &mut Results) -> Result<(), String> {
+pub(super) fn exp_programs(
+    src: &Source,
+    places: &[Place],
+    runs: usize,
+    res: &mut Results,
+    state: &Path,
+    addr: &str,
+) -> Result<(), String> {
     eprintln!("ferry compare: experiment 10, real programs");
     let mut errors = Vec::new();
     for run in 0..runs {
@@ -221,6 +243,11 @@ pub(super) fn exp_programs(src: &Source, places: &[Place], runs: usize, res: &mu
                 }
                 Err(e) => errors.push(e),
             }
+        }
+    }
+    if let Some((fuse, metrics)) = places.iter().find_map(|p| Some((p, p.metrics.as_deref()?))) {
+        if let Err(e) = super::floor::exp_floor(src, fuse, metrics, state, addr, res) {
+            errors.push(e);
         }
     }
     match errors.first() {
@@ -273,70 +300,5 @@ pub(super) fn print_programs(res: &Results, places: &[Place], runs: usize) {
     if let Some(w) = cached.iter().copied().reduce(f64::max) {
         println!("target: caches on <= 1.0 x caches off, every program: worst {w:.2} x");
     }
-}
-
-/// Experiment 11: a client changes a file another client holds a lease on
-/// (the server breaks it and waits for the holder's return) and a file
-/// nobody holds, in turn; the difference in round trips (a `Ping` each
-/// round, in the same run).
-pub(super) fn exp_breaks(port: u16, rounds: usize, runs: usize, res: &mut Results) -> Result<(), String> {
-    eprintln!("ferry compare: experiment 11, lease break cost");
-    let addr = format!("127.0.0.1:{port}");
-    let opts = Options { same_host: false, ..Options::default() };
-    let err = |e: ferry_client::Error| format!("experiment 11: {e}");
-    let changer = Client::connect(&addr, &opts).map_err(err)?;
-    let holder = Client::connect(&addr, &opts).map_err(err)?;
-    let leases = Leases::new(Box::new(|_, _ret| {}));
-    holder.leases_on(std::sync::Arc::clone(&leases)).map_err(err)?;
-    for f in ["/lease-held", "/lease-free"] {
-        changer.write(f, b"x").map_err(err)?;
-    }
-    for run in 0..runs {
-        eprintln!("ferry compare: experiment 11, run {}/{runs}", run + 1);
-        let (mut held, mut free, mut ping) = (Vec::new(), Vec::new(), Vec::new());
-        let before = leases.breaks();
-        for i in 0..rounds {
-            holder.metadata("/lease-held").map_err(err)?;
-            let mode = if i % 2 == 0 { 0o600 } else { 0o644 };
-            let t = Instant::now();
-            changer.set_permissions(Target::Path(b"/lease-held"), mode).map_err(err)?;
-            held.push(t.elapsed().as_secs_f64() * 1e6);
-            let t = Instant::now();
-            changer.set_permissions(Target::Path(b"/lease-free"), mode).map_err(err)?;
-            free.push(t.elapsed().as_secs_f64() * 1e6);
-            let t = Instant::now();
-            changer.ping().map_err(err)?;
-            ping.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        let broke = leases.breaks() - before;
-        if broke < rounds as u64 {
-            return Err(format!("experiment 11: {broke} breaks in {rounds} rounds: the holder's lease was not broken"));
-        }
-        let (h, f, p) = (median(&held), median(&free), median(&ping));
-        let mut sorted = held.clone();
-        sorted.sort_by(f64::total_cmp);
-        let p99 = sorted[(sorted.len() - 1) * 99 / 100];
-        res.add("11", "ferry", "chmod, another client holds a lease", "latency", "µs", h);
-        res.add("11", "ferry", "chmod, another client holds a lease, p99", "latency", "µs", p99);
-        res.add("11", "ferry", "chmod, nobody holds a lease", "latency", "µs", f);
-        res.add("11", "ferry", "round trip (Ping)", "latency", "µs", p);
-        res.add("11", "ferry", "break cost", "round trips", "RTT", (h - f) / p);
-    }
-    Ok(())
-}
-
-pub(super) fn print_breaks(res: &Results, runs: usize) {
-    let Some(cost) = res.get("11", "ferry", "break cost", "round trips") else { return };
-    println!("\n11. Lease break cost to the changing client (µs, median of {runs} runs of per-round medians)");
-    for p in [
-        "chmod, another client holds a lease",
-        "chmod, another client holds a lease, p99",
-        "chmod, nobody holds a lease",
-        "round trip (Ping)",
-    ] {
-        if let Some(v) = res.get("11", "ferry", p, "latency") {
-            println!("{p:<40} {:>10.1}", median(v));
-        }
-    }
-    println!("target: a break costs the changing client <= 1 extra round trip: {:.2}", median(cost));
+    super::floor::print_floor(res);
 }
