@@ -61,9 +61,14 @@ pub fn open(r: &Remote, flags: i32, mode: u32) -> R<i32> {
             return Ok(program_fd(local, flags & libc::O_CLOEXEC != 0));
         }
     }
-    // On the server's host a reader gets the server's own descriptor.
-    if let Some(fd) = crate::samehost::descriptor(r, &file, flags) {
-        return Ok(program_fd(fd.into(), flags & libc::O_CLOEXEC != 0));
+    // On the server's host the program gets the server's own descriptor
+    // (a writer's with the handle that keeps the file's leases broken).
+    if let Some((fd, lent)) = crate::samehost::descriptor(r, &file, flags) {
+        let n = program_fd(fd.into(), flags & libc::O_CLOEXEC != 0);
+        if let Some(l) = lent {
+            crate::lent::add(n, l);
+        }
+        return Ok(n);
     }
     let dir = file.attr().mode & libc::S_IFMT == libc::S_IFDIR;
     let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);

@@ -1,6 +1,6 @@
-//! `ferry run` on the server's host: a program's read-only open of a
-//! regular file gets the server's own descriptor of it (`FileFd`), as a
-//! cached file gets its local copy's — its reads, `mmap`, `sendfile` and
+//! `ferry run` on the server's host: a program's open of a regular file
+//! gets the server's own descriptor of it (`FileFd`), as a cached file
+//! gets its local copy's — its reads, writes, `mmap`, `sendfile` and
 //! `splice` are then the local kernel's on the very file the server
 //! serves, with no hook, request or socket copy in the path.
 //!
@@ -8,11 +8,15 @@
 //! socket (`state::local_client`, checked to be the same server process),
 //! since descriptors pass only there and `ferry run`'s own connection keeps
 //! TCP. The file is opened there again read-only and taken only if it is
-//! the one the program's open found (same `(dev, ino)`); the server lends
-//! only to its own user or root, and a read-only descriptor reads no more
-//! than the program's own open was just allowed to. Small files (their
-//! first 64 KiB came with the open) and every other open keep the
-//! placeholder; so does everything when `FERRY_SAME_HOST=0`.
+//! the one the program's open found (same `(dev, ino)`), with the
+//! program's own access mode; the server lends only to its own user or
+//! root, so a descriptor does no more than the program's own open was just
+//! allowed to. A writer's descriptor is lent for writing: the server
+//! breaks the file's leases and grants none until the handle it was lent
+//! from closes, which `lent.rs` keeps open for as long as any process may
+//! write through it. Small files opened read-only (their first 64 KiB
+//! came with the open) and every other open keep the placeholder; so does
+//! everything when `FERRY_SAME_HOST=0`.
 
 use std::os::fd::OwnedFd;
 
@@ -31,17 +35,31 @@ fn wanted() -> bool {
 }
 
 /// The server's descriptor of `file`, just opened at `r` with the
-/// program's `flags`, if it may be handed to the program instead.
-pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<OwnedFd> {
+/// program's `flags`, if it may be handed to the program instead; for a
+/// writer, with the handle it was lent from (`lent.rs` keeps it open).
+pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<(OwnedFd, Option<crate::lent::Lent>)> {
     let a = file.attr();
-    let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY
-        && flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_DIRECTORY | libc::O_PATH) == 0;
-    if !wanted() || !read_only || a.mode & libc::S_IFMT != libc::S_IFREG || a.size <= OPEN_BRINGS {
+    let acc = flags & libc::O_ACCMODE;
+    let writer = acc == libc::O_WRONLY || acc == libc::O_RDWR;
+    let read_only = acc == libc::O_RDONLY && flags & (libc::O_CREAT | libc::O_TRUNC) == 0;
+    if !wanted() || flags & (libc::O_DIRECTORY | libc::O_PATH) != 0 || a.mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    if !(writer || read_only && a.size > OPEN_BRINGS) {
         return None;
     }
     let c = state::local_client(r.mount)?;
     let path = crate::mounts::as_path(&r.path);
-    let side = match c.open(path, OpenOptions::new().read(true).nofollow(flags & libc::O_NOFOLLOW != 0)) {
+    // The program's open, again: its access mode, `O_APPEND`, `O_DIRECT`,
+    // `O_SYNC`, `O_NOFOLLOW` (what it created or truncated is done).
+    let drop = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOCTTY;
+    let mut opts = OpenOptions::new();
+    if writer {
+        opts.custom_flags((flags & !drop) as u32);
+    } else {
+        opts.read(true).nofollow(flags & libc::O_NOFOLLOW != 0);
+    }
+    let side = match c.open(path, &opts) {
         Ok(f) => f,
         Err(ferry_client::Error::Remote { .. }) => return None,
         Err(_) => {
@@ -49,14 +67,26 @@ pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<OwnedFd> {
             return None;
         }
     };
+    // The file the program's open found, or none: a file renamed over the
+    // name in between is not lent (its open was not the program's).
     let same = side.attr().dev == a.dev && side.attr().ino == a.ino;
     let lent = if same { side.lend_fd() } else { Ok(None) };
-    let _ = side.close();
     match lent {
-        Ok(Some((fd, false))) => Some(fd),
-        Ok(_) => None,
+        Ok(Some((fd, false))) if !writer => {
+            let _ = side.close();
+            Some((fd, None))
+        }
+        Ok(Some((fd, true))) if writer => {
+            let held = crate::lent::Lent::new(side, c, std::os::fd::AsFd::as_fd(&fd), r, flags)?;
+            Some((fd, Some(held)))
+        }
+        Ok(_) => {
+            let _ = side.close();
+            None
+        }
         // Refused (another user than the server's): refused for every file.
         Err(_) => {
+            let _ = side.close();
             state::local_lost(r.mount);
             None
         }
