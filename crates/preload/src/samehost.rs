@@ -7,11 +7,12 @@
 //! The descriptor comes over a second connection, to the server's Unix
 //! socket (`state::local_client`, checked to be the same server process),
 //! since descriptors pass only there and `ferry run`'s own connection keeps
-//! TCP. The file is opened there again read-only and taken only if it is
-//! the one the program's open found (same `(dev, ino)`), with the
-//! program's own access mode; the server lends only to its own user or
-//! root, so a descriptor does no more than the program's own open was just
-//! allowed to. A writer's descriptor is lent for writing: the server
+//! TCP. A reader's file is opened there again read-only and taken only if
+//! it is the one the program's open found (same `(dev, ino)`); a writer's
+//! open is made there in the first place, as the program (the connection
+//! names the caller as the main one does). The server lends only to its
+//! own user or root, so a descriptor does no more than the program's own
+//! open was just allowed to. A writer's descriptor is lent for writing: the server
 //! breaks the file's leases and grants none until the handle it was lent
 //! from closes, which `lent.rs` keeps open for as long as any process may
 //! write through it. Small files opened read-only (their first 64 KiB
@@ -35,31 +36,17 @@ fn wanted() -> bool {
 }
 
 /// The server's descriptor of `file`, just opened at `r` with the
-/// program's `flags`, if it may be handed to the program instead; for a
-/// writer, with the handle it was lent from (`lent.rs` keeps it open).
-pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<(OwnedFd, Option<crate::lent::Lent>)> {
+/// program's read-only `flags`, if it may be handed to the program.
+pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<OwnedFd> {
     let a = file.attr();
-    let acc = flags & libc::O_ACCMODE;
-    let writer = acc == libc::O_WRONLY || acc == libc::O_RDWR;
-    let read_only = acc == libc::O_RDONLY && flags & (libc::O_CREAT | libc::O_TRUNC) == 0;
-    if !wanted() || flags & (libc::O_DIRECTORY | libc::O_PATH) != 0 || a.mode & libc::S_IFMT != libc::S_IFREG {
-        return None;
-    }
-    if !(writer || read_only && a.size > OPEN_BRINGS) {
+    let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY
+        && flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_DIRECTORY | libc::O_PATH) == 0;
+    if !wanted() || !read_only || a.mode & libc::S_IFMT != libc::S_IFREG || a.size <= OPEN_BRINGS {
         return None;
     }
     let c = state::local_client(r.mount)?;
     let path = crate::mounts::as_path(&r.path);
-    // The program's open, again: its access mode, `O_APPEND`, `O_DIRECT`,
-    // `O_SYNC`, `O_NOFOLLOW` (what it created or truncated is done).
-    let drop = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOCTTY;
-    let mut opts = OpenOptions::new();
-    if writer {
-        opts.custom_flags((flags & !drop) as u32);
-    } else {
-        opts.read(true).nofollow(flags & libc::O_NOFOLLOW != 0);
-    }
-    let side = match c.open(path, &opts) {
+    let side = match c.open(path, OpenOptions::new().read(true).nofollow(flags & libc::O_NOFOLLOW != 0)) {
         Ok(f) => f,
         Err(ferry_client::Error::Remote { .. }) => return None,
         Err(_) => {
@@ -67,28 +54,69 @@ pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<(OwnedFd, Optio
             return None;
         }
     };
-    // The file the program's open found, or none: a file renamed over the
-    // name in between is not lent (its open was not the program's).
     let same = side.attr().dev == a.dev && side.attr().ino == a.ino;
     let lent = if same { side.lend_fd() } else { Ok(None) };
+    let _ = side.close();
     match lent {
-        Ok(Some((fd, false))) if !writer => {
-            let _ = side.close();
-            Some((fd, None))
+        Ok(Some((fd, false))) => Some(fd),
+        Ok(_) => None,
+        // Refused (another user than the server's): refused for every file.
+        Err(_) => {
+            state::local_lost(r.mount);
+            None
         }
-        Ok(Some((fd, true))) if writer => {
-            let held = crate::lent::Lent::new(side, c, std::os::fd::AsFd::as_fd(&fd), r, flags)?;
-            Some((fd, Some(held)))
+    }
+}
+
+/// What became of a writer's open on the server's Unix socket.
+pub enum Writer {
+    /// The descriptor, lent for writing, and the handle it came from.
+    Lent(OwnedFd, Box<crate::lent::Lent>),
+    /// The open ran there (it created or truncated) but nothing was lent.
+    Opened,
+    /// Not tried.
+    No,
+}
+
+/// A writer's open (`O_WRONLY`/`O_RDWR`, `flags` as the server takes them,
+/// `mode` with the umask applied) made on the side connection: as the
+/// program (the connection names the caller as the main one does), so it
+/// is refused what the program's open would be refused, with its errno.
+/// Only a regular file's descriptor is taken, lent for writing.
+pub fn writer(r: &Remote, flags: i32, mode: u32) -> Result<Writer, i32> {
+    let acc = flags & libc::O_ACCMODE;
+    if !wanted() || (acc != libc::O_WRONLY && acc != libc::O_RDWR) || flags & (libc::O_DIRECTORY | libc::O_PATH) != 0 {
+        return Ok(Writer::No);
+    }
+    let Some(c) = state::local_client(r.mount) else { return Ok(Writer::No) };
+    let path = crate::mounts::as_path(&r.path);
+    let side = match c.open(path, OpenOptions::new().custom_flags(flags as u32).mode(mode)) {
+        Ok(f) => f,
+        Err(ferry_client::Error::Remote { errno, .. }) => return Err(errno),
+        Err(_) => {
+            state::local_lost(r.mount);
+            // An exclusive create may have run before the reply was lost.
+            return if flags & libc::O_EXCL != 0 { Err(libc::EIO) } else { Ok(Writer::No) };
         }
+    };
+    if side.attr().mode & libc::S_IFMT != libc::S_IFREG {
+        let _ = side.close();
+        return Ok(Writer::Opened);
+    }
+    match side.lend_fd() {
+        Ok(Some((fd, true))) => match crate::lent::Lent::new(side, c, std::os::fd::AsFd::as_fd(&fd), r, flags) {
+            Some(l) => Ok(Writer::Lent(fd, Box::new(l))),
+            None => Ok(Writer::Opened),
+        },
         Ok(_) => {
             let _ = side.close();
-            None
+            Ok(Writer::Opened)
         }
         // Refused (another user than the server's): refused for every file.
         Err(_) => {
             let _ = side.close();
             state::local_lost(r.mount);
-            None
+            Ok(Writer::Opened)
         }
     }
 }
