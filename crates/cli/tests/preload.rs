@@ -521,8 +521,11 @@ fn errors_are_what_libc_would_say() {
     let o = run_in(
         &srv,
         local.path(),
+        // Placeholders (`FERRY_SAME_HOST=0`): on the server's host a writer
+        // gets the server's own descriptor, the file itself, which a raw
+        // system call writes as the program's own open allows.
         r#"cat /remote/missing; mkdir /remote/file; rmdir /remote/full; ls /remote/file/x; rm /remote/full
-python3 -c "
+FERRY_SAME_HOST=0 python3 -c "
 import errno, os
 for f in (lambda: os.open('/remote/file', os.O_CREAT | os.O_EXCL | os.O_WRONLY),
           lambda: os.open('/remote/missing', os.O_RDONLY),
@@ -660,6 +663,9 @@ fn a_server_dying_under_a_writer_is_an_error_not_sigpipe() {
         .arg(format!("/remote={}", srv.url("/")))
         .args(["--", "dd", "if=/dev/zero", "of=/remote/big", "bs=1M", "count=20000"])
         .env("FERRY_TOKEN_FILE", &srv.token_file)
+        // Over TCP: on the server's host dd would write the server's own
+        // file, which a dying server does not take away.
+        .env("FERRY_SAME_HOST", "0")
         .current_dir(local.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

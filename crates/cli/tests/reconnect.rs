@@ -437,7 +437,21 @@ os.close(fd)
         ready = ready.to_str().unwrap(),
         go = go.to_str().unwrap()
     );
-    let child = python_under_ferry_run(port, &token, &script);
+    // Over TCP: on the server's host the program would write the server's
+    // file itself (lent for writing), which only a crash of the machine —
+    // the program's too — could lose.
+    let child = Command::new("timeout")
+        .args(["120", FERRY, "run", "--mount"])
+        .arg(format!("/remote=ferry://127.0.0.1:{port}/"))
+        .args(["--", "python3", "-c", &script])
+        .env("FERRY_TOKEN_FILE", &token)
+        .env("FERRY_SAME_HOST", "0")
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_MOUNTS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     assert!(wait_for(Duration::from_secs(30), || ready.exists()), "the program did not start");
     server.kill();
     lose_uncommitted(&export.path().join("m"), b"");

@@ -14,6 +14,7 @@ pub mod attrs;
 pub mod conv;
 pub mod guard;
 pub mod hooks;
+pub mod lent;
 pub mod links;
 pub mod locks;
 pub mod maps;

@@ -1,18 +1,23 @@
-//! `ferry run` on the server's host: a program's read-only open of a
-//! regular file gets the server's own descriptor of it (`FileFd`), as a
-//! cached file gets its local copy's — its reads, `mmap`, `sendfile` and
+//! `ferry run` on the server's host: a program's open of a regular file
+//! gets the server's own descriptor of it (`FileFd`), as a cached file
+//! gets its local copy's — its reads, writes, `mmap`, `sendfile` and
 //! `splice` are then the local kernel's on the very file the server
 //! serves, with no hook, request or socket copy in the path.
 //!
 //! The descriptor comes over a second connection, to the server's Unix
 //! socket (`state::local_client`, checked to be the same server process),
 //! since descriptors pass only there and `ferry run`'s own connection keeps
-//! TCP. The file is opened there again read-only and taken only if it is
-//! the one the program's open found (same `(dev, ino)`); the server lends
-//! only to its own user or root, and a read-only descriptor reads no more
-//! than the program's own open was just allowed to. Small files (their
-//! first 64 KiB came with the open) and every other open keep the
-//! placeholder; so does everything when `FERRY_SAME_HOST=0`.
+//! TCP. A reader's file is opened there again read-only and taken only if
+//! it is the one the program's open found (same `(dev, ino)`); a writer's
+//! open is made there in the first place, as the program (the connection
+//! names the caller as the main one does). The server lends only to its
+//! own user or root, so a descriptor does no more than the program's own
+//! open was just allowed to. A writer's descriptor is lent for writing: the server
+//! breaks the file's leases and grants none until the handle it was lent
+//! from closes, which `lent.rs` keeps open for as long as any process may
+//! write through it. Small files opened read-only (their first 64 KiB
+//! came with the open) and every other open keep the placeholder; so does
+//! everything when `FERRY_SAME_HOST=0`.
 
 use std::os::fd::OwnedFd;
 
@@ -31,7 +36,7 @@ fn wanted() -> bool {
 }
 
 /// The server's descriptor of `file`, just opened at `r` with the
-/// program's `flags`, if it may be handed to the program instead.
+/// program's read-only `flags`, if it may be handed to the program.
 pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<OwnedFd> {
     let a = file.attr();
     let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY
@@ -59,6 +64,59 @@ pub fn descriptor(r: &Remote, file: &File, flags: i32) -> Option<OwnedFd> {
         Err(_) => {
             state::local_lost(r.mount);
             None
+        }
+    }
+}
+
+/// What became of a writer's open on the server's Unix socket.
+pub enum Writer {
+    /// The descriptor, lent for writing, and the handle it came from.
+    Lent(OwnedFd, Box<crate::lent::Lent>),
+    /// The open ran there (it created or truncated) but nothing was lent.
+    Opened,
+    /// Not tried.
+    No,
+}
+
+/// A writer's open (`O_WRONLY`/`O_RDWR`, `flags` as the server takes them,
+/// `mode` with the umask applied) made on the side connection: as the
+/// program (the connection names the caller as the main one does), so it
+/// is refused what the program's open would be refused, with its errno.
+/// Only a regular file's descriptor is taken, lent for writing.
+pub fn writer(r: &Remote, flags: i32, mode: u32) -> Result<Writer, i32> {
+    let acc = flags & libc::O_ACCMODE;
+    if !wanted() || (acc != libc::O_WRONLY && acc != libc::O_RDWR) || flags & (libc::O_DIRECTORY | libc::O_PATH) != 0 {
+        return Ok(Writer::No);
+    }
+    let Some(c) = state::local_client(r.mount) else { return Ok(Writer::No) };
+    let path = crate::mounts::as_path(&r.path);
+    let side = match c.open(path, OpenOptions::new().custom_flags(flags as u32).mode(mode)) {
+        Ok(f) => f,
+        Err(ferry_client::Error::Remote { errno, .. }) => return Err(errno),
+        Err(_) => {
+            state::local_lost(r.mount);
+            // An exclusive create may have run before the reply was lost.
+            return if flags & libc::O_EXCL != 0 { Err(libc::EIO) } else { Ok(Writer::No) };
+        }
+    };
+    if side.attr().mode & libc::S_IFMT != libc::S_IFREG {
+        let _ = side.close();
+        return Ok(Writer::Opened);
+    }
+    match side.lend_fd() {
+        Ok(Some((fd, true))) => match crate::lent::Lent::new(side, c, std::os::fd::AsFd::as_fd(&fd), r, flags) {
+            Some(l) => Ok(Writer::Lent(fd, Box::new(l))),
+            None => Ok(Writer::Opened),
+        },
+        Ok(_) => {
+            let _ = side.close();
+            Ok(Writer::Opened)
+        }
+        // Refused (another user than the server's): refused for every file.
+        Err(_) => {
+            let _ = side.close();
+            state::local_lost(r.mount);
+            Ok(Writer::Opened)
         }
     }
 }

@@ -5,7 +5,7 @@
 //! all before the fork and release them in both processes: a lock held by
 //! another thread at `fork` would otherwise stay locked in the child.
 //! Order, everywhere: `maps`'s locks, `TABLE`, an open file's `io`, `MOUNTS`, `CWD`,
-//! `CONNS`, `REPORTED`, `NOT_LOCAL` (a thread never takes an earlier one while holding
+//! `CONNS`, `REPORTED`, `NOT_LOCAL`, `lent`'s table (a thread never takes an earlier one while holding
 //! a later one; `before_fork` takes them all in this order).
 
 use std::collections::HashMap;
@@ -381,6 +381,12 @@ pub fn place_high(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::f
     Err(last)
 }
 
+/// A descriptor of ferry's own that is no connection of `CONNS` (a socket
+/// kept for its handles, `lent.rs`).
+pub fn note_internal(fd: i32) {
+    LOWEST_INTERNAL.fetch_min(fd, Relaxed);
+}
+
 /// A lock-free first look for the hot path: false for every number below
 /// ferry's lowest own descriptor (all of a program's usual ones).
 pub fn may_be_internal(fd: i32) -> bool {
@@ -392,7 +398,7 @@ pub fn is_internal(fd: i32) -> bool {
     if !may_be_internal(fd) {
         return false;
     }
-    CONNS.lock().all().any(|c| c.engine().raw_fd() == fd)
+    CONNS.lock().all().any(|c| c.engine().raw_fd() == fd) || crate::lent::is_kept(fd)
 }
 
 /// ferry's descriptors in `first..=last`, sorted.
@@ -404,6 +410,7 @@ pub fn internal_in(first: u32, last: u32) -> Vec<i32> {
         .lock()
         .all()
         .map(|c| c.engine().raw_fd())
+        .chain(crate::lent::kept_socks())
         .filter(|fd| *fd >= 0 && (first..=last).contains(&(*fd as u32)))
         .collect();
     v.sort_unstable();
@@ -419,7 +426,7 @@ pub fn make_room(fd: i32) -> Result<(), i32> {
     for c in here {
         c.engine().move_fd(place_high).map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
     }
-    Ok(())
+    crate::lent::make_room(fd)
 }
 
 // ---- fork ----
@@ -454,6 +461,7 @@ pub fn before_fork() {
     crate::attrs::hold_for_fork();
     crate::hooks::hold_for_fork();
     *FORK_HELD.lock() = opens;
+    crate::lent::hold_for_fork();
 }
 
 /// Releases what `before_fork` took (in the parent and in the child alike).
@@ -462,6 +470,7 @@ fn release_after_fork() {
     // SAFETY: each lock was taken by `before_fork` in this thread and its
     // guard forgotten; in the child this thread is the only one.
     unsafe {
+        crate::lent::release_after_fork();
         crate::hooks::release_after_fork();
         crate::attrs::release_after_fork();
         NOT_LOCAL.force_unlock();
@@ -487,6 +496,8 @@ pub fn after_fork_child() {
     crate::maps::after_fork_child();
     OWNER.store(getpid(), Relaxed);
     EPOCH.fetch_add(1, Relaxed);
+    // Sockets holding handles the child's descriptors were lent from stay.
+    let kept = crate::lent::after_fork_child();
     // The parent's connections are the parent's: never used here. Their
     // descriptors are closed (the parent's stay open, so the server sees
     // nothing) and the connections forgotten, never dropped.
@@ -495,7 +506,7 @@ pub fn after_fork_child() {
         // A connection another thread was looking up at the fork stays
         // open here (that thread is not in the child to let go of it); the
         // parent's copy keeps it open anyway.
-        if let Some(e) = c.engine_if_free() {
+        if let Some(e) = c.engine_if_free().filter(|e| !kept.contains(&e.raw_fd())) {
             // SAFETY: our own descriptor, in our own (new) descriptor table.
             unsafe { crate::real::close(e.raw_fd()) };
         }

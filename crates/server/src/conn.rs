@@ -1115,9 +1115,13 @@ impl<B: Backend> Conn<B> {
         if caps & caps::SAME_HOST == 0 {
             return self.queue_refusal(h, Errno::NOSYS, "same-host data path not offered");
         }
-        let euid = rustix::process::geteuid().as_raw();
+        // The real uid: a root server's thread wears the caller's effective
+        // uid while it runs a request (`identity.rs`), and judged by that,
+        // every user was "the server's own" — another user got descriptors
+        // (found with issue 34's writers). The real uid stays the server's.
+        let own = rustix::process::getuid().as_raw();
         match self.tx.peer_cred() {
-            Some((_, uid)) if uid == 0 || uid == euid => {}
+            Some((_, uid)) if uid == 0 || uid == own => {}
             Some(_) => {
                 return self.queue_refusal(h, Errno::PERM, "descriptors go only to the server's own user or root")
             }

@@ -182,7 +182,27 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return ret::<c_int>(Err(libc::EBADF));
     }
     // A vfork child shares our memory: it closes its fd and nothing else.
-    if crate::guard::busy() || !state::is_remote_fd(fd) || !state::owner() {
+    if crate::guard::busy() || !state::owner() {
+        return pass!(close(fd));
+    }
+    if crate::lent::is_lent(fd) {
+        // The POSIX close rule, for locks taken through the server.
+        let _ = enter(|| {
+            if let Some(o) = crate::lent::lock_open_made(fd) {
+                crate::locks::closing(&o);
+            }
+            Ok(())
+        });
+        let r = pass!(close(fd));
+        let e = crate::guard::errno();
+        let _ = enter(|| {
+            crate::lent::closed(fd);
+            Ok(())
+        });
+        crate::guard::set_errno(e);
+        return r;
+    }
+    if !state::is_remote_fd(fd) {
         return pass!(close(fd));
     }
     super::stdio::fd_changing(fd);
@@ -202,6 +222,19 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
             }
         }
     }
+    let lent = enter(|| Ok(crate::lent::in_range(first, last))).unwrap_or_default();
+    let r = close_range_around(first, last, flags);
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        let _ = enter(|| {
+            lent.iter().for_each(|fd| crate::lent::closed(*fd));
+            Ok(())
+        });
+    }
+    r
+}
+
+/// `close_range` of the program's numbers, ferry's own skipped.
+fn close_range_around(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     // ferry's connections are skipped: the range is closed around them.
     let ours = enter(|| Ok(state::internal_in(first, last))).unwrap_or_default();
     let mut from = first;
@@ -250,6 +283,12 @@ fn after_dup(old: c_int, new: c_int, replaced: bool) -> c_int {
         if state::is_remote_fd(old) {
             ops::duped(old, new);
             super::stdio::fd_changed(new);
+        }
+        if crate::lent::is_lent(old) || crate::lent::is_lent(new) {
+            let _ = enter(|| {
+                crate::lent::duped(old, new);
+                Ok(())
+            });
         }
     }
     new
@@ -313,13 +352,36 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     after_dup(old, r, replaced)
 }
 
+fn is_lock(cmd: c_int) -> bool {
+    matches!(
+        cmd,
+        libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
+    )
+}
+
+/// The remote open taking a lent descriptor's locks (`lent.rs`).
+fn lent_locks(fd: c_int) -> Option<std::sync::Arc<crate::open::Open>> {
+    if guard::busy() || !state::owner() || !crate::lent::is_lent(fd) {
+        return None;
+    }
+    enter(|| Ok(crate::lent::lock_open(fd))).ok().flatten()
+}
+
 fn fcntl_impl(fd: c_int, cmd: c_int, arg: usize, real_fn: unsafe fn(c_int, c_int, usize) -> c_int) -> c_int {
-    let Some(o) = remote_fd(fd) else {
+    let lent = if is_lock(cmd) { lent_locks(fd) } else { None };
+    let Some(o) = remote_fd(fd).or(lent) else {
         // SAFETY: forwarding the caller's arguments.
         let r = unsafe { real_fn(fd, cmd, arg) };
+        if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) && crate::lent::is_lent(fd) {
+            return after_dup(fd, r, false);
+        }
         return r;
     };
     use std::sync::atomic::Ordering::Relaxed;
+    if !is_lock(cmd) && !state::is_remote_fd(fd) {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_fn(fd, cmd, arg) };
+    }
     match cmd {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             // SAFETY: as above.
@@ -360,7 +422,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
-    if let Some(o) = remote_fd(fd) {
+    if let Some(o) = remote_fd(fd).or_else(|| lent_locks(fd)) {
         return ret(enter(|| crate::locks::flock(&o, op)));
     }
     pass!(flock(fd, op))
@@ -368,7 +430,7 @@ pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: libc::off_t) -> c_int {
-    if let Some(o) = remote_fd(fd) {
+    if let Some(o) = remote_fd(fd).or_else(|| lent_locks(fd)) {
         return ret(enter(|| crate::locks::lockf(fd, &o, cmd, len)));
     }
     pass!(lockf(fd, cmd, len))
@@ -376,7 +438,7 @@ pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: libc::off_t) -> c_int
 
 #[no_mangle]
 pub unsafe extern "C" fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int {
-    if let Some(o) = remote_fd(fd) {
+    if let Some(o) = remote_fd(fd).or_else(|| lent_locks(fd)) {
         return ret(enter(|| crate::locks::lockf(fd, &o, cmd, len)));
     }
     pass!(lockf64(fd, cmd, len))
@@ -747,7 +809,14 @@ pub unsafe extern "C" fn mmap(a: *mut c_void, l: size_t, p: c_int, f: c_int, fd:
     }
     mmap_impl(a, l, p, f, fd, o).unwrap_or_else(|| {
         let _old = replacing(a, l, f);
-        pass!(mmap(a, l, p, f, fd, o))
+        let m = pass!(mmap(a, l, p, f, fd, o));
+        if m != libc::MAP_FAILED && crate::lent::is_lent(fd) && !guard::busy() {
+            let _ = enter(|| {
+                crate::lent::mapped(fd, f);
+                Ok(())
+            });
+        }
+        m
     })
 }
 
@@ -759,7 +828,14 @@ pub unsafe extern "C" fn mmap64(a: *mut c_void, l: size_t, p: c_int, f: c_int, f
     }
     mmap_impl(a, l, p, f, fd, o).unwrap_or_else(|| {
         let _old = replacing(a, l, f);
-        pass!(mmap64(a, l, p, f, fd, o))
+        let m = pass!(mmap64(a, l, p, f, fd, o));
+        if m != libc::MAP_FAILED && crate::lent::is_lent(fd) && !guard::busy() {
+            let _ = enter(|| {
+                crate::lent::mapped(fd, f);
+                Ok(())
+            });
+        }
+        m
     })
 }
 

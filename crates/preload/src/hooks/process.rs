@@ -43,7 +43,7 @@ fn sync_before_handoff() {
 ///
 /// # Safety
 /// `envp` is NULL or a NULL-terminated array of C strings.
-unsafe fn fixed_env(envp: *const *const c_char) -> Option<(Vec<CString>, Vec<*const c_char>)> {
+unsafe fn fixed_env(envp: *const *const c_char, keep: &[c_int]) -> Option<(Vec<CString>, Vec<*const c_char>)> {
     let cfg = state::config()?;
     let mut have: Vec<&[u8]> = Vec::new();
     if !envp.is_null() {
@@ -78,6 +78,15 @@ unsafe fn fixed_env(envp: *const *const c_char) -> Option<(Vec<CString>, Vec<*co
         (None, Some(w)) => changes.push((None, Some(w))),
         _ => {}
     }
+    // Sockets holding the handles of lent descriptors the program inherits
+    // (`lent.rs`): its library keeps them out of the program's way.
+    let want = (!keep.is_empty()).then(|| format!("FERRY_KEEP={}", crate::lent::keep_value(keep)).into_bytes());
+    match (find("FERRY_KEEP"), want) {
+        (Some(i), Some(w)) if have[i] != w => changes.push((Some(i), Some(w))),
+        (Some(i), None) => changes.push((Some(i), None)),
+        (None, Some(w)) => changes.push((None, Some(w))),
+        _ => {}
+    }
     if changes.is_empty() {
         return None;
     }
@@ -103,15 +112,30 @@ unsafe fn fixed_env(envp: *const *const c_char) -> Option<(Vec<CString>, Vec<*co
 ///
 /// # Safety
 /// As for `fixed_env`.
-unsafe fn with_env<T>(envp: *const *const c_char, f: impl FnOnce(*const *const c_char) -> T) -> T {
+/// `spawn`: a `posix_spawn` whose file actions may move any descriptor into
+/// place (every lent one is taken as inherited).
+unsafe fn with_env<T>(envp: *const *const c_char, spawn: bool, f: impl FnOnce(*const *const c_char) -> T) -> T {
     if guard::busy() || !state::ACTIVE.load(Relaxed) {
         return f(envp);
     }
+    let exposed = lent_before_exec(spawn);
     // SAFETY: per the function's contract.
-    match unsafe { fixed_env(envp) } {
+    let r = match unsafe { fixed_env(envp, &exposed.keep) } {
         Some((_owned, ptrs)) => f(ptrs.as_ptr()),
         None => f(envp),
-    }
+    };
+    crate::lent::after_exec(&exposed);
+    r
+}
+
+/// Lent descriptors a new program inherits keep their handles (`lent.rs`).
+fn lent_before_exec(all: bool) -> crate::lent::Exposed {
+    let mut x = None;
+    let _ = enter(|| {
+        x = Some(crate::lent::before_exec(all));
+        Ok(())
+    });
+    x.unwrap_or_else(crate::lent::Exposed::none)
 }
 
 #[no_mangle]
@@ -132,7 +156,7 @@ pub unsafe extern "C" fn execve(p: *const c_char, a: *const *const c_char, e: *c
     }
     sync_before_handoff();
     // SAFETY: forwarding the caller's arguments, with a fixed environment.
-    unsafe { with_env(e, |env| real::execve(p, a, env)) }
+    unsafe { with_env(e, false, |env| real::execve(p, a, env)) }
 }
 
 /// `execve` of a program stored on the server: its bytes go into a memfd,
@@ -182,7 +206,7 @@ unsafe fn exec_remote(
     };
     sync_before_handoff();
     // SAFETY: fd is our memfd; the arguments are the caller's.
-    let rc = unsafe { with_env(e, |env| real::fexecve(fd, a, env)) };
+    let rc = unsafe { with_env(e, false, |env| real::fexecve(fd, a, env)) };
     let err = guard::errno();
     // SAFETY: exec failed: the copy is ours to close.
     unsafe { real::close(fd) };
@@ -256,7 +280,7 @@ pub unsafe extern "C" fn execvpe(p: *const c_char, a: *const *const c_char, e: *
     let p = fixed.as_ref().map_or(p, |c| c.as_ptr());
     sync_before_handoff();
     // SAFETY: forwarding the caller's arguments, with a fixed environment.
-    unsafe { with_env(e, |env| real::execvpe(p, a, env)) }
+    unsafe { with_env(e, false, |env| real::execvpe(p, a, env)) }
 }
 
 #[no_mangle]
@@ -274,7 +298,7 @@ pub unsafe extern "C" fn fexecve(fd: c_int, a: *const *const c_char, e: *const *
     }
     sync_before_handoff();
     // SAFETY: forwarding the caller's arguments, with a fixed environment.
-    unsafe { with_env(e, |env| real::fexecve(fd, a, env)) }
+    unsafe { with_env(e, false, |env| real::fexecve(fd, a, env)) }
 }
 
 #[no_mangle]
@@ -288,7 +312,7 @@ pub unsafe extern "C" fn posix_spawn(
 ) -> c_int {
     sync_before_handoff();
     // SAFETY: forwarding the caller's arguments, with a fixed environment.
-    unsafe { with_env(e.cast(), |env| real::posix_spawn(pid, p, fa, at, a, env.cast())) }
+    unsafe { with_env(e.cast(), !fa.is_null(), |env| real::posix_spawn(pid, p, fa, at, a, env.cast())) }
 }
 
 #[no_mangle]
@@ -302,7 +326,7 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     sync_before_handoff();
     // SAFETY: as in posix_spawn.
-    unsafe { with_env(e.cast(), |env| real::posix_spawnp(pid, p, fa, at, a, env.cast())) }
+    unsafe { with_env(e.cast(), !fa.is_null(), |env| real::posix_spawnp(pid, p, fa, at, a, env.cast())) }
 }
 
 /// `vfork` becomes `fork`: a vfork child shares our memory, and the state
@@ -317,7 +341,9 @@ pub unsafe extern "C" fn vfork() -> pid_t {
 #[no_mangle]
 pub unsafe extern "C" fn system(c: *const c_char) -> c_int {
     sync_before_handoff();
+    let exposed = if guard::busy() { crate::lent::Exposed::none() } else { lent_before_exec(false) };
     let r = pass!(system(c));
+    crate::lent::after_exec(&exposed);
     waited(1);
     r
 }
@@ -325,7 +351,10 @@ pub unsafe extern "C" fn system(c: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn popen(c: *const c_char, m: *const c_char) -> *mut libc::FILE {
     sync_before_handoff();
-    pass!(popen(c, m))
+    let exposed = if guard::busy() { crate::lent::Exposed::none() } else { lent_before_exec(false) };
+    let f = pass!(popen(c, m));
+    crate::lent::after_exec(&exposed);
+    f
 }
 
 // ---- waiting for children ----
@@ -672,6 +701,7 @@ pub fn init() {
                 ops::adopt(fd);
             }
         }
+        crate::lent::adopt_kept();
         if let Some(cwd) = std::env::var_os("FERRY_CWD") {
             if state::resolve(cwd.as_bytes(), None).is_some() {
                 *state::CWD.write() = Some(crate::mounts::normalize(cwd.as_bytes()));

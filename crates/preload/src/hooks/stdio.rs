@@ -208,7 +208,10 @@ pub unsafe extern "C" fn fopen64(p: *const c_char, m: *const c_char) -> *mut FIL
 
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, m: *const c_char) -> *mut FILE {
-    if remote_fd(fd).is_none() {
+    // A lent descriptor's stream too: glibc's `fclose` closes its fd with
+    // an internal call this library would not see (the server's handle
+    // would stay open, and the file unleasable, until exit).
+    if remote_fd(fd).is_none() && (guard::busy() || !crate::lent::is_lent(fd)) {
         return pass!(fdopen(fd, m));
     }
     // SAFETY: m is the caller's mode string.
