@@ -387,6 +387,16 @@ impl<B: Backend> EvLoop<B> {
     /// Arms the connection's socket for its next input: whether it could.
     fn arm(&self, slot: &Slot<B>) -> bool {
         let inbox = lock(&slot.inbox);
+        // Another worker of the connection (one that ran a slow request
+        // beside this one) may have found its end and finished it, taking
+        // the socket out of the set, between this worker's `put` and here:
+        // nothing is left to watch. Armed anyway, `EPOLL_CTL_MOD` failed
+        // with `ENOENT` and logged a "connection not watched" warning for
+        // a connection that had ended normally. (`finish` takes the socket
+        // out under this same lock, after `done` is set.)
+        if slot.done.load(SeqCst) {
+            return true;
+        }
         let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT;
         let data = epoll::EventData::new_u64(slot.key);
         let r = if slot.added.swap(true, SeqCst) {
