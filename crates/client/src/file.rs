@@ -151,6 +151,8 @@ struct InFlight {
     /// `Client::sessions_lost` when an append was sent: sent again only
     /// into the session whose replies say whether it ran.
     lost: u64,
+    /// The file's epoch when its handle was put in the request.
+    epoch: u64,
     /// Counts it among the client's writes in flight while it lives.
     _behind: crate::channels::Behind,
 }
@@ -481,6 +483,16 @@ impl File {
         Ok(self.handle())
     }
 
+    /// As `current_handle`, with the client's epoch it is valid in: a
+    /// caller whose request with it fails with `EBADF` or `ESTALE` after
+    /// the epoch moved on ([`Client::epoch`]) met a restarted server with
+    /// the old handle, and asks again with the handle of then.
+    pub fn current_handle_in(&self) -> Result<(u64, u64)> {
+        self.live()?;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        Ok((self.handle(), epoch))
+    }
+
     /// As `current_handle`, for a caller about to keep a write back (the
     /// preload library gathers small writes): a file holding record locks
     /// first looks, without waiting (one `recv(MSG_PEEK)`), whether its
@@ -505,6 +517,32 @@ impl File {
 
     fn same_epoch(&self) -> bool {
         self.client.epoch() == self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether `err` came from sending the handle of this file's `epoch`
+    /// to a server instance that never gave it: another thread reconnected
+    /// to a restarted server between `live` and the send, so the request
+    /// met the new instance with the old handle (`EBADF`), or was lost and
+    /// found the epoch moved (`ESTALE`). Opened again, it may be asked
+    /// again; the program must not see either (a close failed with `EBADF`
+    /// on the mount when the kernel's writes raced a reconnect).
+    fn went_stale(&self, err: &Error, epoch: u64) -> bool {
+        matches!(err.errno(), libc::EBADF | libc::ESTALE) && self.client.epoch() != epoch
+    }
+
+    /// `op` with this file's handle, live first, and again on the file
+    /// opened again if the handle went stale under the call.
+    fn with_handle<T>(&self, mut op: impl FnMut(u64) -> Result<T>) -> Result<T> {
+        let mut last = Error::remote(libc::ESTALE);
+        for _ in 0..AGAIN_MAX {
+            self.live()?;
+            let epoch = self.epoch.load(Ordering::Acquire);
+            match op(self.handle()) {
+                Err(err) if self.went_stale(&err, epoch) => last = err,
+                r => return r,
+            }
+        }
+        Err(last)
     }
 
     /// Makes sure the server knows this handle. After a reconnect that
@@ -688,6 +726,7 @@ impl File {
     fn commit_now(&self, datasync: bool) -> Result<Vec<Vec<u8>>> {
         for _ in 0..AGAIN_MAX {
             self.live()?;
+            let epoch = self.epoch.load(Ordering::Acquire);
             let e = self.client.engine();
             let n = lock(&self.unstable).len();
             match e.call(&Request::Fsync { handle: self.handle(), datasync }) {
@@ -698,7 +737,7 @@ impl File {
                     }
                     return Ok(u.committed(e.welcome().boot_id, n));
                 }
-                Err(err) if self.client.replaced(&e, &err)? => continue,
+                Err(err) if self.went_stale(&err, epoch) || self.client.replaced(&e, &err)? => continue,
                 Err(err) => return Err(err),
             }
         }
@@ -795,7 +834,21 @@ impl File {
     /// channel if the client has one, and on the main connection again if
     /// it fails under them.
     fn server_read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        self.live()?;
+        let mut tries = 0;
+        loop {
+            self.live()?;
+            let epoch = self.epoch.load(Ordering::Acquire);
+            tries += 1;
+            match self.server_read_once(buf, offset) {
+                // Read-ahead asked with the handle of before a restart:
+                // none of it holds.
+                Err(e) if tries < AGAIN_MAX && self.went_stale(&e, epoch) => self.ahead.reset(),
+                r => return r,
+            }
+        }
+    }
+
+    fn server_read_once(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         // Writes sent behind and not yet answered must not be overtaken.
         if let Some(l) = self.local().filter(|_| !self.client.writes_behind()) {
             return l.read_at(buf, offset);
@@ -838,14 +891,17 @@ impl File {
     /// connection is lost under it and the client reconnects, once more
     /// (for requests that may run twice: positional reads and writes).
     fn again<T>(&self, mut op: impl FnMut(&Arc<Engine>) -> Result<T>) -> Result<T> {
-        self.live()?;
-        let e = self.client.engine();
-        match op(&e) {
-            Err(err) if self.client.replaced(&e, &err)? => {
-                self.live()?;
-                op(&self.client.engine())
+        let mut tries = 0;
+        loop {
+            self.live()?;
+            let epoch = self.epoch.load(Ordering::Acquire);
+            let e = self.client.engine();
+            tries += 1;
+            match op(&e) {
+                Err(err)
+                    if tries < AGAIN_MAX && (self.went_stale(&err, epoch) || self.client.replaced(&e, &err)?) => {}
+                r => return r,
             }
-            r => r,
         }
     }
 
@@ -945,6 +1001,16 @@ impl File {
         let Some(w) = self.writes.pop_front() else { return };
         // The connection that acknowledged the write, if one did.
         let r = match w.engine.finish(w.id, None) {
+            // Sent with a handle the server instance never gave (it did
+            // not run): sent again through the file opened again.
+            Err(e) if self.went_stale(&e, w.epoch) && w.resend.is_some() => {
+                let (offset, data) = w.resend.as_ref().expect("just seen");
+                self.with_handle(|handle| match self.append {
+                    true => self.client.call(&Request::Write { handle, data }),
+                    false => self.client.call(&Request::Pwrite { handle, offset: *offset, data }),
+                })
+                .map(|_| self.client.engine())
+            }
             Err(e) => match &w.resend {
                 Some((_, data)) if self.append => {
                     self.resend_append(&w.engine, &e, w.id, w.lost, data).map(|()| self.client.engine())
@@ -978,8 +1044,7 @@ impl File {
         if !self.client.replaced(failed, err)? {
             return Err(err.clone());
         }
-        self.live()?;
-        self.client.call(&Request::Pwrite { handle: self.handle(), offset, data })?;
+        self.with_handle(|handle| self.client.call(&Request::Pwrite { handle, offset, data }))?;
         Ok(())
     }
 
@@ -1148,6 +1213,7 @@ impl File {
                 true => Request::Write { handle: h, data: part },
                 false => Request::Pwrite { handle: h, offset: pos, data: part },
             };
+            let mut epoch = self.epoch.load(Ordering::Acquire);
             let id = match engine.start(&req(self.handle()), 0) {
                 Ok(id) => id,
                 // Found dead before it left: nothing was sent, so even an
@@ -1155,6 +1221,7 @@ impl File {
                 Err(e) if self.client.replaced(&engine, &e)? => {
                     self.flush_writes()?;
                     self.live()?;
+                    epoch = self.epoch.load(Ordering::Acquire);
                     engine = self.client.engine();
                     engine.start(&req(self.handle()), 0)?
                 }
@@ -1171,7 +1238,7 @@ impl File {
             });
             let _behind = self.client.write_behind();
             let lost = self.client.sessions_lost();
-            self.writes.push_back(InFlight { id, engine: Arc::clone(&engine), resend, lost, _behind });
+            self.writes.push_back(InFlight { id, engine: Arc::clone(&engine), resend, lost, epoch, _behind });
             self.pos += part.len() as u64;
             while self.writes.len() > WRITE_BEHIND_MAX {
                 self.reap_one();
@@ -1196,24 +1263,17 @@ impl File {
     pub fn metadata(&mut self) -> Result<Attr> {
         self.live()?;
         self.flush_writes()?;
-        for _ in 0..AGAIN_MAX {
-            let epoch = self.client.epoch();
-            match self.client.stat(Target::Handle(self.handle())) {
-                // The server restarted under the call (the handle died
-                // with it): asking again through the file opened again is
-                // harmless (where an append ended, after `write`).
-                Err(e) if e.errno() == libc::ESTALE && self.client.epoch() != epoch => self.live()?,
-                r => return r,
-            }
-        }
-        Err(Error::remote(libc::ESTALE))
+        // The server restarted under the call (the handle died with it):
+        // asking again through the file opened again is harmless (where an
+        // append ended, after `write`).
+        self.with_handle(|handle| self.client.stat(Target::Handle(handle)))
     }
 
     pub fn set_len(&mut self, size: u64) -> Result<()> {
         self.live()?;
         self.flush_writes()?;
         self.drop_prefetch();
-        self.client.truncate(Target::Handle(self.handle()), size).map(|_| ())
+        self.with_handle(|handle| self.client.truncate(Target::Handle(handle), size)).map(|_| ())
     }
 
     /// `fsync`: returns once everything written is on stable storage.
@@ -1269,12 +1329,13 @@ impl File {
     fn lock_call(&self, req: impl Fn(u64) -> Request<'static>) -> Result<crate::wire::Frame> {
         for _ in 0..AGAIN_MAX {
             self.live()?;
+            let epoch = self.epoch.load(Ordering::Acquire);
             let engine = self.client.engine();
             if !engine.has_cap(caps::LOCKS) {
                 return Err(Error::remote(libc::ENOLCK));
             }
             match engine.call(&req(self.handle())) {
-                Err(err) if self.client.replaced(&engine, &err)? => continue,
+                Err(err) if self.went_stale(&err, epoch) || self.client.replaced(&engine, &err)? => continue,
                 other => return other,
             }
         }

@@ -759,12 +759,24 @@ impl FerryFs {
         Ok((items, gen))
     }
 
-    /// The server's handle behind a FUSE file handle.
-    fn server_handle(&self, fh: FileHandle) -> R<u64> {
+    /// `op` with the server's handle behind a FUSE file handle (opened
+    /// again first if the server restarted since), and again if another
+    /// thread reconnected to a restarted server under it: the new server
+    /// does not know the old handle, and the program must not hear so.
+    fn by_handle<T>(&self, fh: FileHandle, mut op: impl FnMut(u64) -> R<T>) -> R<T> {
         let f = self.live_file(fh)?;
-        let g = f.file.read().unwrap_or_else(|e| e.into_inner());
-        // Opened again first if the server restarted since.
-        g.as_ref().ok_or(Errno::EBADF)?.current_handle().map_err(errno)
+        let mut tries = 0;
+        loop {
+            let (h, epoch) = {
+                let g = f.file.read().unwrap_or_else(|e| e.into_inner());
+                g.as_ref().ok_or(Errno::EBADF)?.current_handle_in().map_err(errno)?
+            };
+            tries += 1;
+            match op(h) {
+                Err(e) if tries < 8 && (e == Errno::EBADF || e == Errno::ESTALE) && self.client.epoch() != epoch => {}
+                r => return r,
+            }
+        }
     }
 
     fn entry(&self, path: &OsStr, attr: &Attr, reply: ReplyEntry) {
@@ -916,10 +928,13 @@ impl FerryFs {
 
     // The arguments are FUSE's setattr fields, one for one.
     fn do_setattr(&self, ino: INodeNo, set: &SetAttrs, fh: Option<FileHandle>) -> R<Attr> {
-        let handle = match fh {
-            Some(fh) => Some(self.server_handle(fh)?),
-            None => None,
-        };
+        match fh {
+            Some(fh) => self.by_handle(fh, |h| self.setattr_on(ino, set, Some(h))),
+            None => self.setattr_on(ino, set, None),
+        }
+    }
+
+    fn setattr_on(&self, ino: INodeNo, set: &SetAttrs, handle: Option<u64>) -> R<Attr> {
         let (obj, borrowed) = match (self.obj(ino), handle) {
             (Ok(o), _) => {
                 let borrowed = matches!(o, Obj::Handle(_));
@@ -1025,8 +1040,7 @@ impl FerryFs {
         if new == mode {
             return Ok(());
         }
-        let h = self.server_handle(fh)?;
-        let a = self.client.set_permissions(Target::Handle(h), new & 0o7777).map_err(errno)?;
+        let a = self.by_handle(fh, |h| self.client.set_permissions(Target::Handle(h), new & 0o7777).map_err(errno))?;
         f.mode.store(a.mode, Ordering::Relaxed);
         Ok(())
     }
@@ -1118,9 +1132,18 @@ impl FerryFs {
 
     /// `getattr`, asked of the server.
     fn getattr_remote(&self, ino: INodeNo, fh: Option<FileHandle>) -> R<Attr> {
-        match fh.map(|fh| self.server_handle(fh)) {
-            Some(Ok(h)) => self.client.stat(Target::Handle(h)).map_err(errno),
-            _ => match self.obj(ino) {
+        // By the handle if it can be had; else by the node.
+        let by_handle = fh.and_then(|fh| {
+            let mut asked = false;
+            let r = self.by_handle(fh, |h| {
+                asked = true;
+                self.client.stat(Target::Handle(h)).map_err(errno)
+            });
+            asked.then_some(r)
+        });
+        match by_handle {
+            Some(r) => r,
+            None => match self.obj(ino) {
                 Ok(o) => match (&o, self.recent_of(&o)) {
                     (_, Some(a)) => Ok(a),
                     (Obj::Handle(_), None) => match self.client.stat(o.target()).map_err(errno) {

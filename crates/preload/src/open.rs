@@ -438,14 +438,24 @@ impl Open {
     /// A target naming this open file for attribute calls.
     pub fn with_handle<T>(
         &self,
-        f: impl FnOnce(&ferry_client::Client, Target<'_>) -> ferry_client::Result<T>,
+        mut f: impl FnMut(&ferry_client::Client, Target<'_>) -> ferry_client::Result<T>,
     ) -> Result<T, i32> {
         let mut io = self.io.lock();
         self.sync_locked(&mut io)?;
         crate::attrs::changed();
-        let handle = self.file(&mut io)?.current_handle().map_err(|e| self.errno(e))?;
         let client = state::client(self.mount)?;
-        f(&client, Target::Handle(handle)).map_err(|e| self.errno(e))
+        let mut tries = 0;
+        loop {
+            let (handle, epoch) = self.file(&mut io)?.current_handle_in().map_err(|e| self.errno(e))?;
+            tries += 1;
+            match f(&client, Target::Handle(handle)) {
+                // Another thread reconnected to a restarted server between
+                // the two: it never knew that handle; the file is opened
+                // again and asked again.
+                Err(e) if tries < 8 && matches!(e.errno(), libc::EBADF | libc::ESTALE) && client.epoch() != epoch => {}
+                r => return r.map_err(|e| self.errno(e)),
+            }
+        }
     }
 
     /// Runs a record-lock call on this process's handle. Gathered writes go
