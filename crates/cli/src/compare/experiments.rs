@@ -571,6 +571,24 @@ fn placed_pairs(res: &mut Results, ferry: &System, server: u32, big: &Path, byte
         };
         res.add("0", "raw", &format!("TCP stream of the file, pinned {label}"), "throughput", "MB/s", raw_mbps);
         res.add("0", "raw", &format!("TCP receive of the file, pinned {label}"), "receiver CPU", "s/GiB", per(raw_cpu));
+        if peer_cpu == 1 {
+            // The receive buffers here are page-aligned; this one is where
+            // `malloc` puts a fresh 1 MiB block, to show what that costs.
+            match bench::raw_sendfile_placed_skewed(big, bytes, 0, peer_cpu) {
+                Ok((_, cpu)) => res.add(
+                    "0",
+                    "raw",
+                    "  same, buffer 16 B past a page, pinned cross core",
+                    "receiver CPU",
+                    "s/GiB",
+                    per(cpu),
+                ),
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
+        }
         // The worker inherits this thread's mask; the server's connection
         // threads, its accepting thread's.
         let m = bench::pin(None, 0)

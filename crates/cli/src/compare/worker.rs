@@ -121,7 +121,9 @@ fn ioe<'a, E: std::fmt::Display>(what: &'a str, path: &'a str) -> impl Fn(E) -> 
 }
 
 fn read(fs: &Fs, path: &str, bs: usize, limit: u64, window: Option<u32>) -> Result<(), String> {
-    let mut buf = vec![0u8; bs];
+    // Page-aligned, as experiment 0's raw receivers' buffers are.
+    let (mut buf, at) = crate::bench::placed_buf(bs, 0);
+    let buf = &mut buf[at..at + bs];
     let u0 = usage();
     let t = Instant::now();
     let mut total = 0u64;
