@@ -398,7 +398,7 @@ fn ferry_read(c: &Client, path: &str, bytes: u64, block: usize) -> Result<f64, S
 
 /// The peer sends `bytes` in 1 MiB writes; we receive them.
 pub(crate) fn raw_stream(bytes: u64) -> Result<f64, String> {
-    receive_from_peer(&["source"], bytes).map(|(mbps, _)| mbps)
+    receive_from_peer(&["source"], bytes, None).map(|(mbps, _)| mbps)
 }
 
 /// The peer `sendfile`s the benchmark file: the best a server can do
@@ -411,27 +411,86 @@ fn raw_sendfile(path: &Path, bytes: u64) -> Result<f64, String> {
 /// loopback what a receiver spends depends on how the sender sent (pages
 /// of a file, or a buffer it just wrote), which `raw_stream_cpu` shows.
 pub(crate) fn raw_sendfile_cpu(path: &Path, bytes: u64) -> Result<(f64, f64), String> {
-    receive_from_peer(&["sendfile", &path.to_string_lossy()], bytes)
+    receive_from_peer(&["sendfile", &path.to_string_lossy()], bytes, None)
+}
+
+/// As `raw_sendfile_cpu`, this thread on CPU `me` and the peer on CPU
+/// `peer` (this thread's mask is put back afterwards). Unpinned, the
+/// kernel keeps a single-threaded peer on its receiver's CPU (it wakes
+/// it there), where the receive copy costs a half to a third of what it
+/// costs with the two on two CPUs; a ferry client and its multi-threaded
+/// server are not kept together so, and must be compared placed alike.
+pub(crate) fn raw_sendfile_placed(path: &Path, bytes: u64, me: usize, peer: usize) -> Result<(f64, f64), String> {
+    receive_from_peer(&["sendfile", &path.to_string_lossy()], bytes, Some((me, peer)))
+}
+
+/// As `raw_sendfile_placed`, the receive buffer 16 bytes past a page
+/// boundary, where glibc's `malloc` puts a 1 MiB block of a fresh `mmap`.
+pub(crate) fn raw_sendfile_placed_skewed(
+    path: &Path,
+    bytes: u64,
+    me: usize,
+    peer: usize,
+) -> Result<(f64, f64), String> {
+    receive_from_peer_skewed(&["sendfile", &path.to_string_lossy()], bytes, Some((me, peer)), 16)
 }
 
 /// As `raw_stream`, with the receiving thread's CPU seconds.
 pub(crate) fn raw_stream_cpu(bytes: u64) -> Result<(f64, f64), String> {
-    receive_from_peer(&["source"], bytes)
+    receive_from_peer(&["source"], bytes, None)
 }
 
-/// CPU seconds this thread has run, in nanoseconds from
-/// `/proc/thread-self/schedstat` (not clock ticks: a 1 GiB receive takes
-/// a few of those).
+/// CPU seconds this thread has run, to the nanosecond (not clock ticks:
+/// a 1 GiB receive takes a few of those). The clock brings the count up
+/// to date first; `/proc/thread-self/schedstat` may not have counted the
+/// time since the thread's last tick or switch.
 fn thread_cpu() -> Result<f64, String> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").map_err(|e| format!("schedstat: {e}"))?;
-    let ns: u64 = s.split_whitespace().next().and_then(|v| v.parse().ok()).ok_or("schedstat: no run time")?;
-    Ok(ns as f64 / 1e9)
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Ok(t.tv_sec as f64 + t.tv_nsec as f64 / 1e9)
+}
+
+/// A zeroed buffer of `len` bytes starting `skew` bytes past a 4 KiB
+/// boundary: the buffer and where in it the `len` bytes start. The
+/// kernel's receive copy from a file's pages costs about twice as much on
+/// this machine's CPUs when the destination is not cache-line aligned the
+/// way the source is (`rep movsb`), and where the allocator puts a 1 MiB
+/// `Vec` (a fresh `mmap`: 16 bytes past a page; or reused heap: anywhere)
+/// would decide a figure; receivers that are compared get the same skew.
+pub(crate) fn placed_buf(len: usize, skew: usize) -> (Vec<u8>, usize) {
+    let v = vec![0u8; len + 4096 + skew];
+    let start = v.as_ptr().align_offset(4096) + skew;
+    (v, start)
 }
 
 /// Starts `ferry bench-peer MODE ADDR BYTES [PATH]` and times receiving
 /// `bytes` from it into a 1 MiB buffer: MB/s, and the CPU seconds the
-/// receiving thread spent.
-fn receive_from_peer(mode_and_path: &[&str], bytes: u64) -> Result<(f64, f64), String> {
+/// receiving thread spent. `place`: this thread's CPU and the peer's
+/// (else the peer goes where `pin_peer` puts it).
+fn receive_from_peer(mode_and_path: &[&str], bytes: u64, place: Option<(usize, usize)>) -> Result<(f64, f64), String> {
+    receive_from_peer_skewed(mode_and_path, bytes, place, 0)
+}
+
+/// `receive_from_peer` into a buffer `skew` bytes past a page boundary.
+fn receive_from_peer_skewed(
+    mode_and_path: &[&str],
+    bytes: u64,
+    place: Option<(usize, usize)>,
+    skew: usize,
+) -> Result<(f64, f64), String> {
+    let Some((me, peer_cpu)) = place else { return receive_from_peer_here(mode_and_path, bytes, None, skew) };
+    let mask = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    pin(None, me)?;
+    let r = receive_from_peer_here(mode_and_path, bytes, Some(peer_cpu), skew);
+    rustix::thread::sched_setaffinity(None, &mask).map_err(|e| format!("cannot unpin: {e}"))?;
+    r
+}
+
+fn receive_from_peer_here(
+    mode_and_path: &[&str],
+    bytes: u64,
+    peer_cpu: Option<usize>,
+    skew: usize,
+) -> Result<(f64, f64), String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
     let c = Command::new(exe()?)
@@ -440,13 +499,17 @@ fn receive_from_peer(mode_and_path: &[&str], bytes: u64) -> Result<(f64, f64), S
         .spawn()
         .map_err(|e| format!("cannot start bench peer: {e}"))?;
     let peer = Reap(c);
-    pin_peer(&peer)?;
+    match peer_cpu {
+        Some(cpu) => pin(Some(peer.0.id()), cpu)?,
+        None => pin_peer(&peer)?,
+    }
     let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-    let mut buf = vec![0u8; 1024 * 1024];
+    let (mut buf, at) = placed_buf(1024 * 1024, skew);
+    let buf = &mut buf[at..at + 1024 * 1024];
     let (t, cpu) = (Instant::now(), thread_cpu()?);
     let mut got = 0u64;
     while got < bytes {
-        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        let n = s.read(buf).map_err(|e| e.to_string())?;
         if n == 0 {
             return Err(format!("raw {} stream ended early", mode_and_path[0]));
         }
@@ -502,11 +565,18 @@ static CROSS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new
 /// Pins every thread of a process (`None`: this thread) to one CPU;
 /// threads they start afterwards inherit the mask. (Every thread: a
 /// server's workers start before it is pinned.)
-fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
+pub(crate) fn pin(pid: Option<u32>, cpu: usize) -> Result<(), String> {
     let mut set = rustix::thread::CpuSet::new();
     set.set(cpu);
+    set_mask(pid, &set)
+}
+
+/// Gives every thread of a process (`None`: this thread) the CPU mask
+/// `set`: `pin`, or putting back a mask `pin` replaced (on every thread,
+/// or the threads alive while pinned would stay on one CPU).
+pub(crate) fn set_mask(pid: Option<u32>, set: &rustix::thread::CpuSet) -> Result<(), String> {
     let set_one = |tid: Option<rustix::process::Pid>| {
-        rustix::thread::sched_setaffinity(tid, &set).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))
+        rustix::thread::sched_setaffinity(tid, set).map_err(|e| format!("cannot set the CPU mask: {e}"))
     };
     let Some(pid) = pid else { return set_one(None) };
     set_one(rustix::process::Pid::from_raw(pid as i32))?;

@@ -286,8 +286,16 @@ fn measure(sys: &System, args: &[&str]) -> Result<Measured, String> {
     std::thread::sleep(Duration::from_millis(30));
     let (s1, c1) = (tree_cpu(&sys.server), tree_cpu(&sys.client_side));
     let kv = parse_ok(&out).map_err(|e| format!("{} {}: {e}", sys.name, args.join(" ")))?;
-    let own = kv.get("utime").copied().unwrap_or(0.0) + kv.get("stime").copied().unwrap_or(0.0);
+    let own = own_cpu(&kv);
     Ok(Measured { kv, server_cpu: s1 - s0, client_cpu: c1 - c0 + own })
+}
+
+/// The CPU seconds a measurement client reported for itself: `cpu`, to the
+/// nanosecond, or (an older worker) its user and system ticks.
+fn own_cpu(kv: &Kv) -> f64 {
+    kv.get("cpu")
+        .copied()
+        .unwrap_or_else(|| kv.get("utime").copied().unwrap_or(0.0) + kv.get("stime").copied().unwrap_or(0.0))
 }
 
 fn k(kv: &Kv, key: &str) -> f64 {
@@ -752,7 +760,7 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
         }
     };
     if only(0) {
-        note(raw_limits(&plan, runs, &mut res, port, server_pid, &run.export.join("big.dat")));
+        note(raw_limits(&plan, runs, &mut res, &systems[0], port, server_pid, &run.export.join("big.dat")));
     }
     if only(1) {
         note(exp_read(&plan, runs, &systems, &mut res));

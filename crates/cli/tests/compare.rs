@@ -62,6 +62,27 @@ fn compare_quick_runs_every_experiment() {
         );
     }
     assert!(csv.lines().any(|l| l.starts_with("0,raw,\"TCP stream")), "no raw TCP figure:\n{csv}");
+    // Issue 34's yardsticks placed alike: the raw receiver of the test
+    // file's `sendfile`d stream and ferry's 1 MiB reads of the file, both
+    // pinned, with their ratios (two CPUs are needed to place them apart).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for row in [
+        "0,raw,\"TCP stream of the file, pinned cross core\",throughput,",
+        "0,raw,\"TCP receive of the file, pinned same core\",receiver CPU,",
+        "0,ferry,\"1 MiB reads / raw stream, pinned cross core\",ratio,",
+        "0,ferry,\"client CPU / raw receiver, pinned same core\",CPU ratio,",
+    ] {
+        let found = csv.lines().find(|l| l.starts_with(row));
+        if cpus < 2 {
+            assert!(found.is_none(), "{row:?} on one CPU:\n{csv}");
+            continue;
+        }
+        let median: f64 = found
+            .and_then(|l| l[row.len()..].split(',').nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {row:?} figure:\n{csv}"));
+        assert!(median.is_finite() && median > 0.0, "{row:?}: {median}");
+    }
     assert!(csv.lines().any(|l| l.starts_with("1,local,")), "no local page-cache figure:\n{csv}");
     // No failed request with many clients.
     for l in csv.lines().filter(|l| l.starts_with("6,ferry,") && l.contains("failed requests")) {

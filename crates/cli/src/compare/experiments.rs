@@ -149,7 +149,7 @@ pub(super) fn exp_fetch(
                     res.add("7", &sys.name, &p, "user", "ms", k(&m.kv, "fuser") * per);
                     res.add("7", &sys.name, &p, "system", "ms", k(&m.kv, "fsys") * per);
                     if !sys.client_side.is_empty() {
-                        let own = k(&m.kv, "utime") + k(&m.kv, "stime");
+                        let own = own_cpu(&m.kv);
                         res.add("7", &sys.name, &p, "daemon CPU", "ms", (m.client_cpu - own).max(0.0) * per);
                     }
                 }
@@ -489,23 +489,33 @@ pub(super) fn raw_limits(
     plan: &Plan,
     runs: usize,
     res: &mut Results,
+    ferry: &System,
     port: u16,
     server: u32,
     big: &Path,
 ) -> Result<(), String> {
     eprintln!("ferry compare: raw limits");
     let sent = plan.raw_bytes.min(std::fs::metadata(big).map_err(|e| format!("{}: {e}", big.display()))?.len());
+    let cross = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?.count() >= 2;
+    let per = |cpu: f64, bytes: u64| cpu / (bytes as f64 / GIB as f64);
     for run in 0..runs {
         progress("raw limits", run, runs);
         let (mbps, cpu) = bench::raw_stream_cpu(plan.raw_bytes)?;
+        // The sender writes one 1 MiB buffer again and again: the receiver
+        // copies bytes the sender's copy has just put in the cache.
         res.add("0", "raw", "TCP stream, 1 MiB writes", "throughput", "MB/s", mbps);
         // What receiving costs a raw receiver, by how the sender sent: the
         // yardstick for experiment 8's client CPU (ferry's server uses
         // `sendfile`; the baselines' servers copy from a buffer).
-        let per = |cpu: f64, bytes: u64| cpu / (bytes as f64 / GIB as f64);
         res.add("0", "raw", "TCP receive, sender writes a buffer", "receiver CPU", "s/GiB", per(cpu, plan.raw_bytes));
-        let (_, cpu) = bench::raw_sendfile_cpu(big, sent)?;
+        // The bytes ferry serves in experiment 1: the test file's pages,
+        // `sendfile`d, each once (in memory, not in the CPU's cache).
+        let (mbps, cpu) = bench::raw_sendfile_cpu(big, sent)?;
+        res.add("0", "raw", "TCP stream, sender sendfiles the file", "throughput", "MB/s", mbps);
         res.add("0", "raw", "TCP receive, sender sendfiles the file", "receiver CPU", "s/GiB", per(cpu, sent));
+        if cross {
+            placed_pairs(res, ferry, server, big, sent)?;
+        }
         res.add("0", "raw", "Unix stream, 1 MiB writes", "throughput", "MB/s", unix_stream(plan.raw_bytes)?);
         res.add("0", "raw", "memcpy 64 MiB", "throughput", "MB/s", memcpy());
         res.add("0", "raw", "TCP ping-pong 64 B, unpinned", "latency", "µs", ping_pong(plan.rtts)?);
@@ -514,7 +524,6 @@ pub(super) fn raw_limits(
     // process and the server, so their masks are restored afterwards.
     let mine = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
     let cross = mine.count() >= 2;
-    let srv = rustix::process::Pid::from_raw(server as i32);
     let addr = format!("127.0.0.1:{port}");
     let mut r = Ok(());
     for run in 0..runs {
@@ -535,7 +544,89 @@ pub(super) fn raw_limits(
         }
     }
     rustix::thread::sched_setaffinity(None, &mine).map_err(|e| e.to_string())?;
-    let _ = rustix::thread::sched_setaffinity(srv, &mine);
+    let _ = bench::set_mask(Some(server), &mine);
+    r
+}
+
+/// The raw receiver of the test file's `sendfile`d stream and ferry's
+/// 1 MiB reads of the same file, one after the other, placed alike: the
+/// receiver (the worker) on CPU 0 and the sender (ferry's server) on CPU
+/// 1, then both on CPU 0. Unpinned, the raw pair shares a CPU most of
+/// the time and ferry's client and server do not, and the receive copy
+/// costs 2-3 x more across CPUs here: ratios of unpinned figures compare
+/// placements, not receivers (docs/benchmarks.md, issue 34).
+fn placed_pairs(res: &mut Results, ferry: &System, server: u32, big: &Path, bytes: u64) -> Result<(), String> {
+    let per = |cpu: f64| cpu / (bytes as f64 / GIB as f64);
+    let server_mask = rustix::thread::sched_getaffinity(rustix::process::Pid::from_raw(server as i32))
+        .map_err(|e| format!("the server's CPU mask: {e}"))?;
+    let mine = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    let mut r = Ok(());
+    for (label, peer_cpu) in [("cross core", 1usize), ("same core", 0)] {
+        let (raw_mbps, raw_cpu) = match bench::raw_sendfile_placed(big, bytes, 0, peer_cpu) {
+            Ok(m) => m,
+            Err(e) => {
+                r = Err(e);
+                break;
+            }
+        };
+        res.add("0", "raw", &format!("TCP stream of the file, pinned {label}"), "throughput", "MB/s", raw_mbps);
+        res.add("0", "raw", &format!("TCP receive of the file, pinned {label}"), "receiver CPU", "s/GiB", per(raw_cpu));
+        if peer_cpu == 1 {
+            // The receive buffers here are page-aligned; this one is where
+            // `malloc` puts a fresh 1 MiB block, to show what that costs.
+            match bench::raw_sendfile_placed_skewed(big, bytes, 0, peer_cpu) {
+                Ok((_, cpu)) => res.add(
+                    "0",
+                    "raw",
+                    "  same, buffer 16 B past a page, pinned cross core",
+                    "receiver CPU",
+                    "s/GiB",
+                    per(cpu),
+                ),
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
+        }
+        // The worker inherits this thread's mask; the server's connection
+        // threads, its accepting thread's.
+        let m = bench::pin(None, 0)
+            .and_then(|()| bench::pin(Some(server), peer_cpu))
+            .and_then(|()| measure(ferry, &["read", "/big.dat", &MIB.to_string(), &bytes.to_string()]));
+        let m = match m {
+            Ok(m) if k(&m.kv, "bytes") as u64 == bytes => m,
+            Ok(m) => {
+                r = Err(format!("ferry read {} bytes of /big.dat pinned, expected {bytes}", k(&m.kv, "bytes")));
+                break;
+            }
+            Err(e) => {
+                r = Err(e);
+                break;
+            }
+        };
+        let mbps = k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6;
+        res.add("0", "ferry", &format!("1 MiB reads of the file, pinned {label}"), "throughput", "MB/s", mbps);
+        res.add("0", "ferry", &format!("1 MiB reads / raw stream, pinned {label}"), "ratio", "x", mbps / raw_mbps);
+        res.add(
+            "0",
+            "ferry",
+            &format!("1 MiB reads, client CPU, pinned {label}"),
+            "client CPU",
+            "s/GiB",
+            per(m.client_cpu),
+        );
+        res.add(
+            "0",
+            "ferry",
+            &format!("client CPU / raw receiver, pinned {label}"),
+            "CPU ratio",
+            "x",
+            m.client_cpu / raw_cpu,
+        );
+    }
+    rustix::thread::sched_setaffinity(None, &mine).map_err(|e| e.to_string())?;
+    bench::set_mask(Some(server), &server_mask)?;
     r
 }
 
