@@ -64,6 +64,10 @@ pub struct CompareArgs {
     /// against alone).
     #[arg(long, default_value_t = 0)]
     pub idle: usize,
+    /// Experiment 6: only these client counts, e.g. `--clients 1,50,200`
+    /// (default 1, 10, 50, 100, 200; the mixed point is always run).
+    #[arg(long, value_delimiter = ',')]
+    pub clients: Vec<usize>,
     /// Internal: one measurement client (see compare/worker.rs).
     #[arg(long, hide = true, num_args = 1.., allow_hyphen_values = true)]
     pub worker: Vec<String>,
@@ -632,6 +636,12 @@ pub fn run(a: CompareArgs) -> Result<(), String> {
     }
     let mut plan = Plan::new(a.quick);
     plan.idle = a.idle;
+    if a.clients.contains(&0) {
+        return Err("--clients: each count must be at least 1".into());
+    }
+    if !a.clients.is_empty() {
+        plan.clients = a.clients.clone();
+    }
     if a.quick {
         println!("{}", crate::bench::QUICK_NOTE);
     }
