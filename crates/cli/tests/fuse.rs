@@ -2,7 +2,7 @@
 //! std::fs and ordinary programs. Every mount is unmounted and its daemon
 //! killed on drop, and a watchdog kills a daemon that outlives its test's
 //! time limit, which turns a hung FUSE request into a failed one.
-//! Skipped (with a message) where /dev/fuse is missing or we are not root.
+//! Without /dev/fuse or root every test fails (`require_fuse`); none skips.
 
 mod common;
 

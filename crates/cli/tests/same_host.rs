@@ -161,10 +161,19 @@ fn a_unix_address_and_url_reach_the_server_directly() {
 }
 
 /// A process of another user gets no descriptor (it could not open the
-/// server's files itself): its data moves by requests, on the Unix socket.
+/// server's files itself): it asks, is refused, and its data moves by
+/// requests, on the Unix socket. The server's counters say so; the same
+/// copy by the server's own user is lent one, so the count can tell.
 #[test]
 fn another_user_gets_no_descriptors_and_the_right_data() {
-    let (srv, data) = setup(&["--no-auth"]);
+    let (srv, data) = setup(&["--no-auth", "--metrics", "127.0.0.1:0"]);
+    let metrics = common::scrape::metrics_addr(&srv);
+    let counts = || {
+        let (status, body) = common::scrape::get(&metrics, "/metrics");
+        assert!(status.contains("200"), "{status}");
+        let n = |name| common::scrape::sample(&body, name) as u64;
+        (n("ferry_descriptors_lent_total"), n("ferry_descriptors_refused_total"))
+    };
     let dst = TempDir::new("same-host-nobody");
     std::fs::set_permissions(dst.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let copy = dst.path().join("copy");
@@ -177,6 +186,21 @@ fn another_user_gets_no_descriptors_and_the_right_data() {
         .expect("runuser");
     assert!(out.status.success(), "ferry cp as nobody: {}", common::stderr(&out));
     assert!(std::fs::read(&copy).unwrap() == data, "copy differs");
+    let (lent, refused) = counts();
+    assert_eq!(lent, 0, "the server lent another user {lent} descriptors");
+    assert!(refused >= 1, "another user's copy never asked for a descriptor: nothing was refused");
+    let own = dst.path().join("own");
+    let out = Command::new(FERRY)
+        .args(["cp", &srv.url("/big"), own.to_str().unwrap()])
+        .env_remove("FERRY_TOKEN")
+        .env_remove("FERRY_TOKEN_FILE")
+        .output()
+        .expect("ferry cp");
+    assert!(out.status.success(), "ferry cp as root: {}", common::stderr(&out));
+    assert!(std::fs::read(&own).unwrap() == data, "root's copy differs");
+    let (lent, again) = counts();
+    assert!(lent >= 1, "the server's own user was lent no descriptor");
+    assert_eq!(again, refused, "the server's own user was refused");
     assert!(!srv.log().contains("panicked"), "server log: {}", srv.log());
 }
 

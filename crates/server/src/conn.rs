@@ -1123,7 +1123,8 @@ impl<B: Backend> Conn<B> {
         match self.tx.peer_cred() {
             Some((_, uid)) if uid == 0 || uid == own => {}
             Some(_) => {
-                return self.queue_refusal(h, Errno::PERM, "descriptors go only to the server's own user or root")
+                self.common.metrics.descriptors_refused.fetch_add(1, Relaxed);
+                return self.queue_refusal(h, Errno::PERM, "descriptors go only to the server's own user or root");
             }
             None => return self.queue_refusal(h, Errno::OPNOTSUPP, "descriptors are passed on a Unix socket only"),
         }
@@ -1151,6 +1152,7 @@ impl<B: Backend> Conn<B> {
         Reply::FileFd { seq: self.fds_sent.load(Relaxed), writable }.encode(h.op, h.id, &mut frame);
         let sent = self.tx.send_with_fd(&frame, fd).map_err(End::Io)?;
         self.fds_sent.fetch_add(1, Relaxed);
+        self.common.metrics.descriptors_lent.fetch_add(1, Relaxed);
         (&*self.tx).write_all(&frame[sent..]).map_err(End::Io)
     }
 

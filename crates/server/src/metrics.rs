@@ -16,6 +16,10 @@ pub struct Metrics {
     /// Connections that joined an existing session (a reconnect, or a data
     /// channel).
     pub session_attaches: AtomicU64,
+    /// `FileFd`: descriptors passed, and requests refused because the Unix
+    /// socket's peer is another user (what a test of that refusal counts).
+    pub descriptors_lent: AtomicU64,
+    pub descriptors_refused: AtomicU64,
 }
 
 /// Values that are the server's state rather than counters, read at each
@@ -72,6 +76,18 @@ impl Metrics {
                     "Connections that joined an existing session (reconnects, data channels).",
                     "counter",
                     self.session_attaches.load(Relaxed),
+                ),
+                (
+                    "ferry_descriptors_lent_total",
+                    "Descriptors of open files passed to clients on the server's host (FileFd).",
+                    "counter",
+                    self.descriptors_lent.load(Relaxed),
+                ),
+                (
+                    "ferry_descriptors_refused_total",
+                    "FileFd requests refused: the Unix socket's peer is neither the server's user nor root.",
+                    "counter",
+                    self.descriptors_refused.load(Relaxed),
                 ),
                 (
                     "ferry_handshakes_evicted_total",

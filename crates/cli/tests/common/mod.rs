@@ -60,11 +60,33 @@ impl Server {
 
     /// `start`, with `env` set for the server process.
     pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_with(extra, env, None)
+    }
+
+    /// `start`, the server run as `uid`:`gid` (no supplementary groups) on
+    /// an export and a state directory of theirs, keeping its sessions in
+    /// that state directory (root's home is not theirs).
+    pub fn start_as(extra: &[&str], uid: u32, gid: u32) -> Server {
+        Server::start_with(extra, &[], Some((uid, gid)))
+    }
+
+    fn start_with(extra: &[&str], env: &[(&str, &str)], user: Option<(u32, u32)>) -> Server {
+        use std::os::unix::process::CommandExt;
         let export = TempDir::new("export");
         let state = TempDir::new("state");
         let token_file = state.path().join("token");
         let mut cmd = Command::new(FERRY);
+        if let Some((uid, gid)) = user {
+            for d in [export.path(), state.path()] {
+                std::os::unix::fs::chown(d, Some(uid), Some(gid)).expect("chown the server's directories");
+            }
+            // `Command::uid` drops the supplementary groups too.
+            cmd.uid(uid).gid(gid).env("HOME", state.path());
+        }
         cmd.arg("serve");
+        if user.is_some() && !extra.contains(&"--state-dir") {
+            cmd.arg("--state-dir").arg(state.path().join("sessions"));
+        }
         if !extra.contains(&"--memory") {
             cmd.arg(export.path());
         }
