@@ -248,13 +248,18 @@ fn run_with_kills(s: &Setup, seed: u64, fs: &dyn Fs) -> Model {
     m
 }
 
+/// A library client of `s`'s server that reconnects for longer than the kills last.
+fn reconnecting_client(s: &Setup) -> Client {
+    let token = std::fs::read_to_string(&s.token).unwrap().trim().as_bytes().to_vec();
+    let opts = Options { token: Some(token), reconnect: Some(Duration::from_secs(30)), ..Options::default() };
+    Client::connect(&format!("127.0.0.1:{}", s.port), &opts).unwrap()
+}
+
 #[test]
 fn the_library_loses_nothing_and_repeats_nothing_across_kills() {
     let seed = seed();
     let s = setup("kl");
-    let token = std::fs::read_to_string(&s.token).unwrap().trim().as_bytes().to_vec();
-    let opts = Options { token: Some(token), reconnect: Some(Duration::from_secs(30)), ..Options::default() };
-    let c = Client::connect(&format!("127.0.0.1:{}", s.port), &opts).unwrap();
+    let c = reconnecting_client(&s);
     let m = run_with_kills(&s, seed, &Library(c));
     check(s.export.path(), &m, seed);
 }
@@ -270,9 +275,7 @@ fn the_library_loses_nothing_and_repeats_nothing_across_kills() {
 fn the_library_shared_by_threads_loses_nothing_across_kills() {
     let seed = seed();
     let s = setup("kt");
-    let token = std::fs::read_to_string(&s.token).unwrap().trim().as_bytes().to_vec();
-    let opts = Options { token: Some(token), reconnect: Some(Duration::from_secs(30)), ..Options::default() };
-    let c = Client::connect(&format!("127.0.0.1:{}", s.port), &opts).unwrap();
+    let c = reconnecting_client(&s);
     let (ops, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
     let k = killer(&s, seed, Arc::clone(&ops), Arc::clone(&done));
     let asker = {
