@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use ferry_proto::Request;
 
 use crate::engine::Engine;
+use crate::pagebuf::PageBuf;
 use crate::{Client, Result};
 
 /// Most bytes kept requested past the reader.
@@ -40,7 +41,7 @@ enum Data {
     Flight(u64),
     /// Received: the segment's bytes are `.0[.1..]` (shorter than asked
     /// at the end of the file).
-    Ready(Vec<u8>, usize),
+    Ready(PageBuf, usize),
 }
 
 struct Segment {
@@ -198,7 +199,7 @@ impl Ahead {
                     continue;
                 }
                 Data::Flight(id) => {
-                    let mut v = vec![0u8; len];
+                    let mut v = PageBuf::with_len(len);
                     match engine.finish(id, Some(&mut v)) {
                         Ok(f) => {
                             v.truncate(f.data_len);

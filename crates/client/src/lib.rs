@@ -23,6 +23,7 @@ mod gateways;
 pub mod leases;
 mod local;
 mod lock;
+mod pagebuf;
 mod redial;
 pub mod tls;
 pub mod token;
@@ -46,4 +47,5 @@ pub use ferry_proto::{cache as cache_policy, caps, Attr, DirEntry, StatFs, Targe
 pub use file::{CacheTicket, File, OpenOptions};
 pub use leases::Leases;
 pub use lock::{backoff, LockHolder, LockKind, LockSpec, LockType};
+pub use pagebuf::PageBuf;
 pub use url::Url;

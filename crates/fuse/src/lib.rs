@@ -560,7 +560,7 @@ fn read_into(file: &File, buf: &mut [u8], offset: u64) -> ferry_client::Result<u
 thread_local! {
     /// Read buffer reused per worker thread: a fresh 1 MiB buffer per read
     /// costs page faults on every request.
-    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static READ_BUF: RefCell<ferry_client::PageBuf> = RefCell::default();
 }
 
 impl FerryFs {
@@ -1642,9 +1642,11 @@ impl Filesystem for FerryFs {
             };
         }
         // `/dev/fuse`: into our buffer, which the reply's `writev` copies.
+        // It starts on a page: one off a cache line would be received
+        // through another buffer of the library's first.
         READ_BUF.with_borrow_mut(|buf| {
             if buf.len() < size {
-                buf.resize(size, 0);
+                buf.set_len(size);
             }
             match read_into(file, &mut buf[..size], offset) {
                 Ok(n) => reply.data(&buf[..n]),

@@ -624,6 +624,29 @@ fn placed_pairs(res: &mut Results, ferry: &System, server: u32, big: &Path, byte
             "x",
             m.client_cpu / raw_cpu,
         );
+        if peer_cpu == 1 {
+            // A program's own buffer, where `malloc` puts it: the library
+            // receives into an aligned buffer of its own and copies over.
+            let skewed = ["reads", "/big.dat", &MIB.to_string(), &bytes.to_string(), "16"];
+            match measure(ferry, &skewed) {
+                Ok(m) if k(&m.kv, "bytes") as u64 == bytes => res.add(
+                    "0",
+                    "ferry",
+                    "  same, buffer 16 B past a page, pinned cross core",
+                    "client CPU",
+                    "s/GiB",
+                    per(m.client_cpu),
+                ),
+                Ok(m) => {
+                    r = Err(format!("ferry read {} bytes of /big.dat skewed, expected {bytes}", k(&m.kv, "bytes")));
+                    break;
+                }
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
+        }
     }
     rustix::thread::sched_setaffinity(None, &mine).map_err(|e| e.to_string())?;
     bench::set_mask(Some(server), &server_mask)?;

@@ -94,8 +94,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
     };
     let path = args.get(2).ok_or("worker: no path")?.as_str();
     let r = match op {
-        "read" => read(&fs, path, num(args, 3)?, num(args, 4)?, None),
-        "readw" => read(&fs, path, num(args, 3)?, num(args, 4)?, Some(num(args, 5)?)),
+        "read" => read(&fs, path, num(args, 3)?, num(args, 4)?, None, 0),
+        "readw" => read(&fs, path, num(args, 3)?, num(args, 4)?, Some(num(args, 5)?), 0),
+        // Into a buffer `skew` bytes past a page, as a program's own
+        // `malloc`ed buffer would be (16 for a fresh glibc block).
+        "reads" => read(&fs, path, num(args, 3)?, num(args, 4)?, None, num(args, 5)?),
         "write" => write(&fs, path, num(args, 3)?, num(args, 4)?),
         "fetch" => fetch(&fs, path, num(args, 3)?, args.get(4).map_or("-", String::as_str)),
         "stat" => stat(&fs, path, num(args, 3)?),
@@ -120,9 +123,10 @@ fn ioe<'a, E: std::fmt::Display>(what: &'a str, path: &'a str) -> impl Fn(E) -> 
     move |e| format!("{what} {path}: {e}")
 }
 
-fn read(fs: &Fs, path: &str, bs: usize, limit: u64, window: Option<u32>) -> Result<(), String> {
-    // Page-aligned, as experiment 0's raw receivers' buffers are.
-    let (mut buf, at) = crate::bench::placed_buf(bs, 0);
+fn read(fs: &Fs, path: &str, bs: usize, limit: u64, window: Option<u32>, skew: usize) -> Result<(), String> {
+    // Page-aligned, as experiment 0's raw receivers' buffers are (unless
+    // skewed on purpose).
+    let (mut buf, at) = crate::bench::placed_buf(bs, skew);
     let buf = &mut buf[at..at + bs];
     let u0 = usage();
     let t = Instant::now();
