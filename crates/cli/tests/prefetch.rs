@@ -234,12 +234,11 @@ fn a_read_larger_than_the_window_lands_in_place() {
 }
 
 /// Reads into buffers that start off a cache line, as a program's own
-/// `malloc`ed ones do, are received into the file's aligned buffer and
+/// `malloc`ed ones do, are received into the thread's aligned buffer and
 /// copied over (the kernel's receive copy costs 2-4 times more into them):
 /// the data must be the file's, for reads smaller and larger than the
 /// piece the copy goes by, across the file's end, sequential and
-/// positional, and with two threads reading one file at once (one of them
-/// finds the aligned buffer taken and receives in place).
+/// positional, and with two threads reading one file at once.
 #[test]
 fn reads_into_buffers_off_a_cache_line_get_the_files_bytes() {
     let srv = Server::start(&[]);

@@ -139,9 +139,15 @@ const SMALL_READ: usize = 64 * 1024;
 const FILL_FIRST: usize = 64 * 1024;
 const FILL_MAX: usize = 1024 * 1024;
 /// Reads at least this big into a buffer off a cache line go through the
-/// file's aligned buffer (`read_bounced`), this much at a time.
+/// thread's aligned buffer (`read_bounced`), this much at a time.
 const BOUNCE_MIN: usize = 16 * 1024;
 const BOUNCE_PIECE: usize = 1024 * 1024;
+
+thread_local! {
+    /// The buffer of `File::read_bounced`, as large as the largest piece
+    /// this thread bounced.
+    static BOUNCE: std::cell::RefCell<PageBuf> = std::cell::RefCell::default();
+}
 
 /// A write sent behind the caller's back, not yet acknowledged.
 struct InFlight {
@@ -199,10 +205,6 @@ pub struct File {
     unstable: Mutex<Unstable>,
     /// Read-ahead: what sequential reads will want next, requested.
     ahead: Ahead,
-    /// Where reads into a buffer off a cache line are received first (see
-    /// `read_through`); taken with `try_lock`, so threads reading one file
-    /// side by side never wait for it.
-    bounce: Mutex<PageBuf>,
     /// Small sequential reads are served from here (`rbase`, `rlen` valid
     /// bytes) while `rgen` matches `gen`, which any write or size change
     /// through this handle bumps.
@@ -357,7 +359,6 @@ impl File {
             error: None,
             unstable,
             ahead: Ahead::new(attr.size),
-            bounce: Mutex::default(),
             rbuf: PageBuf::from_vec(first),
             rbase: 0,
             rlen,
@@ -880,8 +881,17 @@ impl File {
     /// go on the main connection, which may be replaced).
     fn read_through(&self, engine: &Arc<Engine>, threshold: Option<usize>, buf: &mut [u8], at: u64) -> Result<usize> {
         if buf.len() >= BOUNCE_MIN && !(buf.as_ptr() as usize).is_multiple_of(64) {
-            if let Ok(mut bounce) = self.bounce.try_lock() {
-                return self.read_bounced(engine, threshold, &mut bounce, buf, at);
+            // `try_with`: under `ferry run` a program may read from a
+            // thread's destructors, after this one's buffer went.
+            let bounced = BOUNCE
+                .try_with(|b| {
+                    let mut b = b.try_borrow_mut().ok()?;
+                    Some(self.read_bounced(engine, threshold, &mut b, buf, at))
+                })
+                .ok()
+                .flatten();
+            if let Some(r) = bounced {
+                return r;
             }
         }
         self.read_landing(engine, threshold, buf, at)
@@ -892,8 +902,9 @@ impl File {
     /// into it costs 2–4 times its copy into an aligned one here (0.8–0.9
     /// against 0.24–0.42 s/GiB of client CPU for 1 MiB reads,
     /// docs/benchmarks.md), while copying a received MiB over costs
-    /// ~0.03 s/GiB. So it is received into an aligned buffer of the file's,
-    /// a piece at a time, and copied over.
+    /// ~0.03 s/GiB. So it is received into an aligned buffer of the
+    /// thread's (one per thread, not per file: a program may hold many files
+    /// open), a piece at a time, and copied over.
     fn read_bounced(
         &self,
         engine: &Arc<Engine>,
