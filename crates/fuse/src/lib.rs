@@ -812,6 +812,27 @@ impl FerryFs {
         (l.held() && self.client.engine().has_cap(ferry_client::caps::WATCHED)).then_some(self.opts.lease_timeout)
     }
 
+    /// How long the kernel may keep the name and the attributes a `create`
+    /// or `mkdir` of this mount just made, `breaks` being `pages.breaks()`
+    /// before it asked: the lease timeout under a lease kept long with no
+    /// break since (as a lookup's answer is kept; the server grants its
+    /// changer the reply of a change), else the plain timeouts. Before,
+    /// the kernel asked again a second later for each file and directory
+    /// a program made and came back to (`git clone` reads back every
+    /// object it wrote: a `LOOKUP` or `GETATTR` each, and a `Stat` to the
+    /// server). A break that comes before the kernel made the inode from
+    /// this reply still reaches it: the break drops the node's names
+    /// first (`invalidate.rs`), which waits for the directory's lock the
+    /// kernel holds until the create is done, and then its attributes.
+    /// (Attributes, entry.)
+    fn made_ttls(&self, breaks: u64) -> (Duration, Duration) {
+        let (a, e) = (self.opts.attr_timeout, self.opts.entry_timeout);
+        match self.long_ttl() {
+            Some(t) if self.pages.breaks() == breaks => (a.max(t), e.max(t)),
+            _ => (a, e),
+        }
+    }
+
     /// `entry` for an answer fetched since `gen` (`ttls_since`).
     fn entry_since(&self, path: &OsStr, attr: &Attr, gen: u64, reply: ReplyEntry) {
         let ino = lock(&self.nodes).remember(path, attr);
@@ -1428,8 +1449,8 @@ impl Filesystem for FerryFs {
             }
             ino
         };
-        let (ttl, attr) = (&self.opts.attr_timeout, &file_attr(ino, &a));
-        reply.entry_with_ttls(ttl, &self.opts.entry_timeout, attr, Generation(0));
+        let (ttl, entry_ttl) = self.made_ttls(breaks);
+        reply.entry_with_ttls(&ttl, &entry_ttl, &file_attr(ino, &a), Generation(0));
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -2004,6 +2025,7 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
+        let breaks = self.pages.breaks();
         let undo = |_: &Errno| self.made(parent, name, None);
         let (ino, fh, attr) = tri!(reply, self.do_create(parent, name, mode, flags).inspect_err(undo));
         let attr = match self.child(parent, name).and_then(|p| {
@@ -2046,14 +2068,18 @@ impl Filesystem for FerryFs {
         drop(g);
         if let Some(id) = backing {
             f.io_mode.store(Taken { mode: Mode::Passthrough, writes: false }.to_u8(), Ordering::Relaxed);
+            // Its attributes, of a file written past the server, keep the
+            // plain timeout; its name is leased as any other.
             let (ttl, attr) = (&self.opts.attr_timeout, &file_attr(ino, &attr));
-            return reply.created_passthrough(ttl, attr, Generation(0), fh, FopenFlags::empty(), &id);
+            let entry_ttl = self.made_ttls(breaks).1;
+            return reply.created_passthrough(ttl, &entry_ttl, attr, Generation(0), fh, FopenFlags::empty(), &id);
         }
         let flags = match self.io_mode(&f, fh, ino, self.open_flags(true), true) {
             Ok((_, flags)) => flags,
             Err(e) => return reply.error(e),
         };
-        reply.created(&self.opts.attr_timeout, &file_attr(ino, &attr), Generation(0), fh, flags);
+        let (ttl, entry_ttl) = self.made_ttls(breaks);
+        reply.created_with_ttls(&ttl, &entry_ttl, &file_attr(ino, &attr), Generation(0), fh, flags);
     }
 }
 

@@ -554,9 +554,26 @@ impl ReplyCreate {
         fh: ll::FileHandle,
         flags: FopenFlags,
     ) {
+        self.created_with_ttls(ttl, ttl, attr, generation, fh, flags);
+    }
+
+    /// `created`, the entry kept for `entry_ttl` and the attributes for
+    /// `attr_ttl` (as `ReplyEntry::entry_with_ttls`).
+    /// # Panics
+    /// When attempting to use kernel passthrough. Use `opened_passthrough()` instead.
+    pub fn created_with_ttls(
+        self,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+    ) {
         assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
         self.reply.send_ll(&ll::ResponseStruct::new_create(
-            ttl,
+            attr_ttl,
+            entry_ttl,
             &attr.into(),
             generation,
             fh,
@@ -599,9 +616,12 @@ impl ReplyCreate {
     ///
     /// Note that you must reuse the given `BackingId` for all future [`ReplyOpen::opened_passthrough()`]
     /// invocations as long as the passed file handle stays open!
+    ///
+    /// The attributes are kept for `attr_ttl`, the entry for `entry_ttl`.
     pub fn created_passthrough(
         self,
-        ttl: &Duration,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
         attr: &FileAttr,
         generation: Generation,
         fh: ll::FileHandle,
@@ -609,7 +629,8 @@ impl ReplyCreate {
         backing_id: &BackingId,
     ) {
         self.reply.send_ll(&ll::ResponseStruct::new_create(
-            ttl,
+            attr_ttl,
+            entry_ttl,
             &attr.into(),
             generation,
             fh,
