@@ -14,6 +14,9 @@
 //! the other half to requests someone waits for. A segment that matches
 //! the read lands in the caller's buffer (no copy); one that straddles the
 //! read's end is received aside and its rest kept for the next read.
+//! Reads of `LANDS_MIN` or more are therefore fetched ahead in segments of
+//! their own size, so a reader of fixed-size chunks needs no aside buffer;
+//! smaller reads share segments of `SEGMENT_MIN` and more, copied out.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -27,12 +30,21 @@ use crate::{Client, Result};
 pub const WINDOW_MAX: u64 = 32 << 20;
 /// The span the first read-ahead of a sequence covers at least.
 const WINDOW_FIRST: u64 = 256 << 10;
-/// Smallest request: reads smaller than this are served from segments of
-/// this size.
+/// Reads of at least this size get segments of their own size, each
+/// received straight into the reader's buffer. Larger segments cut by
+/// the reader's reads cost a buffer aside per segment and a copy of every
+/// byte: with 50-200 readers of 64 KiB on two CPUs, the aside buffers'
+/// page faults, zeroing and cache misses cost more than 16 times the
+/// requests (issue 35, docs/benchmarks.md); one reader alone pays for the
+/// requests.
+const LANDS_MIN: usize = 64 << 10;
+/// Smallest request: reads smaller than `LANDS_MIN` are served from
+/// segments of at least this size.
 const SEGMENT_MIN: usize = 128 << 10;
-/// Segments for small reads grow with the window up to this, so the
-/// read-ahead's slots (half the server's grant, 32 by default) hold tens of
-/// MiB; such reads are copied out of their segment anyway.
+/// Segments of `SEGMENT_MIN` and more grow with the window up to this, so
+/// the read-ahead's slots (half the server's grant, 32 by default) hold
+/// tens of MiB; reads smaller than them are copied out anyway. (Reads of
+/// 128 KiB to 1 MiB are cut from grown segments too: not measured yet.)
 const SEGMENT_GROWN: usize = 1 << 20;
 
 enum Data {
@@ -266,7 +278,8 @@ impl Ahead {
             .max(2 * n as u64)
             .max(WINDOW_FIRST)
             .clamp(2 * segment as u64, WINDOW_MAX.max(2 * segment as u64));
-        let segment = segment.max(((st.window / 32) as usize).min(SEGMENT_GROWN));
+        let segment =
+            if segment < SEGMENT_MIN { segment } else { segment.max(((st.window / 32) as usize).min(SEGMENT_GROWN)) };
         let mut from = st.end().unwrap_or(st.next);
         while from < st.next + st.window && from < st.size {
             let len = (segment as u64).min(st.size - from) as usize;
@@ -283,8 +296,9 @@ impl Ahead {
 }
 
 /// The request size of read-ahead for reads sent as requests of `chunk`
-/// bytes: the same (so each lands in the caller's buffer), at least
-/// `SEGMENT_MIN`, at most one request.
+/// bytes: the same from `LANDS_MIN` up (so each lands in the caller's
+/// buffer), `SEGMENT_MIN` for smaller reads, at most one request.
 pub fn segment_for(chunk: usize, max_io: usize) -> usize {
-    chunk.max(SEGMENT_MIN).min(max_io)
+    let s = if chunk >= LANDS_MIN { chunk } else { SEGMENT_MIN };
+    s.min(max_io)
 }
