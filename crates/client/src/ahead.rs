@@ -293,17 +293,21 @@ impl Ahead {
             return Ok(done);
         }
         let mut from = st.end().unwrap_or(st.next);
+        let mut reqs = Vec::new();
         while from < st.next + st.window && from < st.size {
             let len = (segment as u64).min(st.size - from) as usize;
-            let req = Request::Pread { handle, offset: from, count: len as u32 };
-            // Read-ahead is best effort: a refused or failed request leaves
-            // the rest to the reader.
-            let Ok(Some(id)) = engine.try_start(&req, len as u64) else { break };
-            st.segments.push_back(Segment { offset: from, len, data: Data::Flight(id) });
-            count.count_ahead(len);
+            reqs.push((Request::Pread { handle, offset: from, count: len as u32 }, len as u64));
             from += len as u64;
         }
-        st.full = from.saturating_sub(st.next);
+        // One send for the batch. Read-ahead is best effort: what is
+        // refused or fails is left to the reader.
+        let ids = engine.try_start_many(&reqs).unwrap_or_default();
+        for ((req, len), id) in reqs.iter().zip(ids) {
+            let Request::Pread { offset, .. } = *req else { continue };
+            st.segments.push_back(Segment { offset, len: *len as usize, data: Data::Flight(id) });
+            count.count_ahead(*len as usize);
+        }
+        st.full = st.end().map_or(0, |e| e.saturating_sub(st.next));
         Ok(done)
     }
 }
