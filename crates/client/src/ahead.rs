@@ -10,7 +10,7 @@
 //!
 //! The reader never waits for its own read-ahead: segments are claimed
 //! under the lock and received outside it, and new requests go out only
-//! when the connection's window has room now (`Engine::try_start`), leaving
+//! when the connection's window has room now (`Engine::try_start_many`), leaving
 //! the other half to requests someone waits for. A segment that matches
 //! the read lands in the caller's buffer (no copy); one that straddles the
 //! read's end is received aside and its rest kept for the next read.
