@@ -10,10 +10,13 @@
 //!
 //! The reader never waits for its own read-ahead: segments are claimed
 //! under the lock and received outside it, and new requests go out only
-//! when the connection's window has room now (`Engine::try_start`), leaving
+//! when the connection's window has room now (`Engine::try_start_many`), leaving
 //! the other half to requests someone waits for. A segment that matches
 //! the read lands in the caller's buffer (no copy); one that straddles the
 //! read's end is received aside and its rest kept for the next read.
+//! Reads of `LANDS_MIN` or more are therefore fetched ahead in segments of
+//! their own size, so a reader of fixed-size chunks needs no aside buffer;
+//! smaller reads share segments of `SEGMENT_MIN` and more, copied out.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -28,12 +31,21 @@ use crate::{Client, Result};
 pub const WINDOW_MAX: u64 = 32 << 20;
 /// The span the first read-ahead of a sequence covers at least.
 const WINDOW_FIRST: u64 = 256 << 10;
-/// Smallest request: reads smaller than this are served from segments of
-/// this size.
+/// Reads of at least this size get segments of their own size, each
+/// received straight into the reader's buffer. Larger segments cut by
+/// the reader's reads cost a buffer aside per segment and a copy of every
+/// byte: with 50-200 readers of 64 KiB on two CPUs, the aside buffers'
+/// page faults, zeroing and cache misses cost more than 16 times the
+/// requests (issue 35, docs/benchmarks.md); one reader alone pays for the
+/// requests.
+const LANDS_MIN: usize = 64 << 10;
+/// Smallest request: reads smaller than `LANDS_MIN` are served from
+/// segments of at least this size.
 const SEGMENT_MIN: usize = 128 << 10;
-/// Segments for small reads grow with the window up to this, so the
-/// read-ahead's slots (half the server's grant, 32 by default) hold tens of
-/// MiB; such reads are copied out of their segment anyway.
+/// Segments of `SEGMENT_MIN` and more grow with the window up to this, so
+/// the read-ahead's slots (half the server's grant, 32 by default) hold
+/// tens of MiB; reads smaller than them are copied out anyway. (Reads of
+/// 128 KiB to 1 MiB are cut from grown segments too: not measured yet.)
 const SEGMENT_GROWN: usize = 1 << 20;
 
 enum Data {
@@ -68,6 +80,10 @@ struct State {
     run_bytes: u64,
     /// Bytes to keep requested past the reader.
     window: u64,
+    /// Bytes requested past the reader when the last refill stopped (the
+    /// window's end, or no room left on the connection): the next refill
+    /// waits until half of that is read (`read`).
+    full: u64,
     /// In offset order, each starting where the last ends.
     segments: VecDeque<Segment>,
     /// Nothing is requested at or past this (the size as far as known).
@@ -267,25 +283,40 @@ impl Ahead {
             .max(2 * n as u64)
             .max(WINDOW_FIRST)
             .clamp(2 * segment as u64, WINDOW_MAX.max(2 * segment as u64));
-        let segment = segment.max(((st.window / 32) as usize).min(SEGMENT_GROWN));
+        let segment =
+            if segment < SEGMENT_MIN { segment } else { segment.max(((st.window / 32) as usize).min(SEGMENT_GROWN)) };
+        // Refilled in batches, not a segment per read: a reader of 64 KiB
+        // fed one request per read kept the server's worker draining the
+        // socket and waiting in epoll once per request (12,000 wake-ups per
+        // GiB against 76 with 1 MiB segments; issue 35, docs/benchmarks.md).
+        let ahead = st.end().map_or(0, |e| e.saturating_sub(st.next));
+        if ahead > 0 && ahead > st.full / 2 {
+            return Ok(done);
+        }
         let mut from = st.end().unwrap_or(st.next);
+        let mut reqs = Vec::new();
         while from < st.next + st.window && from < st.size {
             let len = (segment as u64).min(st.size - from) as usize;
-            let req = Request::Pread { handle, offset: from, count: len as u32 };
-            // Read-ahead is best effort: a refused or failed request leaves
-            // the rest to the reader.
-            let Ok(Some(id)) = engine.try_start(&req, len as u64) else { break };
-            st.segments.push_back(Segment { offset: from, len, data: Data::Flight(id) });
-            count.count_ahead(len);
+            reqs.push((Request::Pread { handle, offset: from, count: len as u32 }, len as u64));
             from += len as u64;
         }
+        // One send for the batch. Read-ahead is best effort: what is
+        // refused or fails is left to the reader.
+        let ids = engine.try_start_many(&reqs).unwrap_or_default();
+        for ((req, len), id) in reqs.iter().zip(ids) {
+            let Request::Pread { offset, .. } = *req else { continue };
+            st.segments.push_back(Segment { offset, len: *len as usize, data: Data::Flight(id) });
+            count.count_ahead(*len as usize);
+        }
+        st.full = st.end().map_or(0, |e| e.saturating_sub(st.next));
         Ok(done)
     }
 }
 
 /// The request size of read-ahead for reads sent as requests of `chunk`
-/// bytes: the same (so each lands in the caller's buffer), at least
-/// `SEGMENT_MIN`, at most one request.
+/// bytes: the same from `LANDS_MIN` up (so each lands in the caller's
+/// buffer), `SEGMENT_MIN` for smaller reads, at most one request.
 pub fn segment_for(chunk: usize, max_io: usize) -> usize {
-    chunk.max(SEGMENT_MIN).min(max_io)
+    let s = if chunk >= LANDS_MIN { chunk } else { SEGMENT_MIN };
+    s.min(max_io)
 }

@@ -594,6 +594,72 @@ impl Engine {
         self.start_with(req, reply_bytes, None, true)
     }
 
+    /// `try_start` for several requests with no bulk data (read-ahead's
+    /// `Pread`s): those that fit now, a prefix, go out in one `sendmsg`, so
+    /// the server gets them in one segment and one wake-up, not one each.
+    /// Returns their ids (empty: none fitted).
+    pub fn try_start_many(&self, reqs: &[(Request<'_>, u64)]) -> Result<Vec<u64>> {
+        self.same_process()?;
+        let mut ids = Vec::with_capacity(reqs.len());
+        let mut st = lock(&self.st);
+        if let Some(e) = &st.dead {
+            return Err(e.clone());
+        }
+        let grant = self.welcome.window_requests as usize;
+        for (req, reply_bytes) in reqs {
+            if !req.bulk().is_empty() || req.check_limits_with(self.max_path).is_err() {
+                break;
+            }
+            let cost = *reply_bytes;
+            let fits = st.ahead.len() < grant / 2
+                && st.outstanding.len() + 1 < grant
+                && st.bytes_outstanding + cost <= st.window_bytes / 2;
+            if !fits {
+                break;
+            }
+            let id = st.next_id;
+            st.next_id += 1;
+            st.outstanding.insert(id, cost);
+            if self.metrics.is_some() || self.leases.get().is_some() {
+                st.started.insert(id, (Instant::now(), 0));
+            }
+            st.bytes_outstanding += cost;
+            st.ahead.insert(id);
+            ids.push(id);
+        }
+        drop(st);
+        if ids.is_empty() {
+            return Ok(ids);
+        }
+        let sent = {
+            let mut tx = lock(&self.tx);
+            let (sock, head) = &mut *tx;
+            head.clear();
+            let slot = crate::caller::slot();
+            let slotted = slot != 0 && self.has_cap(ferry_proto::caps::IDENTITY);
+            for ((req, _), id) in reqs.iter().zip(&ids) {
+                let at = head.len();
+                req.encode(*id, head);
+                if slotted {
+                    ferry_proto::set_caller_slot(&mut head[at..], slot);
+                }
+            }
+            send_request(sock, head, &[], self.stall())
+        };
+        if let Err(e) = sent {
+            if e.kind() == io::ErrorKind::TimedOut {
+                self.stalled.store(true, Relaxed);
+            }
+            let err = Error::from_io(e);
+            for id in &ids {
+                self.unsent(*id);
+            }
+            self.kill(err.clone());
+            return Err(err);
+        }
+        Ok(ids)
+    }
+
     /// `start`, with the id `again` if given: a request sent once more after
     /// a lost connection, which a `REPLAY` server recognises by its id.
     fn start_as(&self, req: &Request<'_>, reply_bytes: u64, again: Option<u64>) -> Result<u64> {
