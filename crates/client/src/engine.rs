@@ -605,26 +605,16 @@ impl Engine {
         if let Some(e) = &st.dead {
             return Err(e.clone());
         }
-        let grant = self.welcome.window_requests as usize;
         for (req, reply_bytes) in reqs {
             if !req.bulk().is_empty() || req.check_limits_with(self.max_path).is_err() {
                 break;
             }
-            let cost = *reply_bytes;
-            let fits = st.ahead.len() < grant / 2
-                && st.outstanding.len() + 1 < grant
-                && st.bytes_outstanding + cost <= st.window_bytes / 2;
-            if !fits {
+            if !self.fits_ahead(&st, *reply_bytes) {
                 break;
             }
             let id = st.next_id;
             st.next_id += 1;
-            st.outstanding.insert(id, cost);
-            if self.metrics.is_some() || self.leases.get().is_some() {
-                st.started.insert(id, (Instant::now(), 0));
-            }
-            st.bytes_outstanding += cost;
-            st.ahead.insert(id);
+            self.claim(&mut st, id, *reply_bytes, 0, true);
             ids.push(id);
         }
         drop(st);
@@ -647,15 +637,7 @@ impl Engine {
             send_request(sock, head, &[], self.stall())
         };
         if let Err(e) = sent {
-            if e.kind() == io::ErrorKind::TimedOut {
-                self.stalled.store(true, Relaxed);
-            }
-            let err = Error::from_io(e);
-            for id in &ids {
-                self.unsent(*id);
-            }
-            self.kill(err.clone());
-            return Err(err);
+            return Err(self.send_failed(e, &ids));
         }
         Ok(ids)
     }
@@ -679,14 +661,8 @@ impl Engine {
                 if let Some(e) = &st.dead {
                     return Err(e.clone());
                 }
-                // The server holds at most `grant` requests of a connection:
-                // read-ahead takes up to half of them, and never the last.
-                let grant = self.welcome.window_requests as usize;
                 if spare {
-                    let fits = st.ahead.len() < grant / 2
-                        && st.outstanding.len() + 1 < grant
-                        && st.bytes_outstanding + cost <= st.window_bytes / 2;
-                    if !fits {
+                    if !self.fits_ahead(&st, cost) {
                         return Ok(None);
                     }
                     break;
@@ -700,14 +676,7 @@ impl Engine {
                 st.next_id += 1;
                 st.next_id - 1
             });
-            st.outstanding.insert(id, cost);
-            if self.metrics.is_some() || self.leases.get().is_some() {
-                st.started.insert(id, (Instant::now(), req.bulk().len() as u64));
-            }
-            st.bytes_outstanding += cost;
-            if spare {
-                st.ahead.insert(id);
-            }
+            self.claim(&mut st, id, cost, req.bulk().len() as u64, spare);
             id
         };
         let sent = {
@@ -722,13 +691,7 @@ impl Engine {
             send_request(sock, head, req.bulk(), self.stall())
         };
         if let Err(e) = sent {
-            if e.kind() == io::ErrorKind::TimedOut {
-                self.stalled.store(true, Relaxed);
-            }
-            let err = Error::from_io(e);
-            self.unsent(id);
-            self.kill(err.clone());
-            return Err(err);
+            return Err(self.send_failed(e, &[id]));
         }
         Ok(Some(id))
     }
@@ -780,6 +743,43 @@ impl Engine {
 
     /// Whether a caller's request costing `cost` may leave now (read-ahead
     /// in flight does not count against the caller's window).
+    /// Whether a read-ahead request fits now: the server holds at most
+    /// `grant` requests of a connection, and read-ahead takes up to half
+    /// of them (and half the byte window), never the last.
+    fn fits_ahead(&self, st: &State, cost: u64) -> bool {
+        let grant = self.welcome.window_requests as usize;
+        st.ahead.len() < grant / 2
+            && st.outstanding.len() + 1 < grant
+            && st.bytes_outstanding + cost <= st.window_bytes / 2
+    }
+
+    /// Counts request `id` outstanding: `cost` bytes of the window, `sent`
+    /// of them its bulk data, in read-ahead's slots if `ahead`.
+    fn claim(&self, st: &mut State, id: u64, cost: u64, sent: u64, ahead: bool) {
+        st.outstanding.insert(id, cost);
+        if self.metrics.is_some() || self.leases.get().is_some() {
+            st.started.insert(id, (Instant::now(), sent));
+        }
+        st.bytes_outstanding += cost;
+        if ahead {
+            st.ahead.insert(id);
+        }
+    }
+
+    /// The requests `ids` could not be sent: none of them is outstanding,
+    /// and the connection is dead with the error returned.
+    fn send_failed(&self, e: io::Error, ids: &[u64]) -> Error {
+        if e.kind() == io::ErrorKind::TimedOut {
+            self.stalled.store(true, Relaxed);
+        }
+        let err = Error::from_io(e);
+        for id in ids {
+            self.unsent(*id);
+        }
+        self.kill(err.clone());
+        err
+    }
+
     fn fits(&self, st: &State, cost: u64) -> bool {
         st.outstanding.len() - st.ahead.len() < st.window as usize
             && st.outstanding.len() < self.welcome.window_requests as usize
