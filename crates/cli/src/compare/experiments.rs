@@ -55,7 +55,7 @@ pub(super) fn exp_read(plan: &Plan, runs: usize, systems: &[System], res: &mut R
                 };
                 let bytes = k(&m.kv, "bytes");
                 if bytes as u64 != limit {
-                    errors.push(format!("{}: read {bytes} bytes, expected {limit}", sys.name));
+                    errors.push(format!("{} read: {bytes} bytes, expected {limit}", sys.name));
                     continue;
                 }
                 res.add("1", &sys.name, &size_label(s), "throughput", "MB/s", bytes / k(&m.kv, "secs") / 1e6);
@@ -63,7 +63,42 @@ pub(super) fn exp_read(plan: &Plan, runs: usize, systems: &[System], res: &mut R
                     let gib = bytes / GIB as f64;
                     res.add("8", &sys.name, "read 1M", "client CPU", "s/GiB", m.client_cpu / gib);
                     res.add("8", &sys.name, "read 1M", "server CPU", "s/GiB", m.server_cpu / gib);
+                    let args = ["read", "/big.dat", &s.to_string(), &limit.to_string()];
+                    match placed(sys, || measure(sys, &args)) {
+                        Ok(Some(m)) if k(&m.kv, "bytes") as u64 == limit => {
+                            let label = "read 1M, pinned cross core";
+                            res.add("8", &sys.name, label, "client CPU", "s/GiB", m.client_cpu / gib);
+                            res.add("8", &sys.name, label, "server CPU", "s/GiB", m.server_cpu / gib);
+                        }
+                        Ok(Some(m)) => errors.push(format!(
+                            "{}: pinned, read {} bytes, expected {limit}",
+                            sys.name,
+                            k(&m.kv, "bytes")
+                        )),
+                        Ok(None) => {}
+                        Err(e) => errors.push(format!("{} pinned 1 MiB read: {e}", sys.name)),
+                    }
                 }
+            }
+        }
+        // Small reads of the whole file, ferry's library and the local
+        // directory placed as experiment 0 places its pairs (the reader on
+        // CPU 0, a server on CPU 1): unpinned, ferry's client and server
+        // often share a CPU, which two machines never do, and the 4 KiB
+        // row above reads only 128 MiB, mostly the read-ahead's ramp.
+        let (small, whole) = (4 * KIB, plan.file);
+        let label = format!("{} of {}, pinned", size_label(small), size_label(whole));
+        for sys in rotated(systems, run, runs).filter(|s| s.local || s.name == "ferry") {
+            let args = ["read", "/big.dat", &small.to_string(), &whole.to_string()];
+            match placed(sys, || measure(sys, &args)) {
+                Ok(Some(m)) if k(&m.kv, "bytes") as u64 == whole => {
+                    res.add("1", &sys.name, &label, "throughput", "MB/s", k(&m.kv, "bytes") / k(&m.kv, "secs") / 1e6);
+                }
+                Ok(Some(m)) => {
+                    errors.push(format!("{} {label}: read {} bytes, expected {whole}", sys.name, k(&m.kv, "bytes")))
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(format!("{} {label}: {e}", sys.name)),
             }
         }
     }
@@ -642,6 +677,44 @@ fn placed_pairs(res: &mut Results, ferry: &System, server: u32, big: &Path, byte
     rustix::thread::sched_setaffinity(None, &mine).map_err(|e| e.to_string())?;
     bench::set_mask(Some(server), &server_mask)?;
     r
+}
+
+/// Runs `f` with the system's client (this thread, which the worker
+/// inherits, and any client-side daemon) on CPU 0 and every thread of its
+/// server on CPU 1, as experiment 0 places the raw receiver and ferry;
+/// then puts every mask back. Client CPU per byte differs 2-3 x between
+/// placements here (the receive copy across CPUs costs more), so unpinned
+/// figures of two systems compare where the scheduler put them, not the
+/// clients. `None` on a machine with one CPU.
+fn placed<T>(sys: &System, f: impl FnOnce() -> Result<T, String>) -> Result<Option<T>, String> {
+    let mine = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    if mine.count() < 2 {
+        return Ok(None);
+    }
+    let mask_of = |pid: u32| {
+        rustix::thread::sched_getaffinity(rustix::process::Pid::from_raw(pid as i32))
+            .map_err(|e| format!("the CPU mask of {pid}: {e}"))
+    };
+    let mut saved = Vec::new();
+    for &p in sys.server.iter().chain(&sys.client_side) {
+        saved.push((p, mask_of(p)?));
+    }
+    let pin_all = || -> Result<(), String> {
+        bench::pin(None, 0)?;
+        for &p in &sys.client_side {
+            bench::pin(Some(p), 0)?;
+        }
+        for &p in &sys.server {
+            bench::pin(Some(p), 1)?;
+        }
+        Ok(())
+    };
+    let r = pin_all().and_then(|()| f());
+    rustix::thread::sched_setaffinity(None, &mine).map_err(|e| e.to_string())?;
+    for (p, m) in &saved {
+        bench::set_mask(Some(*p), m)?;
+    }
+    r.map(Some)
 }
 
 /// Ferry's worker reading `bytes` of the test file in 1 MiB reads into a
