@@ -84,6 +84,26 @@ fn compare_quick_runs_every_experiment() {
         assert!(median.is_finite() && median > 0.0, "{row:?}: {median}");
     }
     assert!(csv.lines().any(|l| l.starts_with("1,local,")), "no local page-cache figure:\n{csv}");
+    // Issue 34's 4 KiB and libnfs comparisons, placed alike: the whole file
+    // in 4 KiB reads by ferry and the local reader, and 1 MiB reads' client
+    // CPU with the server on the other CPU.
+    for (start, metric) in [
+        ("1,ferry,\"4K of ", "\",throughput,MB/s,"),
+        ("1,local,\"4K of ", "\",throughput,MB/s,"),
+        ("8,ferry,\"read 1M, pinned cross core", "\",client CPU,s/GiB,"),
+    ] {
+        let found = csv.lines().find(|l| l.starts_with(start) && l.contains(metric));
+        if cpus < 2 {
+            assert!(found.is_none(), "{start:?} on one CPU:\n{csv}");
+            continue;
+        }
+        let median: f64 = found
+            .and_then(|l| l.split_once(metric))
+            .and_then(|(_, rest)| rest.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {start:?} figure:\n{csv}"));
+        assert!(median.is_finite() && median > 0.0, "{start:?}: {median}");
+    }
     // No failed request with many clients.
     for l in csv.lines().filter(|l| l.starts_with("6,ferry,") && l.contains("failed requests")) {
         let median: f64 = l.split(',').nth(5).and_then(|v| v.parse().ok()).expect("median");
