@@ -435,6 +435,24 @@ pub(crate) fn raw_sendfile_placed_skewed(
     receive_from_peer_skewed(&["sendfile", &path.to_string_lossy()], bytes, Some((me, peer)), 16)
 }
 
+/// As `raw_sendfile_placed`, the receiver taking none of the bytes into
+/// its memory: spliced from the socket into a pipe and on to /dev/null.
+/// What TCP's receive costs without its copy: a FUSE daemon that spliced
+/// its socket into `/dev/fuse` would pay this, and the kernel's FUSE copy
+/// into the reader's pages (which a null FUSE read pays too) on top.
+pub(crate) fn raw_sendfile_spliced_placed(
+    path: &Path,
+    bytes: u64,
+    me: usize,
+    peer: usize,
+) -> Result<(f64, f64), String> {
+    let mask = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    pin(None, me)?;
+    let r = receive_from_peer_with(&["sendfile", &path.to_string_lossy()], bytes, Some(peer), Sink::Spliced);
+    rustix::thread::sched_setaffinity(None, &mask).map_err(|e| format!("cannot unpin: {e}"))?;
+    r
+}
+
 /// As `raw_stream`, with the receiving thread's CPU seconds.
 pub(crate) fn raw_stream_cpu(bytes: u64) -> Result<(f64, f64), String> {
     receive_from_peer(&["source"], bytes, None)
@@ -491,6 +509,27 @@ fn receive_from_peer_here(
     peer_cpu: Option<usize>,
     skew: usize,
 ) -> Result<(f64, f64), String> {
+    receive_from_peer_with(mode_and_path, bytes, peer_cpu, Sink::Buffer(skew))
+}
+
+/// Where a raw receiver puts what it receives.
+enum Sink {
+    /// A 1 MiB buffer this many bytes past a page.
+    Buffer(usize),
+    /// Nowhere: spliced through a pipe to /dev/null, never copied.
+    Spliced,
+}
+
+fn receive_from_peer_with(
+    mode_and_path: &[&str],
+    bytes: u64,
+    peer_cpu: Option<usize>,
+    sink: Sink,
+) -> Result<(f64, f64), String> {
+    let skew = match sink {
+        Sink::Buffer(skew) => skew,
+        Sink::Spliced => 0,
+    };
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
     let c = Command::new(exe()?)
@@ -507,17 +546,54 @@ fn receive_from_peer_here(
     let (mut buf, at) = placed_buf(1024 * 1024, skew);
     let buf = &mut buf[at..at + 1024 * 1024];
     let (t, cpu) = (Instant::now(), thread_cpu()?);
-    let mut got = 0u64;
-    while got < bytes {
-        let n = s.read(buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err(format!("raw {} stream ended early", mode_and_path[0]));
+    match sink {
+        Sink::Buffer(_) => {
+            let mut got = 0u64;
+            while got < bytes {
+                let n = s.read(buf).map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err(format!("raw {} stream ended early", mode_and_path[0]));
+                }
+                got += n as u64;
+            }
         }
-        got += n as u64;
+        Sink::Spliced => {
+            splice_away(&s, bytes).map_err(|e| format!("raw {} stream, spliced: {e}", mode_and_path[0]))?
+        }
     }
     let (elapsed, cpu) = (t.elapsed(), thread_cpu()? - cpu);
     drop(peer);
     Ok((mbps(bytes, elapsed), cpu))
+}
+
+/// Moves `bytes` from the socket through a pipe to /dev/null with
+/// `splice`: the pipe takes references to the received pages, /dev/null
+/// drops them.
+fn splice_away(s: &std::net::TcpStream, bytes: u64) -> Result<(), String> {
+    use rustix::pipe::{splice, SpliceFlags};
+    const PIPE: usize = 1 << 20;
+    let (rd, wr) = rustix::pipe::pipe().map_err(|e| format!("pipe: {e}"))?;
+    // The default 64 KiB pipe would make it 16 splices per MiB; root may
+    // go past the 1 MiB `pipe-max-size`, others get what they may.
+    let _ = rustix::pipe::fcntl_setpipe_size(&wr, PIPE);
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let mut got = 0u64;
+    while got < bytes {
+        let want = (bytes - got).min(PIPE as u64) as usize;
+        let n =
+            splice(s, None, &wr, None, want, SpliceFlags::MOVE).map_err(|e| format!("splice from the socket: {e}"))?;
+        if n == 0 {
+            return Err("the stream ended early".into());
+        }
+        let mut left = n;
+        while left > 0 {
+            let m = splice(&rd, None, &null, None, left, SpliceFlags::MOVE)
+                .map_err(|e| format!("splice to /dev/null: {e}"))?;
+            left -= m;
+        }
+        got += n as u64;
+    }
+    Ok(())
 }
 
 /// Receives a raw stream and writes it into a file: the best a server can

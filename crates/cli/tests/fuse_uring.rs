@@ -272,5 +272,18 @@ fn the_fuse_benchmark_compares_io_uring_with_dev_fuse() {
     }
     assert!(out.contains("client CPU, mount read"), "{out}");
     assert!(out.contains("target: ferry mount read >= 0.8 x the library's"), "{out}");
+    // What bounds the mount's read, measured in the same run: null FUSE's
+    // CPU on both transports, a receive with no copy, the server's part.
+    for row in [
+        "client CPU, null FUSE read ",
+        "client CPU, null FUSE read, /dev/fuse",
+        "TCP receive, spliced (no copy)",
+        "server CPU, library read",
+    ] {
+        let line = out.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row}: {out}"));
+        let figure: f64 = line[row.len()..].split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(-1.0);
+        assert!(figure > 0.0, "{line}");
+    }
+    assert!(out.contains("bound: a mount read costs the reader's CPU at least "), "{out}");
     assert_eq!(fs::read_to_string(ENABLE_URING).unwrap(), before, "enable_uring not put back");
 }
