@@ -70,10 +70,16 @@ const CMD_COMMIT_AND_FETCH: u32 = 2;
 
 const IN_HEADER: usize = size_of::<abi::fuse_in_header>();
 const OUT_HEADER: usize = size_of::<abi::fuse_out_header>();
-/// Room before an entry's payload for the request's headers, so that a
-/// `WRITE` is one contiguous `/dev/fuse`-shaped request in place.
-const PREFIX: usize = IN_HEADER + OP_IN_MAX;
 const PAGE: usize = 4096;
+/// Room before an entry's payload for the request's headers, so that a
+/// `WRITE` is one contiguous `/dev/fuse`-shaped request in place; a whole
+/// page, so the payload starts on one: a read's data is received from a
+/// socket into it and copied by the kernel to the reader from it, and
+/// both copies cost 2-4 x more on this machine kind when the payload
+/// starts off a cache line (168 bytes in, the headers' size, it made the
+/// daemon receive into an aligned buffer of its own and `memcpy` each
+/// read over: 13 % of its CPU; docs/benchmarks.md, issue 34).
+const PREFIX: usize = (IN_HEADER + OP_IN_MAX).div_ceil(PAGE) * PAGE;
 
 /// How many requests each transport carried (requests the kernel sends
 /// only on `/dev/fuse` — `FORGET`, `INTERRUPT` — not counted).
