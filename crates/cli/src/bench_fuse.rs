@@ -359,7 +359,9 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
             lread_server_cpu.median(),
             both / lread.median(),
         );
-        Some(one.max(both) / lread.median())
+        // The mount measured here has its daemon on the reader's CPU, as
+        // on a client machine with no CPU to spare: the first bound is its.
+        Some(one / lread.median())
     } else {
         None
     };
@@ -368,7 +370,9 @@ fn measure(a: &BenchArgs, s: &Sizes, dir: &Path, mnt: &Path) -> Result<(), Strin
         ("mount write", fwrite.median() / lwrite.median(), 0.6, None),
     ] {
         let why = match bound {
-            Some(b) if ratio < target && b < target => format!("; out of reach here: the bound above is {b:.2} x"),
+            Some(b) if ratio < target && b < target => {
+                format!("; out of reach with the daemon on the reader's CPU: the bound above is {b:.2} x")
+            }
             _ => String::new(),
         };
         println!(
