@@ -697,3 +697,88 @@ fn leases_of_programs_that_exited_never_delay_a_change() {
         );
     }
 }
+
+/// A change's breaks go out before it runs, so its holders get them while
+/// it runs (PROTOCOL.md 8.9): a holder that looks again at once reads the
+/// object mid-change, and must never keep what it read. Client B keeps
+/// the size of `/f` as a cache does (kept only if no break came between
+/// its request and the reply, dropped by a break) and `stat`s it without
+/// pause; client A truncates `/f` and writes 1 MiB into it (a write that
+/// takes the server a while: B's looks land inside it), then looks at what
+/// B keeps. Once A's write is acknowledged, B keeps nothing or 1 MiB.
+/// The test also counts B's looks sent after a round's break and answered
+/// while A's write still ran, and fails if it saw none: it shows that the
+/// window was hit. (With the grants refused while a change runs taken
+/// out, and the change's end not breaking a holder it had broken before
+/// it ran, it fails: B keeps sizes below 1 MiB.)
+#[test]
+fn a_holder_reading_while_a_change_runs_never_keeps_what_it_read() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::{Arc, Mutex};
+    const SIZE: u64 = 1 << 20;
+    let srv = Server::start(&[]);
+    std::fs::write(srv.export.path().join("f"), "").unwrap();
+    let (a, b) = (srv.tcp_client(), srv.tcp_client());
+    // B's cache: the size it keeps, dropped by any break.
+    let kept: Arc<Mutex<Option<u64>>> = Arc::default();
+    let dropped = Arc::clone(&kept);
+    let leases = ferry_client::Leases::new(Box::new(move |_, ret| {
+        *dropped.lock().unwrap() = None;
+        drop(ret);
+    }));
+    b.leases_on(Arc::clone(&leases)).unwrap();
+    // Whether A's write runs, and how many breaks B had when it began.
+    let writing = Arc::new(AtomicBool::new(false));
+    let breaks_at_write = Arc::new(AtomicU64::new(u64::MAX));
+    let stop = Arc::new(AtomicBool::new(false));
+    let looker = {
+        let (kept, leases, writing, at, stop) = (
+            Arc::clone(&kept),
+            Arc::clone(&leases),
+            Arc::clone(&writing),
+            Arc::clone(&breaks_at_write),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            let mut inside = 0u64;
+            while !stop.load(SeqCst) {
+                let before = leases.breaks();
+                let size = b.metadata("/f").expect("B's stat").size;
+                let mut k = kept.lock().unwrap();
+                if leases.breaks() == before && leases.held() {
+                    *k = Some(size);
+                }
+                drop(k);
+                // Sent after this round's break reached B, answered while
+                // A's write still ran.
+                if writing.load(SeqCst) && before > at.load(SeqCst) {
+                    inside += 1;
+                }
+            }
+            inside
+        })
+    };
+    let data = vec![7u8; SIZE as usize];
+    let f = a.open("/f", OpenOptions::new().write(true)).unwrap();
+    let mut stale = Vec::new();
+    let rounds = rounds(300);
+    for round in 0..rounds {
+        a.truncate(Target::Path(b"/f"), 0).unwrap();
+        breaks_at_write.store(leases.breaks(), SeqCst);
+        writing.store(true, SeqCst);
+        f.write_at(&data, 0).unwrap();
+        writing.store(false, SeqCst);
+        if let Some(size) = *kept.lock().unwrap() {
+            if size != SIZE {
+                stale.push(format!("round {round}: B keeps size {size} after the write of {SIZE}"));
+            }
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    stop.store(true, SeqCst);
+    let inside = looker.join().unwrap();
+    f.close().unwrap();
+    assert!(stale.is_empty(), "{} stale answers kept in {rounds} rounds:\n{}", stale.len(), stale.join("\n"));
+    assert!(inside > 0, "none of B's looks was answered while a write it had a break of still ran");
+    eprintln!("{inside} looks answered while a change that had broken the holder ran");
+}

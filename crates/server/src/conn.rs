@@ -822,6 +822,7 @@ impl<B: Backend> Conn<B> {
                 Request::Pwrite { .. } if leases.active() => crate::touches::before(&session, &req),
                 _ => Vec::new(),
             };
+            let early = leases.begin_change(holder.as_ref(), &touched);
             // A write is its caller's (or the anonymous user's): the kernel
             // clears set-id bits for anyone but root. A read checks nothing.
             if let Ok(Some(c)) = self.creds_for(&session, caps, h.flags, &req) {
@@ -847,10 +848,11 @@ impl<B: Backend> Conn<B> {
                     self.send_data(data)
                 }
                 Ok(None) => {
-                    leases.changed(holder.as_ref(), &touched);
+                    early.finish(holder.as_ref(), &touched);
                     self.maybe_flush()
                 }
                 Err(e) => {
+                    early.finish(holder.as_ref(), &[]);
                     encode_errno(e, h.op, h.id, &mut self.out);
                     self.maybe_flush()
                 }
@@ -968,6 +970,9 @@ impl<B: Backend> Conn<B> {
         // up as its caller before it does.
         let seen = holder.as_ref().filter(|_| self.leases_here.load(Relaxed)).map(|_| leases.seq());
         let mut touched = if leases.active() { crate::touches::before(&session, &req) } else { Vec::new() };
+        // Their holders' breaks go out now: the break's round trip runs
+        // beside the change, which is acknowledged once both are done.
+        let early = leases.begin_change(holder.as_ref(), &touched);
         let first = match &req {
             _ if appended.is_some() => Ok(Answer::Written(appended.unwrap_or(0) as u32)),
             Request::Reopen { .. } => session.reopen(&req, found),
@@ -1006,12 +1011,20 @@ impl<B: Backend> Conn<B> {
                 leases.grant_into(l, &[k], seen, 0, &mut out);
             }
         }
-        if let Ok(a) = &answer {
-            let mut own = 0;
-            if leases.active() {
-                touched.extend(crate::touches::changed_in(&req, a).map(crate::leases::Touched::Object));
-                own = leases.changed(holder.as_ref(), &touched);
+        let own = match &answer {
+            Ok(a) => {
+                if leases.active() {
+                    let more = crate::touches::changed_in(&req, a).map(crate::leases::Touched::Object);
+                    if let Some(t) = more.filter(|t| !touched.contains(t)) {
+                        touched.push(t);
+                    }
+                }
+                early.finish(holder.as_ref(), &touched)
             }
+            // Nothing changed; the early breaks are waited for all the same.
+            Err(_) => early.finish(holder.as_ref(), &[]),
+        };
+        if let Ok(a) = &answer {
             if let (Some(seen), Some(l)) = (seen, &holder) {
                 leases.grant_into(l, &crate::touches::granted(a), seen, own, &mut out);
             }

@@ -148,6 +148,68 @@ struct Obj {
 /// change waiting for it would have had.
 type Owed = (Arc<Holder>, u64, Instant);
 
+/// Breaks a change sent and must wait for: the holders (with each break's
+/// sequence and deadline), when they went out, and for the timeline when
+/// the first sending began and the last write began ([`mono_ns`]).
+#[derive(Default)]
+struct Sent {
+    waiting: Vec<Owed>,
+    start: Option<Instant>,
+    start_ns: u64,
+    wrote_ns: u64,
+}
+
+/// A change whose breaks went out before it ran (`Leases::begin_change`).
+/// Dropped without [`Early::finish`] (a request that ended on an I/O
+/// error), its marks come off and its breaks are owed, as a change seen
+/// outside the server's are: the next change waits for them.
+pub struct Early {
+    leases: Arc<Leases>,
+    keys: Vec<FileKey>,
+    all: bool,
+    sent: Sent,
+}
+
+impl Early {
+    /// The change ran: `touched` is all it changed (empty if it failed, so
+    /// nothing is stamped; the early breaks are still waited for, or a
+    /// holder slow to read one might keep answering from what it named
+    /// past the next change, which would find it no longer a holder).
+    /// Stamps and breaks as [`Leases::changed`], takes the marks off, and
+    /// returns once every holder broken here or early returned or ran out
+    /// of time. Returns the change's sequence, for `grant_after`.
+    pub fn finish(mut self, mine: Option<&Arc<Holder>>, touched: &[Touched]) -> u64 {
+        let l = Arc::clone(&self.leases);
+        // Stamped before the marks come off: a read that began before the
+        // change is refused by the stamp once the mark no longer does.
+        let (seq, mut sent) = l.breaks_of(mine, touched, true, self.all);
+        l.unmark(&std::mem::take(&mut self.keys), std::mem::take(&mut self.all));
+        let early = std::mem::take(&mut self.sent);
+        match (early.start, sent.start) {
+            (Some(_), None) => sent = early,
+            (Some(s), Some(_)) => {
+                sent.waiting.extend(early.waiting);
+                sent.start = Some(s);
+                sent.start_ns = early.start_ns;
+            }
+            _ => {}
+        }
+        l.wait_for(sent);
+        seq
+    }
+}
+
+impl Drop for Early {
+    fn drop(&mut self) {
+        self.leases.unmark(&self.keys, self.all);
+        let owed = std::mem::take(&mut self.sent.waiting);
+        if owed.is_empty() {
+            return;
+        }
+        lock(&self.leases.table).unreturned_all.extend(owed);
+    }
+}
+
 impl Holder {
     /// Whether the holder may still keep what break `seq` named.
     fn owes(&self, seq: u64, deadline: Instant) -> bool {
@@ -180,6 +242,14 @@ struct Table {
     /// (`FileFd`): the server does not see those changes, so nobody gets
     /// a lease on them while one is lent.
     lent: HashMap<FileKey, Lent>,
+    /// Objects a change has broken the leases of and not yet finished
+    /// (`Leases::begin_change`), with how many such changes: nobody is
+    /// granted a lease on them meanwhile (what a read of one answers may be
+    /// from before the change or after it).
+    changing: HashMap<FileKey, u32>,
+    /// Changes of everything kept by path (`Touched::All`) begun and not
+    /// finished: no grant at all meanwhile.
+    changing_all: u32,
 }
 
 /// A file lent for writing, or lent until a moment ago.
@@ -222,7 +292,8 @@ pub struct Counts {
 /// (`ferry compare` experiment 11 reads them from the metrics).
 #[derive(Default)]
 pub struct Timeline {
-    /// The change was applied; its breaks are about to go out.
+    /// Its breaks are about to go out: before the change runs (most
+    /// changes, `Leases::begin_change`), else once it ran.
     pub start: AtomicU64,
     /// The break.s write to the holder.s connection began.
     pub wrote: AtomicU64,
@@ -261,6 +332,8 @@ impl Leases {
                 added: 0,
                 unreturned_all: Vec::new(),
                 lent: HashMap::new(),
+                changing: HashMap::new(),
+                changing_all: 0,
             }),
             active: AtomicUsize::new(0),
             counts: Counts::default(),
@@ -350,7 +423,8 @@ impl Leases {
                         o.before > seen || (o.changed > seen && !mine)
                     }
                 };
-                if stale || t.lent.get(&key).is_some_and(|l| l.count > 0) {
+                let changing = t.changing_all > 0 || t.changing.contains_key(&key);
+                if stale || changing || t.lent.get(&key).is_some_and(|l| l.count > 0) {
                     refused.push(key);
                     continue;
                 }
@@ -463,7 +537,68 @@ impl Leases {
     /// Returns the change's sequence (0: nothing recorded), for
     /// `grant_after`.
     pub fn changed(&self, mine: Option<&Arc<Holder>>, touched: &[Touched]) -> u64 {
-        self.breaks_for(mine, touched, true)
+        let (seq, sent) = self.breaks_for(mine, touched, true);
+        self.wait_for(sent);
+        seq
+    }
+
+    /// A change of `touched` by the session of `mine` is about to run:
+    /// breaks every other holder's leases on them now, so the break's
+    /// round trip runs beside the change, and marks them changing (no
+    /// grant) until [`Early::finish`] — called once the change ran,
+    /// whether it did anything or not — stamps them changed and waits for
+    /// the returns. A read of one of them meanwhile is answered without a
+    /// lease, whatever it found; a grant that came before the mark is a
+    /// holder the break reaches now, and one the mark missed (an object
+    /// known only from the change's reply) is broken by `finish` as
+    /// `changed` would. So the change is acknowledged, as before, only
+    /// once nobody can keep its object's old state.
+    pub fn begin_change(self: &Arc<Self>, mine: Option<&Arc<Holder>>, touched: &[Touched]) -> Early {
+        let mut early = Early { leases: Arc::clone(self), keys: Vec::new(), all: false, sent: Sent::default() };
+        if touched.is_empty() || !self.active() {
+            return early;
+        }
+        {
+            // Marked before the holders are taken off: a grant from now on
+            // is refused, one before is a holder this break reaches.
+            let mut t = lock(&self.table);
+            for c in touched {
+                match c {
+                    Touched::All if !early.all => {
+                        early.all = true;
+                        t.changing_all += 1;
+                    }
+                    Touched::All => {}
+                    Touched::Object(k) | Touched::Entry(k, _) => {
+                        if !early.keys.contains(k) {
+                            early.keys.push(*k);
+                            *t.changing.entry(*k).or_insert(0) += 1;
+                        }
+                    }
+                }
+            }
+        }
+        early.sent = self.breaks_for(mine, touched, true).1;
+        early
+    }
+
+    /// Takes off the marks `begin_change` made.
+    fn unmark(&self, keys: &[FileKey], all: bool) {
+        if keys.is_empty() && !all {
+            return;
+        }
+        let mut t = lock(&self.table);
+        for k in keys {
+            if let Some(n) = t.changing.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    t.changing.remove(k);
+                }
+            }
+        }
+        if all {
+            t.changing_all = t.changing_all.saturating_sub(1);
+        }
     }
 
     /// A change of `touched` made outside the server has been seen (it is
@@ -473,9 +608,18 @@ impl Leases {
         self.breaks_for(None, touched, false);
     }
 
-    fn breaks_for(&self, mine: Option<&Arc<Holder>>, touched: &[Touched], wait: bool) -> u64 {
+    /// Takes the holders of `touched` off them and sends their breaks;
+    /// returns the change's sequence and, if `wait`, whom to wait for.
+    fn breaks_for(&self, mine: Option<&Arc<Holder>>, touched: &[Touched], wait: bool) -> (u64, Sent) {
+        self.breaks_of(mine, touched, wait, false)
+    }
+
+    /// `breaks_for`; `all_broken`: the holders got a break of everything
+    /// already (`begin_change`) and were granted nothing since, so a
+    /// `Touched::All` only stamps the table.
+    fn breaks_of(&self, mine: Option<&Arc<Holder>>, touched: &[Touched], wait: bool, all_broken: bool) -> (u64, Sent) {
         if touched.is_empty() || !self.active() {
-            return 0;
+            return (0, Sent::default());
         }
         let me = mine.map_or(0, id_of);
         // Per holder, what it loses: each touched object it held, with the
@@ -499,7 +643,10 @@ impl Leases {
             for c in touched {
                 let key = match c {
                     Touched::All => {
-                        let all: Vec<Arc<Holder>> = t.holders.iter().filter_map(std::sync::Weak::upgrade).collect();
+                        let all: Vec<Arc<Holder>> = match all_broken {
+                            true => Vec::new(),
+                            false => t.holders.iter().filter_map(std::sync::Weak::upgrade).collect(),
+                        };
                         for h in all {
                             if mine.is_some_and(|m| Arc::ptr_eq(m, &h)) || h.gone.load(Relaxed) {
                                 continue;
@@ -614,12 +761,10 @@ impl Leases {
             seq
         };
         if breaks.is_empty() && owed.is_empty() {
-            return seq;
+            return (seq, Sent::default());
         }
         let start = Instant::now();
-        let start_ns = mono_ns();
-        let mut wrote_ns = 0;
-        let mut waiting = Vec::new();
+        let mut sent = Sent { start: Some(start), start_ns: mono_ns(), ..Sent::default() };
         for (h, objects) in breaks {
             let heard = self.base + Duration::from_micros(h.heard_us.load(Relaxed));
             let deadline = heard + self.time;
@@ -627,20 +772,27 @@ impl Leases {
                 continue;
             }
             self.counts.breaks.fetch_add(1, Relaxed);
-            wrote_ns = self.send(&h, seq, &objects, deadline);
-            waiting.push((h, seq, deadline));
+            sent.wrote_ns = self.send(&h, seq, &objects, deadline);
+            sent.waiting.push((h, seq, deadline));
         }
         for (h, owed_seq, deadline) in owed {
             if deadline > start {
-                waiting.push((h, owed_seq, deadline));
+                sent.waiting.push((h, owed_seq, deadline));
             }
         }
-        if waiting.is_empty() || !wait {
-            return seq;
+        if !wait {
+            return (seq, Sent::default());
         }
+        (seq, sent)
+    }
+
+    /// Returns once every holder `sent` names returned its break, went
+    /// away, or ran out of lease time.
+    fn wait_for(&self, sent: Sent) {
+        let Some(start) = sent.start.filter(|_| !sent.waiting.is_empty()) else { return };
         self.counts.waits.fetch_add(1, Relaxed);
-        let alone = waiting.len() == 1;
-        for (h, seq, deadline) in waiting {
+        let alone = sent.waiting.len() == 1;
+        for (h, seq, deadline) in sent.waiting {
             // A return comes about one round trip after its break: looking
             // for it that long spares the waking of a sleeping thread.
             let look_until = Instant::now() + RETURN_SPIN;
@@ -670,16 +822,15 @@ impl Leases {
                 }
                 r = h.answered.wait_timeout(r, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
             };
-            if alone && got && wrote_ns != 0 {
+            if alone && got && sent.wrote_ns != 0 {
                 let l = &self.counts.last;
-                l.start.store(start_ns, Relaxed);
-                l.wrote.store(wrote_ns, Relaxed);
+                l.start.store(sent.start_ns, Relaxed);
+                l.wrote.store(sent.wrote_ns, Relaxed);
                 l.returned.store(h.returned_ns.load(Relaxed), Relaxed);
                 l.resumed.store(mono_ns(), Relaxed);
             }
         }
         self.counts.waited_us.fetch_add(start.elapsed().as_micros() as u64, Relaxed);
-        seq
     }
 
     /// Sends a break to `h`, giving up at `deadline` (a connection that
@@ -905,6 +1056,69 @@ mod tests {
         let seen = l.seq();
         let own = l.changed(Some(&a), &[Touched::Object((5, 5))]);
         assert_eq!(l.grant_after(&b, &[(5, 5)], seen, own), vec![(5, 5)]);
+    }
+
+    /// A change whose breaks went out before it ran: nobody is granted a
+    /// lease on its objects until it finished (a read meanwhile may have
+    /// seen either state), a read begun before its end is refused after,
+    /// and its end waits for the early breaks' returns. Dropped unfinished,
+    /// its marks come off and its breaks are owed to the next change.
+    #[test]
+    fn a_change_begun_early_grants_nothing_meanwhile_and_waits_for_its_breaks_at_its_end() {
+        let l = Arc::new(Leases::new(Duration::from_secs(60)));
+        let (a, b) = (holder(&l), holder(&l));
+        assert!(l.grant(&a, &[(1, 1)], l.seq()).is_empty());
+        let early = l.begin_change(Some(&b), &[Touched::Object((1, 1))]);
+        let break_seq = l.seq();
+        // `a` got the break and reads again while the change runs.
+        let seen = l.seq();
+        assert_eq!(l.grant(&a, &[(1, 1)], seen), vec![(1, 1)], "granted while the change runs");
+        assert!(l.grant(&a, &[(1, 2)], seen).is_empty(), "another object is not held up");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (l2, b2) = (Arc::clone(&l), Arc::clone(&b));
+        let end = std::thread::spawn(move || {
+            let own = early.finish(Some(&b2), &[Touched::Object((1, 1))]);
+            let _ = tx.send(());
+            (own, l2.seq())
+        });
+        let early_ack = rx.recv_timeout(Duration::from_millis(300));
+        assert!(early_ack.is_err(), "acknowledged before the holder returned the early break");
+        a.returned(break_seq);
+        let (own, _) = end.join().unwrap();
+        assert!(own > break_seq);
+        // A read begun during the change is refused after it too; one
+        // begun after is granted, and so is the changer's own reply.
+        assert_eq!(l.grant(&a, &[(1, 1)], seen), vec![(1, 1)]);
+        assert!(l.grant(&a, &[(1, 1)], l.seq()).is_empty());
+        assert!(l.grant_after(&b, &[(1, 1)], seen, own).is_empty());
+        // Unfinished: the mark goes, the break is owed.
+        let early = l.begin_change(Some(&b), &[Touched::Object((1, 1))]);
+        let owed_seq = l.seq();
+        drop(early);
+        assert!(l.grant(&b, &[(1, 1)], l.seq()).is_empty(), "the mark stayed");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let l2 = Arc::clone(&l);
+        let next = std::thread::spawn(move || {
+            l2.changed(None, &[Touched::Object((9, 9))]);
+            let _ = tx.send(());
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "the owed break was not waited for");
+        a.returned(owed_seq);
+        next.join().unwrap();
+        // `Touched::All` holds up every grant while it runs.
+        let early = l.begin_change(None, &[Touched::All]);
+        assert_eq!(l.grant(&a, &[(5, 5)], l.seq()), vec![(5, 5)]);
+        let seq = l.seq();
+        let (a2, b2) = (Arc::clone(&a), Arc::clone(&b));
+        let r = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            a2.returned(seq);
+            b2.returned(seq);
+        });
+        early.finish(None, &[Touched::All]);
+        r.join().unwrap();
+        assert!(l.grant(&a, &[(5, 5)], l.seq()).is_empty());
+        assert_eq!(l.counts.timeouts.load(Relaxed), 0);
     }
 
     /// A holder whose client closes while a change waits for its return

@@ -152,8 +152,8 @@ impl Metrics {
 fn last_break(t: &[u64; 4]) -> String {
     let mut s = String::from(
         "# HELP ferry_lease_last_break_ns Steps of the last change that waited for one holder's return, \
-         CLOCK_MONOTONIC ns: start (change applied), wrote (the break's write began), returned (return read), resumed \
-         (change went on).\n# TYPE ferry_lease_last_break_ns gauge\n",
+         CLOCK_MONOTONIC ns: start (breaks about to go out, mostly before the change runs), wrote (the break's write \
+         began), returned (return read), resumed (change went on).\n# TYPE ferry_lease_last_break_ns gauge\n",
     );
     for (step, v) in ["start", "wrote", "returned", "resumed"].iter().zip(t) {
         s.push_str(&format!("ferry_lease_last_break_ns{{step=\"{step}\"}} {v}\n"));

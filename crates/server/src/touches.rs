@@ -43,7 +43,8 @@ fn leaving<B: Backend>(s: &Session<B>, path: &[u8], dirs_too: bool, out: &mut Ve
 
 /// What `req` will change, looked up before it runs (by path, what is
 /// there now). Changes whose reply carries the changed object's attributes
-/// are found from the reply (`changed_in`).
+/// are found from the reply as well (`changed_in`): a path may name
+/// another object by the time the change runs.
 pub fn before<B: Backend>(s: &Session<B>, req: &Request<'_>) -> Vec<Touched> {
     let mut out = Vec::new();
     match *req {
@@ -56,6 +57,12 @@ pub fn before<B: Backend>(s: &Session<B>, req: &Request<'_>) -> Vec<Touched> {
             out.extend(s.target_key(&target).map(Touched::Object));
         }
         Request::CacheSet { path, .. } => out.extend(s.lstat_key(path).map(|(k, _)| Touched::Object(k))),
+        // Their reply names the object too (`changed_in`); looked up here
+        // as well, so its holders' breaks go out before the change runs.
+        Request::Truncate { target, .. }
+        | Request::Chmod { target, .. }
+        | Request::Chown { target, .. }
+        | Request::Utimens { target, .. } => out.extend(s.target_key(&target).map(Touched::Object)),
         Request::Mkdir { path, .. } | Request::Mknod { path, .. } | Request::Symlink { path, .. } => {
             entry(s, path, &mut out);
         }

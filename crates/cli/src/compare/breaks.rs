@@ -22,7 +22,7 @@ use super::report::{median, Results};
 /// The steps of one break, in the order they happen: what each phase is
 /// called, from the stamp before it.
 const PHASES: [&str; 7] = [
-    "changer's request to change applied",
+    "changer's request to its breaks sent",
     "server sends the break",
     "break reaches the holder",
     "holder handles it, sends return",
