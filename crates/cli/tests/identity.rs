@@ -261,3 +261,48 @@ fn a_mount_open_to_all_users_acts_as_each_without_default_permissions() {
     // Root (not squashed on this export) is root through the mount too.
     assert_eq!(fs::read(mp.join("secret")).unwrap(), b"root only\n");
 }
+
+/// A change's breaks go out before it runs only when the change is surely
+/// its caller's to make (issue 30's early breaks): a caller refused a
+/// change to what it does not own breaks no one's lease, so whoever can
+/// name an object can neither have its holders' caches dropped at will
+/// nor time who holds what. A change the caller may make still breaks.
+#[test]
+fn a_change_its_caller_is_refused_breaks_no_lease() {
+    let state = TempDir::new("id-breaks");
+    let export = state.path().join("export");
+    fs::create_dir(&export).unwrap();
+    let token = state.path().join("token");
+    let server = Serve::start(&export, 0, &token);
+    populate(&export, state.path());
+    fs::write(export.join("open/bobs"), b"Bob's\n").unwrap();
+    chown(&export.join("open/bobs"), BOB, BOB);
+    let opts =
+        Options { token: Some(fs::read_to_string(&token).unwrap().trim().as_bytes().to_vec()), ..Options::default() };
+    let addr = format!("127.0.0.1:{}", server.port);
+    let holder = Client::connect(&addr, &opts).unwrap();
+    let leases = ferry_client::Leases::new(Box::new(|_, ret| drop(ret)));
+    holder.leases_on(std::sync::Arc::clone(&leases)).unwrap();
+    let other = Client::connect(&addr, &opts).unwrap();
+    let secret = ferry_client::Target::Path(b"/secret");
+    for round in 0..50 {
+        holder.metadata("/secret").unwrap();
+        holder.metadata("/").unwrap();
+        assert!(leases.held(), "round {round}: the holder holds no lease");
+        let before = leases.breaks();
+        as_caller(bob(), || {
+            assert_eq!(errno_of(other.set_permissions(secret, 0o644)), libc::EPERM);
+            assert_eq!(errno_of(other.truncate(secret, 0)), libc::EACCES);
+            assert_eq!(errno_of(other.remove_file("/secret")), libc::EACCES);
+            assert_eq!(errno_of(other.rename("/secret", "/open/taken")), libc::EACCES);
+            assert_eq!(errno_of(other.write("/made-by-bob", b"x")), libc::EACCES);
+        });
+        assert_eq!(leases.breaks(), before, "round {round}: Bob's refused changes broke the holder's leases");
+    }
+    assert_eq!(fs::read(export.join("secret")).unwrap(), b"root only\n");
+    // Bob's change to his own file breaks its holder before it returns.
+    holder.metadata("/open/bobs").unwrap();
+    let before = leases.breaks();
+    as_caller(bob(), || other.set_permissions(ferry_client::Target::Path(b"/open/bobs"), 0o600).unwrap());
+    assert!(leases.breaks() > before, "Bob's chmod of his own file broke no lease");
+}

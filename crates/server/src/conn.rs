@@ -822,7 +822,8 @@ impl<B: Backend> Conn<B> {
                 Request::Pwrite { .. } if leases.active() => crate::touches::before(&session, &req),
                 _ => Vec::new(),
             };
-            let early = leases.begin_change(holder.as_ref(), &touched);
+            let early_ok = crate::touches::may_break_early(&session, &req, None);
+            let early = leases.begin_change(holder.as_ref(), if early_ok { &touched } else { &[] });
             // A write is its caller's (or the anonymous user's): the kernel
             // clears set-id bits for anyone but root. A read checks nothing.
             if let Ok(Some(c)) = self.creds_for(&session, caps, h.flags, &req) {
@@ -972,7 +973,9 @@ impl<B: Backend> Conn<B> {
         let mut touched = if leases.active() { crate::touches::before(&session, &req) } else { Vec::new() };
         // Their holders' breaks go out now: the break's round trip runs
         // beside the change, which is acknowledged once both are done.
-        let early = leases.begin_change(holder.as_ref(), &touched);
+        let early_ok =
+            !touched.is_empty() && crate::touches::may_break_early(&session, &req, creds.as_ref().map(|c| c.uid));
+        let early = leases.begin_change(holder.as_ref(), if early_ok { &touched } else { &[] });
         let first = match &req {
             _ if appended.is_some() => Ok(Answer::Written(appended.unwrap_or(0) as u32)),
             Request::Reopen { .. } => session.reopen(&req, found),

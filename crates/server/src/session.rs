@@ -282,6 +282,21 @@ impl<B: Backend> Session<B> {
         self.handle(handle).ok().map(|h| h.key)
     }
 
+    /// Whether an open handle of this session was opened for writing.
+    pub fn handle_writable(&self, handle: u64) -> bool {
+        self.handle(handle).is_ok_and(|h| h.acc != libc::O_RDONLY as u32)
+    }
+
+    /// The owner of what a target names (looked up with the ids worn).
+    pub fn owner_of(&self, t: &Target<'_>) -> Option<u32> {
+        let a = match *t {
+            Target::Handle(h) => self.backend.getattr(Node::File(&self.handle(h).ok()?.file)),
+            Target::Path(p) => self.backend.getattr(Node::Path(p)),
+            Target::PathNoFollow(p) => self.backend.getattr(Node::PathNoFollow(p)),
+        };
+        a.ok().map(|a| a.uid)
+    }
+
     /// `(dev, ino)` of what a target names.
     pub fn target_key(&self, t: &Target<'_>) -> Option<FileKey> {
         match *t {

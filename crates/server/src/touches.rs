@@ -3,7 +3,7 @@
 //! some session holds leases; a change by path costs an `lstat` or two
 //! more then (the objects are known by `(dev, ino)`, requests by path).
 
-use ferry_proto::{Attr, Request};
+use ferry_proto::{Attr, Request, Target};
 
 use crate::backend::Backend;
 use crate::leases::Touched;
@@ -87,6 +87,49 @@ pub fn before<B: Backend>(s: &Session<B>, req: &Request<'_>) -> Vec<Touched> {
         _ => {}
     }
     out
+}
+
+/// Whether a change's breaks may go out before it runs (`Leases::
+/// begin_change`), beside it, rather than after it succeeded. Only where
+/// the change is surely its caller's to make: sent early, the breaks of a
+/// change the caller is then refused would let anyone who can name an
+/// object have its holders' leases broken at will (and time who holds
+/// what) by asking for changes it may not make. So: a write through a
+/// handle opened for writing; root, or the server acting as itself
+/// (`uid` `None`); and a change to what the caller owns (a name: the
+/// directory it is in). Anything else breaks after it succeeded, as every
+/// change did before (a group's or a shared directory's writers: correct,
+/// one break's round trip slower).
+pub fn may_break_early<B: Backend>(s: &Session<B>, req: &Request<'_>, uid: Option<u32>) -> bool {
+    if let Request::Write { handle, .. } | Request::Pwrite { handle, .. } = *req {
+        return s.handle_writable(handle);
+    }
+    let Some(uid) = uid.filter(|&u| u != 0) else { return true };
+    let owns = |t: Target<'_>| s.owner_of(&t) == Some(uid);
+    let owns_dir = |path: &[u8]| owns(Target::Path(split(path).0));
+    match *req {
+        Request::Truncate { target: Target::Handle(h), .. } => s.handle_writable(h),
+        Request::Truncate { target, .. }
+        | Request::Chmod { target, .. }
+        | Request::Chown { target, .. }
+        | Request::Utimens { target, .. }
+        | Request::SetXattr { target, .. }
+        | Request::RemoveXattr { target, .. } => owns(target),
+        Request::CacheSet { path, .. } => owns(Target::PathNoFollow(path)),
+        Request::Mkdir { path, .. }
+        | Request::Mknod { path, .. }
+        | Request::Symlink { path, .. }
+        | Request::Open { path, .. }
+        | Request::OpenId { path, .. }
+        | Request::OpenRead { path, .. }
+        | Request::OpenCached { path, .. }
+        | Request::Unlink { path }
+        | Request::Rmdir { path } => owns_dir(path),
+        Request::Link { to, .. } => owns_dir(to),
+        Request::Rename { from, to, .. } => owns_dir(from) && owns_dir(to),
+        // Written through a descriptor lent for writing to this session.
+        _ => true,
+    }
 }
 
 fn key(a: &Attr) -> FileKey {
