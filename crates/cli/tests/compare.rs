@@ -130,6 +130,15 @@ fn compare_quick_runs_every_experiment() {
             assert!(csv.lines().any(|l| l.starts_with(&row)), "no {row:?} row:\n{csv}");
         }
     }
+    // And the targets' ratios taken within the run, each a positive number.
+    for pair in ["ferry-fuse-cache / ferry-fuse", "ferry-fuse / local"] {
+        for prog in ["git clone", "git status", "make -j2"] {
+            let row = format!("10,{pair},{prog},ratio in one run,x,");
+            let line = csv.lines().find(|l| l.starts_with(&row)).unwrap_or_else(|| panic!("no {row:?} row:\n{csv}"));
+            let median: f64 = line[row.len()..].split(',').next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN);
+            assert!(median > 0.0 && median.is_finite(), "{row:?}: median {median}:\n{line}");
+        }
+    }
     assert!(csv.lines().any(|l| l.starts_with("11,ferry,break cost,round trips,")), "no break cost:\n{csv}");
     if std::env::var("FERRY_COMPARE_BASELINES").is_ok_and(|v| v == "1") {
         for sys in ["nfs3", "9p", "smb", "sshfs"] {

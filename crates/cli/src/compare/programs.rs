@@ -233,17 +233,20 @@ pub(super) fn exp_programs(
     for run in 0..runs {
         eprintln!("ferry compare: experiment 10, run {}/{runs}", run + 1);
         let n = places.len();
+        let mut this_run: Vec<(&str, Vec<(&'static str, f64)>)> = Vec::new();
         for i in 0..n {
             let place = &places[(i + run) % n];
             match run_programs(place, src, run) {
                 Ok(figs) => {
-                    for (prog, ms) in figs {
+                    for &(prog, ms) in &figs {
                         res.add("10", &place.name, prog, "elapsed", "ms", ms);
                     }
+                    this_run.push((&place.name, figs));
                 }
                 Err(e) => errors.push(e),
             }
         }
+        add_pairs(res, &this_run);
     }
     if let Some((fuse, metrics)) = places.iter().find_map(|p| Some((p, p.metrics.as_deref()?))) {
         if let Err(e) = super::floor::exp_floor(src, fuse, metrics, state, addr, res) {
@@ -254,6 +257,33 @@ pub(super) fn exp_programs(
         None => Ok(()),
         Some(e) => Err(format!("experiment 10: {} failed; first: {e}", errors.len())),
     }
+}
+
+/// The two targets' ratios taken within one run, where both places ran
+/// minutes apart rather than a run apart: a difference that is the
+/// machine's drift moves the ratios of medians from run to run, and shows
+/// here as a spread across 1.
+const PAIRS: [(&str, &str); 2] = [("ferry-fuse-cache", "ferry-fuse"), ("ferry-fuse", "local")];
+
+fn pair_name(a: &str, b: &str) -> String {
+    format!("{a} / {b}")
+}
+
+fn add_pairs(res: &mut Results, run: &[(&str, Vec<(&'static str, f64)>)]) {
+    let figs = |name: &str| run.iter().find(|(n, _)| *n == name).map(|(_, f)| f);
+    for (a, b) in PAIRS {
+        let (Some(fa), Some(fb)) = (figs(a), figs(b)) else { continue };
+        for (&(prog, x), &(_, y)) in fa.iter().zip(fb) {
+            res.add("10", &pair_name(a, b), prog, "ratio in one run", "x", x / y);
+        }
+    }
+}
+
+/// The median of the ratios within a run, with their spread.
+fn paired(res: &Results, a: &str, b: &str, prog: &str) -> Option<(f64, f64, f64)> {
+    let v = res.get("10", &pair_name(a, b), prog, "ratio in one run")?;
+    let (lo, hi) = super::report::spread(v);
+    Some((median(v), lo, hi))
 }
 
 pub(super) fn print_programs(res: &Results, places: &[Place], runs: usize) {
@@ -299,6 +329,18 @@ pub(super) fn print_programs(res: &Results, places: &[Place], runs: usize) {
     let cached: Vec<f64> = PROGRAMS.iter().filter_map(|p| ratio("ferry-fuse-cache", "ferry-fuse", p)).collect();
     if let Some(w) = cached.iter().copied().reduce(f64::max) {
         println!("target: caches on <= 1.0 x caches off, every program: worst {w:.2} x");
+    }
+    if runs > 1 {
+        println!("ratios within each run, median (min..max) of {runs}: a spread across 1 is this machine's noise");
+        for (a, b) in PAIRS {
+            let cells: Vec<String> = PROGRAMS
+                .iter()
+                .filter_map(|p| paired(res, a, b, p).map(|(m, lo, hi)| format!("{p} {m:.2} ({lo:.2}..{hi:.2})")))
+                .collect();
+            if !cells.is_empty() {
+                println!("  {}: {}", pair_name(a, b), cells.join(", "));
+            }
+        }
     }
     super::floor::print_floor(res);
 }
