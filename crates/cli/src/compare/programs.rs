@@ -172,7 +172,13 @@ pub(super) fn run_programs_hooked(
         let cmd = match prog {
             "git clone" => argv(&["git", "clone", "-q", "--no-hardlinks", &s(&src.repo), &s(&clone)]),
             "git status" => {
-                // Warm: the clone's first status refreshes the index.
+                // Warm: the clone's first status refreshes the index. A
+                // second after the clone, so the index it writes is newer
+                // than every file: else files as new as the index stay
+                // "racily clean" and git reads each one again at every
+                // status, in some runs and places and not others (local
+                // 9 or 43 ms, the mount 19 or 96, in one run).
+                std::thread::sleep(Duration::from_millis(1100));
                 timed(place, &argv(&["git", "-C", &s(&clone), "status", "--porcelain"]), limit)?;
                 argv(&["git", "-C", &s(&clone), "status", "--porcelain"])
             }
