@@ -432,7 +432,7 @@ pub(crate) fn raw_sendfile_placed_skewed(
     me: usize,
     peer: usize,
 ) -> Result<(f64, f64), String> {
-    receive_from_peer_skewed(&["sendfile", &path.to_string_lossy()], bytes, Some((me, peer)), 16)
+    receive_into(&["sendfile", &path.to_string_lossy()], bytes, Some((me, peer)), Sink::Buffer(16))
 }
 
 /// As `raw_sendfile_placed`, the receiver taking none of the bytes into
@@ -446,11 +446,7 @@ pub(crate) fn raw_sendfile_spliced_placed(
     me: usize,
     peer: usize,
 ) -> Result<(f64, f64), String> {
-    let mask = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
-    pin(None, me)?;
-    let r = receive_from_peer_with(&["sendfile", &path.to_string_lossy()], bytes, Some(peer), Sink::Spliced);
-    rustix::thread::sched_setaffinity(None, &mask).map_err(|e| format!("cannot unpin: {e}"))?;
-    r
+    receive_into(&["sendfile", &path.to_string_lossy()], bytes, Some((me, peer)), Sink::Spliced)
 }
 
 /// As `raw_stream`, with the receiving thread's CPU seconds.
@@ -485,31 +481,7 @@ pub(crate) fn placed_buf(len: usize, skew: usize) -> (Vec<u8>, usize) {
 /// receiving thread spent. `place`: this thread's CPU and the peer's
 /// (else the peer goes where `pin_peer` puts it).
 fn receive_from_peer(mode_and_path: &[&str], bytes: u64, place: Option<(usize, usize)>) -> Result<(f64, f64), String> {
-    receive_from_peer_skewed(mode_and_path, bytes, place, 0)
-}
-
-/// `receive_from_peer` into a buffer `skew` bytes past a page boundary.
-fn receive_from_peer_skewed(
-    mode_and_path: &[&str],
-    bytes: u64,
-    place: Option<(usize, usize)>,
-    skew: usize,
-) -> Result<(f64, f64), String> {
-    let Some((me, peer_cpu)) = place else { return receive_from_peer_here(mode_and_path, bytes, None, skew) };
-    let mask = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
-    pin(None, me)?;
-    let r = receive_from_peer_here(mode_and_path, bytes, Some(peer_cpu), skew);
-    rustix::thread::sched_setaffinity(None, &mask).map_err(|e| format!("cannot unpin: {e}"))?;
-    r
-}
-
-fn receive_from_peer_here(
-    mode_and_path: &[&str],
-    bytes: u64,
-    peer_cpu: Option<usize>,
-    skew: usize,
-) -> Result<(f64, f64), String> {
-    receive_from_peer_with(mode_and_path, bytes, peer_cpu, Sink::Buffer(skew))
+    receive_into(mode_and_path, bytes, place, Sink::Buffer(0))
 }
 
 /// Where a raw receiver puts what it receives.
@@ -520,16 +492,27 @@ enum Sink {
     Spliced,
 }
 
+/// `receive_from_peer` into `sink`; this thread's mask is put back after.
+fn receive_into(
+    mode_and_path: &[&str],
+    bytes: u64,
+    place: Option<(usize, usize)>,
+    sink: Sink,
+) -> Result<(f64, f64), String> {
+    let Some((me, peer_cpu)) = place else { return receive_from_peer_with(mode_and_path, bytes, None, sink) };
+    let mask = rustix::thread::sched_getaffinity(None).map_err(|e| e.to_string())?;
+    pin(None, me)?;
+    let r = receive_from_peer_with(mode_and_path, bytes, Some(peer_cpu), sink);
+    rustix::thread::sched_setaffinity(None, &mask).map_err(|e| format!("cannot unpin: {e}"))?;
+    r
+}
+
 fn receive_from_peer_with(
     mode_and_path: &[&str],
     bytes: u64,
     peer_cpu: Option<usize>,
     sink: Sink,
 ) -> Result<(f64, f64), String> {
-    let skew = match sink {
-        Sink::Buffer(skew) => skew,
-        Sink::Spliced => 0,
-    };
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?.to_string();
     let c = Command::new(exe()?)
@@ -543,11 +526,14 @@ fn receive_from_peer_with(
         None => pin_peer(&peer)?,
     }
     let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-    let (mut buf, at) = placed_buf(1024 * 1024, skew);
-    let buf = &mut buf[at..at + 1024 * 1024];
+    let mut buf = match sink {
+        Sink::Buffer(skew) => Some(placed_buf(1024 * 1024, skew)),
+        Sink::Spliced => None,
+    };
     let (t, cpu) = (Instant::now(), thread_cpu()?);
-    match sink {
-        Sink::Buffer(_) => {
+    match &mut buf {
+        Some((v, at)) => {
+            let buf = &mut v[*at..*at + 1024 * 1024];
             let mut got = 0u64;
             while got < bytes {
                 let n = s.read(buf).map_err(|e| e.to_string())?;
@@ -557,9 +543,7 @@ fn receive_from_peer_with(
                 got += n as u64;
             }
         }
-        Sink::Spliced => {
-            splice_away(&s, bytes).map_err(|e| format!("raw {} stream, spliced: {e}", mode_and_path[0]))?
-        }
+        None => splice_away(&s, bytes).map_err(|e| format!("raw {} stream, spliced: {e}", mode_and_path[0]))?,
     }
     let (elapsed, cpu) = (t.elapsed(), thread_cpu()? - cpu);
     drop(peer);
