@@ -354,6 +354,14 @@ fn seen_at(p: &Path) -> String {
     truth(p)
 }
 
+/// The names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
 /// One random change of a name in `dir` (through whatever `dir` is: a
 /// mount, the export), and what it was.
 fn change(dir: &Path, names: &[&str], rng: &mut Rng) -> String {
@@ -416,13 +424,17 @@ fn a_mount_sees_another_mounts_change_at_once() {
                 stale.push(format!("round {round} before the change: {n} seen {seen}, is {want}"));
             }
         }
-        let _ = std::fs::read_dir(&b).unwrap().count();
+        let _ = listing(&b);
         let what = change(&a, &names, &mut rng);
         for n in names {
             let (seen, want) = (seen_at(&b.join(n)), truth(&disk.join(n)));
             if seen != want {
                 stale.push(format!("round {round} after {what}: {n} seen {seen}, is {want}"));
             }
+        }
+        let (seen, want) = (listing(&b), listing(&disk));
+        if seen != want {
+            stale.push(format!("round {round} after {what}: listed {seen:?}, is {want:?}"));
         }
     }
     // The library changes, the mount looks.
@@ -490,6 +502,48 @@ fn a_miss_looked_up_while_its_directory_breaks_is_dropped_with_it() {
         assert_eq!(seen_at(&b.join("c")), "ENOENT");
     }
     assert!(stale.is_empty(), "{} stale answers in {rounds} rounds:\n{}", stale.len(), stale.join("\n"));
+}
+
+/// The mount answers no `OPENDIR` under leases, so the kernel keeps every
+/// listing it is given until a break drops it. A listing fetched just
+/// before another client's change, and given to the kernel after the
+/// change's break was handled, must not be kept: mount B pauses between
+/// its check for breaks and its reply (`FERRY_TEST_LIST_PAUSE_US`), and
+/// A's create lands in that window. A then sets the directory's times
+/// back, as `tar x` and `rsync -t` do, so the kernel's own check of a kept
+/// listing against the directory's mtime cannot catch it.
+#[test]
+fn a_listing_made_while_its_directory_breaks_is_not_kept() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&[]);
+    std::fs::create_dir(srv.export.path().join("d")).unwrap();
+    let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
+    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
+    let _g2 = common::fuse::Detach(m2.path().to_path_buf());
+    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
+    let pause = [("FERRY_TEST_LIST_PAUSE_US", "60000")];
+    let _b = common::fuse::mount_url_env(&srv.url("/"), m2.path(), &srv.token_file, &[], &pause);
+    let (a, b, disk) = (m1.path().join("d"), m2.path().join("d"), srv.export.path().join("d"));
+    let mut stale = Vec::new();
+    let rounds = 10;
+    for round in 0..rounds {
+        let name = format!("n{round}");
+        let old = std::fs::metadata(&a).unwrap().modified().unwrap();
+        std::thread::scope(|s| {
+            let looking = s.spawn(|| listing(&b));
+            // B has its listing (and the lease on `d` it grants) by now,
+            // and pauses before the kernel takes it.
+            std::thread::sleep(Duration::from_millis(15));
+            std::fs::write(a.join(&name), "x").unwrap();
+            std::fs::File::open(&a).unwrap().set_modified(old).unwrap();
+            looking.join().unwrap();
+        });
+        let (seen, want) = (listing(&b), listing(&disk));
+        if seen != want {
+            stale.push(format!("round {round}: listed {seen:?} after creating {name}, is {want:?}"));
+        }
+    }
+    assert!(stale.is_empty(), "{} stale listings in {rounds} rounds:\n{}", stale.len(), stale.join("\n"));
 }
 
 /// A program under `ferry run` and a mount: each sees the other's changes

@@ -30,10 +30,12 @@ use crate::recent::Recent;
 pub type Untrust = dyn Fn(Option<&[u64]>) + Send + Sync;
 
 /// One break: `(dev, ino, name)` of each object, and its answer, sent
-/// when the job is dropped.
+/// when the job is dropped; or a listing the kernel must not keep
+/// (`drop_listing`), by node.
 struct Job {
     objects: Vec<(u64, u64, Vec<u8>)>,
-    _returned: Return,
+    listing: Option<u64>,
+    _returned: Option<Return>,
 }
 
 #[derive(Default)]
@@ -92,9 +94,17 @@ impl Invalidator {
             let keys = objects.iter().map(|b| (b.dev, b.ino));
             me.pages.broke((!all).then_some(keys));
             let objects = objects.iter().map(|b| (b.dev, b.ino, b.name.to_vec())).collect();
-            lock(&me.queue).jobs.push_back(Job { objects, _returned: returned });
+            lock(&me.queue).jobs.push_back(Job { objects, listing: None, _returned: Some(returned) });
             me.cv.notify_all();
         })
+    }
+
+    /// Directory `node` was just listed to the kernel, which keeps every
+    /// listing (the mount answers no `OPENDIR`), without a lease to keep it
+    /// by: its copy goes once the listing that fills it is done.
+    pub fn drop_listing(&self, node: u64) {
+        lock(&self.queue).jobs.push_back(Job { objects: Vec::new(), listing: Some(node), _returned: None });
+        self.cv.notify_all();
     }
 
     fn run(&self) {
@@ -111,7 +121,13 @@ impl Invalidator {
                 }
             };
             if let Some(n) = notifier {
-                self.apply(&n, &job.objects);
+                match job.listing {
+                    Some(node) => {
+                        let _ = n.inval_entry(INodeNo(node), OsStr::new(FILLED));
+                        let _ = n.inval_inode(INodeNo(node), 0, 0);
+                    }
+                    None => self.apply(&n, &job.objects),
+                }
             }
             // Returned now that the kernel holds nothing of it.
             drop(job);
@@ -125,6 +141,7 @@ impl Invalidator {
         let mut inodes = Vec::new();
         let mut entries: Vec<(u64, std::ffi::OsString)> = Vec::new();
         let mut everything = false;
+        let mut dirs = Vec::new();
         {
             let mut nodes = lock(&self.nodes);
             for (dev, ino, name) in objects {
@@ -161,6 +178,12 @@ impl Invalidator {
         }
         inodes.sort_unstable();
         inodes.dedup();
+        {
+            let nodes = lock(&self.nodes);
+            dirs.extend(
+                inodes.iter().copied().filter(|&i| nodes.by_ino.get(&i).is_some_and(|n| n.fmt == libc::S_IFDIR)),
+            );
+        }
         // Before the pages go: a read after this fetches anew, and one
         // under way holds its page locked, so the drop below waits for it.
         (self.untrust)(if everything { None } else { Some(&inodes) });
@@ -170,8 +193,21 @@ impl Invalidator {
             // ENOENT: the kernel had no such entry; nothing to drop.
             let _ = n.inval_entry(INodeNo(dir), &name);
         }
+        // A listing the kernel is filling its copy from now may be from
+        // before the change: an entry's invalidation waits for the
+        // directory's lock, which a listing holds until its copy is made,
+        // so the pages dropped below include it (whether or not the kernel
+        // would itself drop a copy filled across an invalidation: this
+        // one did in tests, which is not a promise).
+        for dir in dirs {
+            let _ = n.inval_entry(INodeNo(dir), OsStr::new(FILLED));
+        }
         for node in inodes {
             let _ = n.inval_inode(INodeNo(node), 0, 0);
         }
     }
 }
+
+/// A name no directory's entry has (the kernel keeps no dentry for "."):
+/// its invalidation only waits for the directory's lock.
+const FILLED: &str = ".";

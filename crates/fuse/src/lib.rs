@@ -175,6 +175,15 @@ pub fn spawn(fs: FerryFs, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mo
     let kernel_checks = cfg.options.iter().any(|o| o == "default_permissions");
     if leased && (!cfg.allow_other || kernel_checks || !fs.callers.on()) && !fs.opts.lease_timeout.is_zero() {
         fs.leases = Some(leases);
+        // Where listings are kept for long anyway, the kernel may keep them
+        // without asking at each open: two requests less per directory a
+        // program lists (`git status` lists every one). Without a lease
+        // each listing is dropped once made. (The kernel then opens
+        // directories without the daemon's check, as it does for a kept
+        // listing: a private mount, or one whose kernel checks rights.)
+        if !fs.opts.attr_timeout.is_zero() && !fs.opts.entry_timeout.is_zero() {
+            fs.no_opendir = Some(Arc::clone(&inval));
+        }
     }
     // Options travel comma-separated (to `fusermount3` too): a URL of
     // several gateways has its commas escaped as `mount.fuse` reads them.
@@ -289,8 +298,20 @@ fn io_errno(e: io::Error) -> Errno {
 /// test of it certain.
 fn test_pause() {
     static PAUSE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    let pause = *PAUSE.get_or_init(|| {
-        let us = std::env::var("FERRY_TEST_MISS_PAUSE_US").ok().and_then(|v| v.parse().ok());
+    pause_by("FERRY_TEST_MISS_PAUSE_US", &PAUSE);
+}
+
+/// For tests only, the same between the check for breaks of a listing the
+/// kernel keeps and its reply (`unopened_listing`):
+/// `FERRY_TEST_LIST_PAUSE_US`.
+fn test_list_pause() {
+    static PAUSE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    pause_by("FERRY_TEST_LIST_PAUSE_US", &PAUSE);
+}
+
+fn pause_by(var: &str, cell: &std::sync::OnceLock<Duration>) {
+    let pause = *cell.get_or_init(|| {
+        let us = std::env::var(var).ok().and_then(|v| v.parse().ok());
         Duration::from_micros(us.unwrap_or(0))
     });
     if !pause.is_zero() {
@@ -545,7 +566,17 @@ pub struct FerryFs {
     /// The mount's leases, where answers may be kept for long under them
     /// (`long_ttl`).
     leases: Option<Arc<ferry_client::Leases>>,
+    /// Under leases: `OPENDIR` is answered `ENOSYS`, so the kernel opens
+    /// directories without asking and keeps every listing until it is
+    /// invalidated (`unopened_listing`).
+    no_opendir: Option<Arc<Invalidator>>,
+    /// Listings being read by directories opened so, by node: a listing
+    /// spans several `READDIR`s, which carry no handle.
+    lists: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
 }
+
+/// Bound on `FerryFs::lists` (listings left half read).
+const MAX_LISTS: usize = 256;
 
 /// A read of `buf.len()` bytes at `offset` into `buf`: bytes read, short
 /// only at the end of the file.
@@ -583,6 +614,8 @@ impl FerryFs {
             same_host: samehost::SameHost::default(),
             pages: Arc::default(),
             leases: None,
+            no_opendir: None,
+            lists: Mutex::default(),
         }
     }
 
@@ -719,7 +752,13 @@ impl FerryFs {
         }
     }
 
-    fn dir(&self, fh: FileHandle) -> R<Arc<Vec<DirItem>>> {
+    /// The listing a `READDIR` at `offset` reads from.
+    fn dir(&self, ino: INodeNo, fh: FileHandle, offset: u64) -> R<Arc<Vec<DirItem>>> {
+        if fh.0 == 0 {
+            if let Some(inval) = &self.no_opendir {
+                return self.unopened_listing(ino.0, offset, inval);
+            }
+        }
         let ino = match lock(&self.handles).get(&fh.0) {
             Some(Handle::Dir(d)) => return Ok(Arc::clone(d)),
             Some(Handle::LazyDir(ino)) => *ino,
@@ -731,6 +770,53 @@ impl FerryFs {
         if let Some(h) = lock(&self.handles).get_mut(&fh.0) {
             *h = Handle::Dir(Arc::clone(&items));
         }
+        Ok(items)
+    }
+
+    /// The listing of a directory the kernel opened without asking: a new
+    /// one from the start (a `rewinddir` sees changes), the one being read
+    /// after. The kernel keeps what it is given: one fetched under a lease
+    /// nothing broke since is kept until a break drops it (as `opendir`
+    /// keeps one), any other only until it is made (`drop_listing`).
+    fn unopened_listing(&self, ino: u64, offset: u64, inval: &Invalidator) -> R<Arc<Vec<DirItem>>> {
+        let mut lists = lock(&self.lists);
+        if offset > 0 {
+            if let Some(l) = lists.get(&ino) {
+                let l = Arc::clone(l);
+                // Read to its end: the kernel asks once more, past it.
+                if offset >= 2 + l.len() as u64 {
+                    lists.remove(&ino);
+                }
+                return Ok(l);
+            }
+        }
+        drop(lists);
+        let path = self.path(INodeNo(ino))?;
+        // A change under way or a break meanwhile: once again, as such a
+        // listing is let go at once.
+        let mut tries = 0;
+        let (items, gen) = loop {
+            let (items, gen) = self.list(&path)?;
+            tries += 1;
+            if tries == 3 || self.recent.generation() == gen {
+                break (items, gen);
+            }
+        };
+        let items = Arc::new(items);
+        {
+            let mut lists = lock(&self.lists);
+            if lists.len() >= MAX_LISTS {
+                lists.clear();
+            }
+            lists.insert(ino, Arc::clone(&items));
+        }
+        // A break counted after this check drops what the kernel makes of
+        // it (`Invalidator::apply` waits for the listing to be done).
+        let kept = self.long_ttl().is_some() && self.recent.generation() == gen;
+        if !kept {
+            inval.drop_listing(ino);
+        }
+        test_list_pause();
         Ok(items)
     }
 
@@ -1798,6 +1884,12 @@ impl Filesystem for FerryFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_opendir.is_some() {
+            // For good: the kernel sends no `OPENDIR` (nor `RELEASEDIR`)
+            // again, opens with `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR` and
+            // handle 0 (`unopened_listing`).
+            return reply.error(Errno::ENOSYS);
+        }
         let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
         // The kernel's own copy of the listing is still what the server
@@ -1824,7 +1916,7 @@ impl Filesystem for FerryFs {
 
     fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let _acting = self.callers.acting(req);
-        let items = tri!(reply, self.dir(fh));
+        let items = tri!(reply, self.dir(ino, fh, offset));
         // Offsets: 1 after ".", 2 after "..", then 3 + i after item i.
         if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
             return reply.ok();
@@ -1844,7 +1936,7 @@ impl Filesystem for FerryFs {
 
     fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let _acting = self.callers.acting(req);
-        let items = tri!(reply, self.dir(fh));
+        let items = tri!(reply, self.dir(ino, fh, offset));
         let dir_path = tri!(reply, self.path(ino));
         // Each listing's answers count from when it was fetched (`it.gen`).
         let plain = self.opts.attr_timeout.min(self.opts.entry_timeout);
