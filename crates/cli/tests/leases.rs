@@ -546,6 +546,71 @@ fn a_listing_made_while_its_directory_breaks_is_not_kept() {
     assert!(stale.is_empty(), "{} stale listings in {rounds} rounds:\n{}", stale.len(), stale.join("\n"));
 }
 
+/// `ls -l` asks the kernel for two extended attributes of every file
+/// (`security.selinux`, `system.posix_acl_access`); where the server says
+/// a file has none, the mount keeps that under the file's lease: a second
+/// `ls -l` of 40 files asks the server nothing, and another mount's ACL on
+/// one of them is seen at once (its break drops what was kept).
+#[test]
+fn ls_l_asks_once_for_the_attributes_a_file_lacks() {
+    common::fuse::require_fuse();
+    let srv = Server::start(&[]);
+    let disk = srv.export.path().join("d");
+    std::fs::create_dir(&disk).unwrap();
+    for i in 0..40 {
+        std::fs::write(disk.join(format!("f{i}")), "x").unwrap();
+    }
+    let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
+    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
+    let _g2 = common::fuse::Detach(m2.path().to_path_buf());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics = format!("127.0.0.1:{port}");
+    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &["--metrics", &metrics]);
+    let _b = common::fuse::mount_url(&srv.url("/"), m2.path(), &srv.token_file, &[]);
+    let up = common::fuse::wait_for(Duration::from_secs(10), || std::net::TcpStream::connect(&metrics).is_ok());
+    assert!(up, "the mount's metrics answer");
+    let asked = || {
+        let (_, body) = common::scrape::get(&metrics, "/metrics");
+        common::scrape::sample(&body, "ferry_client_requests_total{op=\"getxattr\"}")
+    };
+    let (a, b) = (m1.path().join("d"), m2.path().join("d"));
+    let ls = |dir: &Path| {
+        let o = Command::new("ls").arg("-l").arg(dir).output().unwrap();
+        assert!(o.status.success(), "ls -l: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let first = asked();
+    let before = ls(&a);
+    let second = asked();
+    assert!(second - first >= 40.0, "ls -l asked the server for {} attributes of 40 files", second - first);
+    assert_eq!(ls(&a), before);
+    assert_eq!(asked(), second, "the second ls -l asked the server again");
+    assert!(!before.lines().any(|l| l.contains("+ ")), "no file has an ACL yet:\n{before}");
+
+    // An ACL (user 65534 may read) set through the other mount: the next
+    // `ls -l` marks the file with `+` at once. (Held open, so the kernel
+    // cannot forget the file, and what the mount kept of it with it.)
+    let _held = std::fs::File::open(a.join("f7")).unwrap();
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in
+        [(1u16, 6u16, u32::MAX), (2, 4, 65534), (4, 4, u32::MAX), (0x10, 4, u32::MAX), (0x20, 4, u32::MAX)]
+    {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    let set = Command::new("python3")
+        .args(["-c", "import os, sys; os.setxattr(sys.argv[1], 'system.posix_acl_access', bytes.fromhex(sys.argv[2]))"])
+        .arg(b.join("f7"))
+        .arg(acl.iter().map(|x| format!("{x:02x}")).collect::<String>())
+        .output()
+        .unwrap();
+    assert!(set.status.success(), "setting an ACL through mount B: {}", String::from_utf8_lossy(&set.stderr));
+    let after = ls(&a);
+    let f7 = after.lines().find(|l| l.ends_with(" f7")).unwrap_or_default();
+    assert!(f7.split_whitespace().next().is_some_and(|m| m.ends_with('+')), "f7's ACL unseen by mount A:\n{after}");
+}
+
 /// A program under `ferry run` and a mount: each sees the other's changes
 /// at once.
 #[test]

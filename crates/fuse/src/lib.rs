@@ -2035,7 +2035,7 @@ impl Filesystem for FerryFs {
     ) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
-        lock(&self.nodes).set_capless(ino.0, false);
+        lock(&self.nodes).forget_xattrs(ino.0);
         // An ACL may change who may open it: the next open asks the server.
         self.pages.taint(ino.0);
         let path = tri!(reply, self.path(ino));
@@ -2056,9 +2056,11 @@ impl Filesystem for FerryFs {
                 None => {}
             }
         }
-        let capability = name == "security.capability";
-        if capability && self.long_ttl().is_some() && lock(&self.nodes).is_capless(ino.0) {
-            return reply.error(Errno::ENODATA);
+        let known = nodes::ABSENT_NAMES.iter().position(|n| name == *n);
+        if let Some(bit) = known {
+            if self.long_ttl().is_some() && lock(&self.nodes).is_absent(ino.0, bit) {
+                return reply.error(Errno::ENODATA);
+            }
         }
         let _acting = self.callers.acting(req);
         let path = tri!(reply, self.path(ino));
@@ -2068,8 +2070,10 @@ impl Filesystem for FerryFs {
             Err(e) => {
                 // Kept only if no break came while it was asked (the lease
                 // vouches for it from then on).
-                if capability && e == Errno::ENODATA && self.long_ttl().is_some() && self.recent.generation() == gen {
-                    lock(&self.nodes).set_capless(ino.0, true);
+                if let Some(bit) = known.filter(|_| e == Errno::ENODATA) {
+                    if self.long_ttl().is_some() && self.recent.generation() == gen {
+                        lock(&self.nodes).set_absent(ino.0, bit);
+                    }
                 }
                 reply.error(e)
             }
@@ -2091,7 +2095,7 @@ impl Filesystem for FerryFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _acting = self.callers.acting(req);
         let _changes = self.recent.changing();
-        lock(&self.nodes).set_capless(ino.0, false);
+        lock(&self.nodes).forget_xattrs(ino.0);
         self.pages.taint(ino.0);
         let path = tri!(reply, self.path(ino));
         tri!(reply, self.client.remove_xattr(Target::PathNoFollow(path.as_bytes()), name).map_err(errno));
@@ -2139,7 +2143,7 @@ impl Filesystem for FerryFs {
         if flags & libc::O_EXCL != 0 && self.long_ttl().is_some() {
             // Made just now, so it has no file capability (the kernel asks
             // before the first write and the chown of each file).
-            lock(&self.nodes).set_capless(ino, true);
+            lock(&self.nodes).set_absent(ino, nodes::CAPABILITY);
         }
         // A new file has no backing, but `create` also opens an existing
         // file (`O_CREAT` without `O_EXCL` of a name the kernel thought

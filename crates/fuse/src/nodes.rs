@@ -75,7 +75,7 @@ pub(crate) struct Nodes {
     /// Nodes known to have no `security.capability`, under a lease nothing
     /// broke since: the kernel asks for it before the first write and the
     /// chown of every file (tar, cp, git: a round trip per file).
-    capless: std::collections::HashSet<u64>,
+    absent: HashMap<u64, u8>,
     /// Directories this mount made under a lease nothing broke since, with
     /// every name in them: each was made by this mount too, since another
     /// client's change of an entry breaks the directory's lease (and takes
@@ -94,6 +94,17 @@ const MAX_GONE: usize = 1 << 18;
 const MAX_MISSES: usize = 1 << 16;
 
 pub(crate) const ROOT: u64 = 1;
+
+/// Extended attributes programs ask every file for (`ls -l` the first
+/// two, the kernel the capability before a write), whose absence the
+/// mount keeps under a lease. Only names any caller reads alike: the
+/// kernel checks no rights to read `security.*` or `system.*` (it does for
+/// `user.*`, and answers `trusted.*` missing to the unprivileged), so an
+/// absence one caller was told holds for every other.
+pub(crate) const ABSENT_NAMES: [&str; 4] =
+    ["security.capability", "security.selinux", "system.posix_acl_access", "system.posix_acl_default"];
+/// `security.capability`'s place in `ABSENT_NAMES`.
+pub(crate) const CAPABILITY: usize = 0;
 
 /// Paths are bytes, as Linux names are (not always UTF-8).
 pub(crate) fn in_subtree(p: &OsStr, top: &OsStr) -> bool {
@@ -119,7 +130,7 @@ impl Nodes {
             miss_count: 0,
             listed: std::collections::HashSet::new(),
             gone: HashMap::new(),
-            capless: std::collections::HashSet::new(),
+            absent: HashMap::new(),
             made: HashMap::new(),
             made_count: 0,
             next: ROOT + 1,
@@ -256,7 +267,7 @@ impl Nodes {
     /// Its names are not known whole any more either (`made`).
     pub(crate) fn unlist(&mut self, ino: u64) {
         self.listed.remove(&ino);
-        self.capless.remove(&ino);
+        self.absent.remove(&ino);
         self.unmake(ino);
     }
 
@@ -264,7 +275,7 @@ impl Nodes {
     /// of a directory's names.
     pub(crate) fn unlist_all(&mut self) {
         self.listed.clear();
-        self.capless.clear();
+        self.absent.clear();
         self.made.clear();
         self.made_count = 0;
     }
@@ -315,19 +326,28 @@ impl Nodes {
         }
     }
 
-    /// Node `ino` has no `security.capability` (the server said so, or
-    /// this mount just made it), until its lease breaks or this mount sets
-    /// or removes an attribute of it.
-    pub(crate) fn set_capless(&mut self, ino: u64, yes: bool) {
-        if !yes {
-            self.capless.remove(&ino);
-        } else if self.by_ino.contains_key(&ino) && self.capless.len() < MAX_GONE {
-            self.capless.insert(ino);
+    /// Node `ino` has no extended attribute `ABSENT_NAMES[bit]` (the
+    /// server said so, or this mount just made it), until its lease
+    /// breaks or this mount sets or removes an attribute of it
+    /// (`forget_xattrs`).
+    pub(crate) fn set_absent(&mut self, ino: u64, bit: usize) {
+        if !self.by_ino.contains_key(&ino) {
+            return;
+        }
+        if let Some(known) = self.absent.get_mut(&ino) {
+            *known |= 1 << bit;
+        } else if self.absent.len() < MAX_GONE {
+            self.absent.insert(ino, 1 << bit);
         }
     }
 
-    pub(crate) fn is_capless(&self, ino: u64) -> bool {
-        self.capless.contains(&ino)
+    pub(crate) fn is_absent(&self, ino: u64, bit: usize) -> bool {
+        self.absent.get(&ino).is_some_and(|known| known & (1 << bit) != 0)
+    }
+
+    /// Nothing is known of node `ino`'s extended attributes any more.
+    pub(crate) fn forget_xattrs(&mut self, ino: u64) {
+        self.absent.remove(&ino);
     }
 
     /// Every miss kept, forgotten.
@@ -404,7 +424,7 @@ impl Nodes {
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
             let Some(node) = self.by_ino.remove(&ino) else { return };
-            self.capless.remove(&ino);
+            self.absent.remove(&ino);
             for p in node.paths {
                 if self.by_path.get(&p) == Some(&ino) {
                     self.by_path.remove(&p);
