@@ -82,9 +82,8 @@ fn perf_prefix(out: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Time (µs) and FUSE requests of `stat` of `file` `n` times in one process.
-fn stat_run(file: &Path, n: usize, out: &Path) -> Result<(f64, f64), String> {
-    let t = Instant::now();
+/// FUSE requests of `stat` of `file` `n` times in one process.
+fn stat_run(file: &Path, n: usize, out: &Path) -> Result<f64, String> {
     let st = Command::new("perf")
         .args(&perf_prefix(out)[1..])
         .args(["stat", "-c", "%s"])
@@ -93,22 +92,27 @@ fn stat_run(file: &Path, n: usize, out: &Path) -> Result<(f64, f64), String> {
         .stderr(Stdio::null())
         .status()
         .map_err(|e| format!("perf: {e}"))?;
-    let us = t.elapsed().as_secs_f64() * 1e6;
     if !st.success() {
         return Err(format!("stat of {} under perf: {st}", file.display()));
     }
-    Ok((us, perf_count(out)?))
+    perf_count(out)
 }
 
-/// The cost of one `stat` of `file` beyond process start, µs, and the FUSE
-/// requests each made: medians of `reps`.
+/// The cost of one `stat` of `file`, µs, timed in this process (a
+/// difference of two process runs was mostly the noise of their starts:
+/// a local stat came out negative), and the FUSE requests each made
+/// (counted by `perf` over `stat` runs): medians of `reps`.
 fn per_stat(file: &Path, out: &Path, reps: usize) -> Result<(f64, f64), String> {
     let (mut cost, mut reqs) = (Vec::new(), Vec::new());
     for _ in 0..reps {
-        let (t1, r1) = stat_run(file, 1, out)?;
-        let (tn, rn) = stat_run(file, 1 + STATS, out)?;
-        cost.push((tn - t1) / STATS as f64);
+        let r1 = stat_run(file, 1, out)?;
+        let rn = stat_run(file, 1 + STATS, out)?;
         reqs.push((rn - r1) / STATS as f64);
+        let t = Instant::now();
+        for _ in 0..STATS * 5 {
+            std::fs::symlink_metadata(file).map_err(|e| format!("stat {}: {e}", file.display()))?;
+        }
+        cost.push(t.elapsed().as_secs_f64() * 1e6 / (STATS * 5) as f64);
     }
     Ok((median(&cost), median(&reqs)))
 }
