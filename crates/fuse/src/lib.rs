@@ -792,16 +792,9 @@ impl FerryFs {
         }
         drop(lists);
         let path = self.path(INodeNo(ino))?;
-        // A change under way or a break meanwhile: once again, as such a
-        // listing is let go at once.
-        let mut tries = 0;
-        let (items, gen) = loop {
-            let (items, gen) = self.list(&path)?;
-            tries += 1;
-            if tries == 3 || self.recent.generation() == gen {
-                break (items, gen);
-            }
-        };
+        // Not fetched again when a change ran meanwhile: while a program
+        // writes through the mount, every listing would be.
+        let (items, gen) = self.list(&path)?;
         let items = Arc::new(items);
         {
             let mut lists = lock(&self.lists);
