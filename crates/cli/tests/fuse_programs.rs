@@ -395,22 +395,21 @@ fn python_on(m: &Mount) {
 
     // A venv with pip (ensurepip installs pip from the wheel bundled with
     // Python: no network).
-    let o = run(Command::new("python3").arg("-m").arg("venv").arg(m.p("venv")));
-    if !o.ok {
-        // venv keeps ensurepip's own output to itself: run it again, as
-        // venv does, verbosely, so a failure says what pip met. The test
-        // fails either way.
-        let again =
-            run(Command::new(m.p("venv/bin/python")).args(["-Im", "ensurepip", "--upgrade", "--default-pip", "-v"]));
-        panic!(
-            "python3 -m venv (with pip, from ensurepip) failed; without ensurepip install python3-venv (test.sh \
-             does):\n{}\nensurepip again ({}):\n{}{}",
-            o.stderr,
-            if again.ok { "succeeded" } else { "failed" },
-            again.stdout,
-            again.stderr
-        );
-    }
+    // `python3 -m venv` runs ensurepip from the new venv and keeps its
+    // output to itself; run as two steps, the same commands, so a failure
+    // says what pip met.
+    let o = run(Command::new("python3").args(["-m", "venv", "--without-pip"]).arg(m.p("venv")));
+    assert!(o.ok, "python3 -m venv --without-pip: {}", o.stderr);
+    let o = run(Command::new(m.p("venv/bin/python3")).args(["-m", "ensurepip", "--upgrade", "--default-pip", "-v"]));
+    assert!(
+        o.ok,
+        "ensurepip in the venv failed; without ensurepip install python3-venv (test.sh does):\n{}{}\nmount log:\n{}\nserver \
+         log:\n{}",
+        o.stdout,
+        o.stderr,
+        m.log(),
+        m.server.log()
+    );
     let py = m.p("venv/bin/python");
     let o = run(Command::new(&py).arg("-c").arg("import sys; print(sys.prefix); print(sys.prefix != sys.base_prefix)"));
     assert!(o.ok, "venv python: {}", o.stderr);

@@ -130,13 +130,15 @@ fn timed(place: &Place, argv: &[String], limit: Duration) -> Result<f64, String>
     // millisecond on a 10 ms `git status`. A watchdog ends a program that
     // runs past the limit (before it is reaped, so its pid is still its).
     let (done, finished) = std::sync::mpsc::channel::<()>();
-    let pid = child.id() as libc::pid_t;
+    let pid = child.id() as i32;
     let watchdog = std::thread::spawn(move || {
         let late = matches!(finished.recv_timeout(limit), Err(std::sync::mpsc::RecvTimeoutError::Timeout));
         if late {
-            // SAFETY: kill(2) with a pid this process spawned and has not
-            // reaped yet (the waiter tells this thread once it has).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // A pid this process spawned and has not reaped yet (the
+            // waiter tells this thread once it has).
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
         }
         late
     });
