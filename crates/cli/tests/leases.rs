@@ -459,6 +459,34 @@ fn a_mount_sees_another_mounts_change_at_once() {
     assert!(stale.is_empty(), "{} stale answers:\n{}", stale.len(), stale[..stale.len().min(20)].join("\n"));
 }
 
+/// A server exporting a directory `d`, mounted twice: A plainly, B with
+/// the test-only pause `var` of 60 ms in the window the test aims at.
+/// Fields drop in order: the mounts before their guards and directories.
+struct Pausing {
+    _b: common::fuse::Mounted,
+    _a: common::fuse::Mounted,
+    _g2: common::fuse::Detach,
+    _g1: common::fuse::Detach,
+    m2: TempDir,
+    m1: TempDir,
+    srv: Server,
+}
+
+impl Pausing {
+    fn start(var: &str) -> Pausing {
+        common::fuse::require_fuse();
+        let srv = Server::start(&[]);
+        std::fs::create_dir(srv.export.path().join("d")).unwrap();
+        let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
+        let _g1 = common::fuse::Detach(m1.path().to_path_buf());
+        let _g2 = common::fuse::Detach(m2.path().to_path_buf());
+        let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
+        let pause = [(var, "60000")];
+        let _b = common::fuse::mount_url_env(&srv.url("/"), m2.path(), &srv.token_file, &[], &pause);
+        Pausing { _b, _a, _g2, _g1, m2, m1, srv }
+    }
+}
+
 /// A miss a mount looks up while a break of its directory arrives (another
 /// name made there): the break must take that miss with it, or the mount
 /// keeps it for its lease timeout with no lease on the directory left, and
@@ -469,15 +497,8 @@ fn a_mount_sees_another_mounts_change_at_once() {
 /// lands in it: before the fix, every round was stale.
 #[test]
 fn a_miss_looked_up_while_its_directory_breaks_is_dropped_with_it() {
-    common::fuse::require_fuse();
-    let srv = Server::start(&[]);
-    std::fs::create_dir(srv.export.path().join("d")).unwrap();
-    let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
-    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
-    let _g2 = common::fuse::Detach(m2.path().to_path_buf());
-    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
-    let pause = [("FERRY_TEST_MISS_PAUSE_US", "60000")];
-    let _b = common::fuse::mount_url_env(&srv.url("/"), m2.path(), &srv.token_file, &[], &pause);
+    let two = Pausing::start("FERRY_TEST_MISS_PAUSE_US");
+    let (m1, m2) = (&two.m1, &two.m2);
     let (a, b) = (m1.path().join("d"), m2.path().join("d"));
     let mut stale = Vec::new();
     let rounds = 10;
@@ -514,15 +535,8 @@ fn a_miss_looked_up_while_its_directory_breaks_is_dropped_with_it() {
 /// listing against the directory's mtime cannot catch it.
 #[test]
 fn a_listing_made_while_its_directory_breaks_is_not_kept() {
-    common::fuse::require_fuse();
-    let srv = Server::start(&[]);
-    std::fs::create_dir(srv.export.path().join("d")).unwrap();
-    let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
-    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
-    let _g2 = common::fuse::Detach(m2.path().to_path_buf());
-    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
-    let pause = [("FERRY_TEST_LIST_PAUSE_US", "60000")];
-    let _b = common::fuse::mount_url_env(&srv.url("/"), m2.path(), &srv.token_file, &[], &pause);
+    let two = Pausing::start("FERRY_TEST_LIST_PAUSE_US");
+    let (srv, m1, m2) = (&two.srv, &two.m1, &two.m2);
     let (a, b, disk) = (m1.path().join("d"), m2.path().join("d"), srv.export.path().join("d"));
     let mut stale = Vec::new();
     let rounds = 10;

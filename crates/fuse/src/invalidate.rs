@@ -141,7 +141,7 @@ impl Invalidator {
         let mut inodes = Vec::new();
         let mut entries: Vec<(u64, std::ffi::OsString)> = Vec::new();
         let mut everything = false;
-        let mut dirs = Vec::new();
+        let mut dirs: Vec<u64>;
         {
             let mut nodes = lock(&self.nodes);
             for (dev, ino, name) in objects {
@@ -175,15 +175,16 @@ impl Invalidator {
                     entries.extend(nodes.take_misses(node));
                 }
             }
+            dirs = inodes
+                .iter()
+                .copied()
+                .filter(|&i| nodes.by_ino.get(&i).is_some_and(|n| n.fmt == libc::S_IFDIR))
+                .collect();
         }
         inodes.sort_unstable();
         inodes.dedup();
-        {
-            let nodes = lock(&self.nodes);
-            dirs.extend(
-                inodes.iter().copied().filter(|&i| nodes.by_ino.get(&i).is_some_and(|n| n.fmt == libc::S_IFDIR)),
-            );
-        }
+        dirs.sort_unstable();
+        dirs.dedup();
         // Before the pages go: a read after this fetches anew, and one
         // under way holds its page locked, so the drop below waits for it.
         (self.untrust)(if everything { None } else { Some(&inodes) });

@@ -142,11 +142,6 @@ fn timed(place: &Place, argv: &[String], limit: Duration) -> Result<f64, String>
         }
         late
     });
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
     let st = child.wait().map_err(|e| e.to_string());
     let secs = t.elapsed().as_secs_f64();
     let _ = done.send(());
@@ -156,6 +151,13 @@ fn timed(place: &Place, argv: &[String], limit: Duration) -> Result<f64, String>
         return Err(format!("{}: {} ran past {} s", place.name, argv.join(" "), limit.as_secs()));
     }
     if !st.success() {
+        // Read only on failure, as before: read first, a success would wait
+        // for anything the program left running with its stderr open.
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
         return Err(format!("{}: {} ({st}): {}", place.name, argv.join(" "), err.trim()));
     }
     Ok(secs * 1000.0)
