@@ -709,6 +709,15 @@ fn ld_preload_by_hand_with_ferry_mounts() {
     );
 }
 
+/// A server that does not watch its disk for changes outside ferry: the
+/// timeout tests below change the export directly, and a watching
+/// (`WATCHED`) server would break the lease for that change at some moment
+/// the test cannot know, racing the stale answer they expect (that case is
+/// `leases.rs`'s `ferry_run_keeps_answers_until_a_change_on_the_servers_disk_breaks_them`).
+fn unwatched_server() -> Server {
+    Server::start(&["--disable-caps", "watched"])
+}
+
 /// `python3 -c SCRIPT` under `ferry run --attr-timeout SECS`.
 fn python_with_attr_timeout(srv: &Server, cwd: &Path, secs: &str, script: &str) -> Output {
     common::preload::run_cmd_with(srv, cwd, 60, &["--attr-timeout", secs], &["python3", "-c", script])
@@ -719,7 +728,7 @@ fn python_with_attr_timeout(srv: &Server, cwd: &Path, secs: &str, script: &str) 
 /// once, another client's after the timeout; 0 asks the server every time.
 #[test]
 fn attributes_are_cached_briefly_and_own_changes_show_at_once() {
-    let srv = Server::start(&[]);
+    let srv = unwatched_server();
     let local = TempDir::new("local");
     let ex = srv.export.path();
     let script = format!(
@@ -756,7 +765,7 @@ print(os.path.exists('/remote/d/a'), os.stat('/remote/d/b').st_size)
 /// append shows after the timeout, or at once with `--attr-timeout 0`.
 #[test]
 fn the_end_of_a_freshly_opened_file_is_its_size_at_open_for_the_attribute_timeout() {
-    let srv = Server::start(&[]);
+    let srv = unwatched_server();
     let local = TempDir::new("local");
     let ex = srv.export.path();
     let script = format!(
@@ -786,7 +795,7 @@ os.close(fd)
 /// this process's own change, by any name, shows at once.
 #[test]
 fn fstat_after_an_open_is_the_opens_answer_for_the_attribute_timeout() {
-    let srv = Server::start(&[]);
+    let srv = unwatched_server();
     let local = TempDir::new("local");
     let ex = srv.export.path();
     let script = format!(
