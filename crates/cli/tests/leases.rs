@@ -771,6 +771,77 @@ fn ferry_run_keeps_answers_until_a_change_on_the_servers_disk_breaks_them() {
     assert!(late.is_empty(), "{} lost:\n{}", late.len(), late[..late.len().min(20)].join("\n"));
 }
 
+/// The server watches the whole file system its export is on, so it hears
+/// of every file any program makes anywhere on it. Those elsewhere cost it
+/// no opened handle each (it reads the inode number from the handle), and
+/// a file of the export changed by a name outside it (a hard link) still
+/// breaks its holder's lease; a change inside the export still does.
+#[test]
+fn changes_elsewhere_on_the_servers_disk_cost_no_handle_each_and_still_break_by_key() {
+    use common::scrape::{get, metrics_addr, sample};
+    let srv = Server::start(&["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&srv);
+    assert!(common::fuse::wait_for(Duration::from_secs(10), || srv.log().contains("watching")), "{}", srv.log());
+    let local = TempDir::new("local");
+    let elsewhere = TempDir::new("elsewhere");
+    let ex = srv.export.path();
+    std::fs::create_dir(ex.join("d")).unwrap();
+    std::fs::write(ex.join("d/a"), "1").unwrap();
+    std::fs::write(ex.join("h"), "1").unwrap();
+    std::fs::hard_link(ex.join("h"), elsewhere.path().join("h-link")).unwrap();
+    let mut b = Observer::start(&srv, local.path());
+    let counts = || {
+        let m = get(&addr, "/metrics").1;
+        (sample(&m, "ferry_outside_notices_total"), sample(&m, "ferry_outside_handles_opened_total"))
+    };
+    // Waits until the observer sees what the disk holds of `rel`.
+    let seen = |b: &mut Observer, rel: &str| {
+        let t0 = Instant::now();
+        while b.ask("stat", &format!("/remote/{rel}")) != truth(&ex.join(rel)) {
+            assert!(t0.elapsed() < OUTSIDE_LOST, "{rel} not seen in {OUTSIDE_LOST:?}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    assert_eq!(b.ask("fill", "/remote/d"), "ok");
+    seen(&mut b, "h");
+    let (notices0, opened0) = counts();
+    let many = elsewhere.path().join("many");
+    std::fs::create_dir(&many).unwrap();
+    const FILES: usize = 3000;
+    for i in 0..FILES {
+        std::fs::write(many.join(format!("f{i}")), "x").unwrap();
+    }
+    std::fs::remove_dir_all(&many).unwrap();
+    // The notices are read a moment after the changes.
+    let looked = common::fuse::wait_for(Duration::from_secs(10), || counts().0 - notices0 >= (2 * FILES) as f64);
+    let (notices, opened) = counts();
+    assert!(looked, "notices looked at: {notices0} → {notices} (leases held, so each is)");
+    // Learning where the file system's handles keep the inode number
+    // opens some, each new directory one (the tests running beside this
+    // one make theirs on this file system too): not one per file.
+    let bound = (FILES / 5) as f64;
+    assert!(
+        opened - opened0 < bound,
+        "handles opened for {FILES} files made and removed elsewhere: {opened0} → {opened}"
+    );
+
+    for round in 0..20 {
+        assert_eq!(b.ask("fill", "/remote/d"), "ok");
+        seen(&mut b, "h");
+        let mut f = std::fs::OpenOptions::new().append(true).open(elsewhere.path().join("h-link")).unwrap();
+        f.write_all(b"x").unwrap();
+        drop(f);
+        seen(&mut b, "h");
+        std::fs::write(ex.join("d/a"), "y".repeat(round + 2)).unwrap();
+        seen(&mut b, "d/a");
+    }
+    let (_, opened_after) = counts();
+    assert!(
+        opened_after - opened < 100.0,
+        "handles opened for 20 appends by a name elsewhere: {opened} → {opened_after}"
+    );
+}
+
 /// A `--shared-volume` export cannot see the changes other gateways make,
 /// so it does not promise for long (`WATCHED` is not offered): the mount
 /// asks again once its plain 1 s timeout has passed — the staleness bound

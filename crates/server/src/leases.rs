@@ -284,6 +284,10 @@ pub struct Counts {
     pub waited_us: AtomicU64,
     pub timeouts: AtomicU64,
     pub last: Timeline,
+    /// Notices of changes outside ferry looked at (`watch.rs`), and the
+    /// file handles opened to learn what they named.
+    pub outside_notices: AtomicU64,
+    pub outside_opened: AtomicU64,
 }
 
 /// The steps of the last change that waited for exactly one holder and

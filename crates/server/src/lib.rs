@@ -291,6 +291,8 @@ pub fn serve<B: Backend>(listeners: Listeners, backend: Arc<B>, mut cfg: Config)
                 lease_waits: c.leases.counts.waits.load(Ordering::Relaxed),
                 lease_wait_seconds: c.leases.counts.waited_us.load(Ordering::Relaxed) as f64 / 1e6,
                 lease_timeouts: c.leases.counts.timeouts.load(Ordering::Relaxed),
+                outside_notices: c.leases.counts.outside_notices.load(Ordering::Relaxed),
+                outside_opened: c.leases.counts.outside_opened.load(Ordering::Relaxed),
                 lease_last_break: {
                     let l = &c.leases.counts.last;
                     [&l.start, &l.wrote, &l.returned, &l.resumed].map(|a| a.load(Ordering::Relaxed))

@@ -42,6 +42,9 @@ pub struct Gauges {
     pub lease_waits: u64,
     pub lease_wait_seconds: f64,
     pub lease_timeouts: u64,
+    /// Notices of changes outside ferry looked at, and handles opened for them.
+    pub outside_notices: u64,
+    pub outside_opened: u64,
     /// `leases::Timeline` of the last break waited for: start, wrote,
     /// returned, resumed.
     pub lease_last_break: [u64; 4],
@@ -137,6 +140,18 @@ impl Metrics {
                     "Breaks a holder left unanswered for its lease time.",
                     "counter",
                     g.lease_timeouts,
+                ),
+                (
+                    "ferry_outside_notices_total",
+                    "Kernel notices of changes outside ferry looked at while leases were held.",
+                    "counter",
+                    g.outside_notices,
+                ),
+                (
+                    "ferry_outside_handles_opened_total",
+                    "File handles those notices named, opened to learn what they were.",
+                    "counter",
+                    g.outside_opened,
                 ),
             ],
         ) + &format!(

@@ -11,18 +11,30 @@
 //! removed file can no longer be opened). Changes the server made itself
 //! are skipped: it broke those leases before it answered.
 //!
+//! The whole file system is more than the export: a server exporting
+//! `/srv/x` on `/` sees every file any program writes anywhere on `/`.
+//! Opening each of those cost the server a third of `tar x`'s CPU, and two
+//! thirds of `rm -r`'s, run elsewhere on its disk. So in a directory known
+//! to lie outside the export, where only the object's key can matter (a
+//! hard link into the export, a read of it in flight), the key is read
+//! from the handle itself: `FILEID_INO32_GEN` handles carry the inode
+//! number, at a place each file system chooses, learnt per file system
+//! from the handles this watcher opened ([`Layout`]) and checked again at
+//! each one it opens after.
+//!
 //! Unlike a client's change, an outside one cannot wait for the holders:
 //! the kernel reports it after it happened. The break goes out as soon as
 //! the notice is read (tens of microseconds), so a client may answer from
 //! its lease for that long after the change; `ferry compare` measures it.
 //! A notice queue that overflowed breaks everything.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_int;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use rustix::fs::OFlags;
@@ -49,6 +61,107 @@ const MAX_KNOWN: usize = 1 << 16;
 struct Fs {
     fsid: [u8; 8],
     root: OwnedFd,
+    /// Its device, as `fstat` gives it for every object on it.
+    dev: u64,
+    layout: Layout,
+}
+
+/// Where a handle of kind `FILEID_INO32_GEN` (1) or
+/// `FILEID_INO32_GEN_PARENT` (2) keeps the inode number: most file systems
+/// put a 32-bit one first (ext4, XFS's small ones); tmpfs puts its
+/// generation first and a 64-bit number after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InoAt {
+    U32(usize),
+    U64(usize),
+}
+
+const CANDIDATES: [InoAt; 2] = [InoAt::U32(0), InoAt::U64(4)];
+
+/// Handles opened that a candidate read right before it is trusted.
+const LEARN: u32 = 32;
+
+/// What the handles this watcher opened on one file system showed of
+/// where they keep the inode number.
+#[derive(Default)]
+struct Layout {
+    /// The kind and length of the handles learnt from; others are opened.
+    shape: Option<(c_int, usize)>,
+    /// Per candidate: how many handles it read right; `None` once one it
+    /// read wrong.
+    right: [Option<u32>; CANDIDATES.len()],
+    /// Set aside for good: a trusted candidate read one wrong.
+    failed: bool,
+}
+
+/// What a handle opened said of the layout trusted until then.
+#[derive(Debug, PartialEq, Eq)]
+enum Learnt {
+    Agreed,
+    /// A trusted candidate had read it wrong: keys read by it before may
+    /// have been wrong too.
+    Misled,
+}
+
+impl Layout {
+    fn new() -> Layout {
+        Layout { shape: None, right: [Some(0); CANDIDATES.len()], failed: false }
+    }
+
+    /// The candidate trusted now.
+    fn trusted(&self) -> Option<InoAt> {
+        if self.failed || self.shape.is_none() {
+            return None;
+        }
+        let i = self.right.iter().position(|r| r.is_some_and(|n| n >= LEARN))?;
+        Some(CANDIDATES[i])
+    }
+
+    /// The inode number in `bytes`, a handle of kind `typ`, if a layout is
+    /// trusted for its shape.
+    fn ino(&self, typ: c_int, bytes: &[u8]) -> Option<u64> {
+        let at = self.trusted()?;
+        (self.shape == Some((typ, bytes.len()))).then(|| read(at, bytes))?
+    }
+
+    /// An opened handle's `(typ, bytes)` turned out to be inode `ino` on
+    /// this file system's own device (`same_dev`).
+    fn learn(&mut self, typ: c_int, bytes: &[u8], ino: u64, same_dev: bool) -> Learnt {
+        if self.failed || !matches!(typ, 1 | 2) {
+            return Learnt::Agreed;
+        }
+        match self.shape {
+            None => self.shape = Some((typ, bytes.len())),
+            Some(s) if s != (typ, bytes.len()) => return Learnt::Agreed,
+            Some(_) => {}
+        }
+        let trusted = self.trusted();
+        for (i, at) in CANDIDATES.iter().enumerate() {
+            let right = same_dev && read(*at, bytes) == Some(ino);
+            self.right[i] = match (self.right[i], right) {
+                (Some(n), true) => Some(n.saturating_add(1)),
+                _ => None,
+            };
+        }
+        match trusted {
+            Some(at) if self.trusted() != Some(at) => {
+                self.failed = true;
+                Learnt::Misled
+            }
+            _ => Learnt::Agreed,
+        }
+    }
+}
+
+fn read(at: InoAt, bytes: &[u8]) -> Option<u64> {
+    match at {
+        InoAt::U32(o) => Some(u32::from_ne_bytes(bytes.get(o..o + 4)?.try_into().ok()?).into()),
+        InoAt::U64(o) => {
+            let lo = u32::from_ne_bytes(bytes.get(o..o + 4)?.try_into().ok()?);
+            let hi = u32::from_ne_bytes(bytes.get(o + 4..o + 8)?.try_into().ok()?);
+            Some(u64::from(lo) | u64::from(hi) << 32)
+        }
+    }
 }
 
 /// Starts watching the file systems under `export` (the export's own and
@@ -77,10 +190,20 @@ pub fn start(export: &Path, leases: Arc<Leases>) -> io::Result<()> {
             rustix::fs::open(&dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
         let fsid = fsid_of(root.as_fd())?;
         if !watched.iter().any(|f: &Fs| f.fsid == fsid) {
-            watched.push(Fs { fsid, root });
+            let dev = rustix::fs::fstat(&root)?.st_dev;
+            watched.push(Fs { fsid, root, dev, layout: Layout::new() });
         }
     }
-    let mut w = Watcher { fd, watched, leases, known: HashMap::new(), me: std::process::id() as i32, export };
+    let mut w = Watcher {
+        fd,
+        watched,
+        leases,
+        known: HashMap::new(),
+        gone: HashSet::new(),
+        me: std::process::id() as i32,
+        export,
+        misled: false,
+    };
     std::thread::Builder::new().name("ferry-watch".into()).spawn(move || w.run())?;
     Ok(())
 }
@@ -150,8 +273,12 @@ struct Watcher {
     leases: Arc<Leases>,
     /// `(fsid, handle)` → the object, as first resolved.
     known: HashMap<Vec<u8>, Known>,
+    /// Handles of objects removed before they were looked at.
+    gone: HashSet<Vec<u8>>,
     me: i32,
     export: PathBuf,
+    /// A key read from a handle may have been wrong (`Learnt::Misled`).
+    misled: bool,
 }
 
 /// What a handle resolved to.
@@ -194,6 +321,12 @@ impl Watcher {
             for notice in parse(&buf[..n], self.me) {
                 self.touched(&notice, &mut touched);
             }
+            if std::mem::take(&mut self.misled) {
+                tracing::warn!(
+                    "a file handle's inode number was misread: every lease breaks, handles are opened from now"
+                );
+                touched.push(Touched::All);
+            }
             if !touched.is_empty() {
                 tracing::debug!("changed outside ferry: {touched:?}");
                 self.leases.changed_outside(&touched);
@@ -206,11 +339,30 @@ impl Watcher {
             out.push(Touched::All);
             return;
         }
-        let object = n.object.and_then(|h| self.resolve(h));
+        self.leases.counts.outside_notices.fetch_add(1, Relaxed);
+        if n.mask & libc::FAN_ONDIR != 0 && n.mask & (libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO) != 0 {
+            // Directories moved: whether each lies in the export is to be
+            // looked at again.
+            self.known.retain(|_, k| !k.by_path);
+        }
+        let dir = n.entry.map(|(dir, _)| self.resolve(dir));
+        // Only the object's key counts for a notice in a directory outside
+        // the export, in one gone since (its own removal broke what it had
+        // to), or of the object alone (its removal or move: it is gone).
+        let by_key = match dir {
+            Some(Some(d)) => d.by_path && !d.in_export,
+            Some(None) | None => true,
+        };
+        let dir = dir.flatten();
+        let object = match n.object {
+            Some(h) if by_key => self.known.get(h).copied().or_else(|| self.key_of(h)).or_else(|| self.resolve(h)),
+            Some(h) => self.resolve(h),
+            None => None,
+        };
         if let Some(o) = &object {
             out.push(Touched::Object(o.key));
         }
-        let Some((dir, name)) = n.entry else { return };
+        let Some((_, name)) = n.entry else { return };
         // A write or an attribute change names its directory and name
         // too, but changes no entry: the object's own break is the one
         // (the directory's holders would drop their listing for nothing).
@@ -218,7 +370,7 @@ impl Watcher {
         if n.mask & entries == 0 && object.is_some() {
             return;
         }
-        let Some(d) = self.resolve(dir) else { return };
+        let Some(d) = dir else { return };
         if name != b"." {
             out.push(Touched::Entry(d.key, name.to_vec()));
         }
@@ -231,16 +383,47 @@ impl Watcher {
         }
     }
 
+    /// The key of the object a `(fsid, handle)` names, read from the
+    /// handle where its file system's layout is known (not a directory or
+    /// symlink: it is not opened to tell).
+    fn key_of(&self, fid: &[u8]) -> Option<Known> {
+        let (fsid, typ, bytes) = parts(fid)?;
+        let fs = self.watched.iter().find(|f| f.fsid == fsid)?;
+        let ino = fs.layout.ino(typ, bytes)?;
+        Some(Known { key: (fs.dev, ino), by_path: false, in_export: false })
+    }
+
     /// The object a `(fsid, handle)` names, opened or remembered.
     fn resolve(&mut self, fid: &[u8]) -> Option<Known> {
         if let Some(k) = self.known.get(fid) {
             return Some(*k);
         }
         let (fsid, id) = split_key(fid)?;
-        let fs = self.watched.iter().find(|f| f.fsid == fsid)?;
-        // Removed since (`ESTALE`): nothing to break by it.
-        let fd = crate::fileid::open(fs.root.as_fd(), &id, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC).ok()?;
+        let fs = self.watched.iter_mut().find(|f| f.fsid == fsid)?;
+        if self.gone.contains(fid) {
+            return None;
+        }
+        self.leases.counts.outside_opened.fetch_add(1, Relaxed);
+        // Removed since (`ESTALE`): nothing to break by it, ever (a handle
+        // names one life of an inode).
+        let fd = match crate::fileid::open(fs.root.as_fd(), &id, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC) {
+            Ok(fd) => fd,
+            Err(e) => {
+                if e == crate::backend::Errno::STALE {
+                    if self.gone.len() >= MAX_KNOWN {
+                        self.gone.clear();
+                    }
+                    self.gone.insert(fid.to_vec());
+                }
+                return None;
+            }
+        };
         let st = rustix::fs::fstat(&fd).ok()?;
+        if let Some((_, typ, bytes)) = parts(fid) {
+            if fs.layout.learn(typ, bytes, st.st_ino, st.st_dev == fs.dev) == Learnt::Misled {
+                self.misled = true;
+            }
+        }
         let fmt = st.st_mode & libc::S_IFMT;
         let by_path = fmt == libc::S_IFDIR || fmt == libc::S_IFLNK;
         let k = Known { key: (st.st_dev, st.st_ino), by_path, in_export: by_path && self.inside(&fd) };
@@ -319,11 +502,73 @@ fn handle(rec: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&rec[..end], &rec[end..]))
 }
 
+/// `fsid ++ handle_bytes ++ type ++ bytes` → its fsid, type and bytes.
+fn parts(key: &[u8]) -> Option<([u8; 8], c_int, &[u8])> {
+    let fsid: [u8; 8] = key.get(..8)?.try_into().ok()?;
+    let typ = c_int::from_ne_bytes(key.get(12..16)?.try_into().ok()?);
+    Some((fsid, typ, &key[16..]))
+}
+
 /// `fsid ++ handle_bytes ++ type ++ bytes` → the id `fileid::open` takes
 /// (`type ++ bytes`), with the fsid apart.
 fn split_key(key: &[u8]) -> Option<([u8; 8], Vec<u8>)> {
-    let fsid: [u8; 8] = key.get(..8)?.try_into().ok()?;
-    let typ: [u8; 4] = key.get(12..16)?.try_into().ok()?;
-    let typ = c_int::from_ne_bytes(typ);
-    Some((fsid, [&typ.to_le_bytes()[..], &key[16..]].concat()))
+    let (fsid, typ, bytes) = parts(key)?;
+    Some((fsid, [&typ.to_le_bytes()[..], bytes].concat()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ext4(ino: u64, gen: u32) -> Vec<u8> {
+        [(ino as u32).to_ne_bytes(), gen.to_ne_bytes()].concat()
+    }
+
+    fn tmpfs(ino: u64, gen: u32) -> Vec<u8> {
+        [gen.to_ne_bytes(), (ino as u32).to_ne_bytes(), ((ino >> 32) as u32).to_ne_bytes()].concat()
+    }
+
+    /// Trusted only after `LEARN` handles, each read right.
+    #[test]
+    fn a_layout_is_trusted_once_learnt_and_set_aside_once_wrong() {
+        for (handle, at) in [(ext4 as fn(u64, u32) -> Vec<u8>, InoAt::U32(0)), (tmpfs, InoAt::U64(4))] {
+            let mut l = Layout::new();
+            for i in 0..LEARN {
+                assert_eq!(l.ino(1, &handle(1000, 7)), None, "trusted after {i}");
+                let ino = 12 + u64::from(i) * 977;
+                assert_eq!(l.learn(1, &handle(ino, 0x9e37_79b9 ^ i), ino, true), Learnt::Agreed);
+            }
+            assert_eq!(l.trusted(), Some(at));
+            assert_eq!(l.ino(1, &handle(1000, 7)), Some(1000));
+            assert_eq!(l.ino(2, &handle(1000, 7)), None, "another kind of handle");
+            assert_eq!(l.ino(1, &handle(1000, 7)[..4]), None, "another length");
+            // One read wrong: it is never used again.
+            assert_eq!(l.learn(1, &handle(5, 1), 6, true), Learnt::Misled);
+            assert_eq!(l.ino(1, &handle(1000, 7)), None);
+            assert_eq!(l.learn(1, &handle(6, 1), 6, true), Learnt::Agreed);
+            assert_eq!(l.trusted(), None);
+        }
+    }
+
+    /// Handles whose numbers no candidate reads (another kind, another
+    /// device, generation 0 with a wide number) never make one trusted.
+    #[test]
+    fn no_layout_is_trusted_from_handles_it_cannot_read() {
+        let mut l = Layout::new();
+        for i in 0..2 * LEARN {
+            l.learn(0x4d, &[0; 16], u64::from(i), true);
+        }
+        assert_eq!(l.trusted(), None, "btrfs's kind");
+        let mut l = Layout::new();
+        for i in 0..2 * LEARN {
+            l.learn(1, &ext4(u64::from(i + 10), 3), u64::from(i + 10), false);
+        }
+        assert_eq!(l.trusted(), None, "objects on another device");
+        let mut l = Layout::new();
+        for i in 0..2 * LEARN {
+            let ino = u64::from(i + 10) << 32 | 5;
+            l.learn(1, &ext4(5, i + 10), ino, true);
+        }
+        assert_eq!(l.trusted(), None, "a 64-bit number");
+    }
 }
