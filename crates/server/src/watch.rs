@@ -12,9 +12,9 @@
 //! are skipped: it broke those leases before it answered.
 //!
 //! The whole file system is more than the export: a server exporting
-//! `/srv/x` on `/` sees every file any program writes anywhere on `/`.
-//! Opening each of those cost the server a third of `tar x`'s CPU, and two
-//! thirds of `rm -r`'s, run elsewhere on its disk. So in a directory known
+//! `/srv/x` on `/` sees every file any program writes anywhere on `/`
+//! (206,758 notices for a `tar x` of 54,000 entries), and opened each
+//! one's handle. So in a directory known
 //! to lie outside the export, where only the object's key can matter (a
 //! hard link into the export, a read of it in flight), the key is read
 //! from the handle itself: `FILEID_INO32_GEN` handles carry the inode
