@@ -404,14 +404,8 @@ fn change(dir: &Path, names: &[&str], rng: &mut Rng) -> String {
 /// acknowledged. Then the mount as the observer of the library's changes.
 #[test]
 fn a_mount_sees_another_mounts_change_at_once() {
-    common::fuse::require_fuse();
-    let srv = Server::start(&[]);
-    std::fs::create_dir(srv.export.path().join("d")).unwrap();
-    let (m1, m2) = (TempDir::new("m1"), TempDir::new("m2"));
-    let _g1 = common::fuse::Detach(m1.path().to_path_buf());
-    let _g2 = common::fuse::Detach(m2.path().to_path_buf());
-    let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
-    let _b = common::fuse::mount_url(&srv.url("/"), m2.path(), &srv.token_file, &[]);
+    let two = TwoMounts::start(&[]);
+    let (m1, m2, srv) = (&two.m1, &two.m2, &two.srv);
     let names = ["a", "b", "c"];
     let (a, b, disk) = (m1.path().join("d"), m2.path().join("d"), srv.export.path().join("d"));
     let mut rng = Rng::new(31);
@@ -460,9 +454,9 @@ fn a_mount_sees_another_mounts_change_at_once() {
 }
 
 /// A server exporting a directory `d`, mounted twice: A plainly, B with
-/// the test-only pause `var` of 60 ms in the window the test aims at.
+/// `env` (a test-only pause in the window a test aims at).
 /// Fields drop in order: the mounts before their guards and directories.
-struct Pausing {
+struct TwoMounts {
     _b: common::fuse::Mounted,
     _a: common::fuse::Mounted,
     _g2: common::fuse::Detach,
@@ -472,8 +466,8 @@ struct Pausing {
     srv: Server,
 }
 
-impl Pausing {
-    fn start(var: &str) -> Pausing {
+impl TwoMounts {
+    fn start(env: &[(&str, &str)]) -> TwoMounts {
         common::fuse::require_fuse();
         let srv = Server::start(&[]);
         std::fs::create_dir(srv.export.path().join("d")).unwrap();
@@ -481,9 +475,13 @@ impl Pausing {
         let _g1 = common::fuse::Detach(m1.path().to_path_buf());
         let _g2 = common::fuse::Detach(m2.path().to_path_buf());
         let _a = common::fuse::mount_url(&srv.url("/"), m1.path(), &srv.token_file, &[]);
-        let pause = [(var, "60000")];
-        let _b = common::fuse::mount_url_env(&srv.url("/"), m2.path(), &srv.token_file, &[], &pause);
-        Pausing { _b, _a, _g2, _g1, m2, m1, srv }
+        let _b = common::fuse::mount_url_env(&srv.url("/"), m2.path(), &srv.token_file, &[], env);
+        TwoMounts { _b, _a, _g2, _g1, m2, m1, srv }
+    }
+
+    /// B pauses 60 ms where the test-only variable `var` says.
+    fn pausing(var: &str) -> TwoMounts {
+        TwoMounts::start(&[(var, "60000")])
     }
 }
 
@@ -497,7 +495,7 @@ impl Pausing {
 /// lands in it: before the fix, every round was stale.
 #[test]
 fn a_miss_looked_up_while_its_directory_breaks_is_dropped_with_it() {
-    let two = Pausing::start("FERRY_TEST_MISS_PAUSE_US");
+    let two = TwoMounts::pausing("FERRY_TEST_MISS_PAUSE_US");
     let (m1, m2) = (&two.m1, &two.m2);
     let (a, b) = (m1.path().join("d"), m2.path().join("d"));
     let mut stale = Vec::new();
@@ -535,7 +533,7 @@ fn a_miss_looked_up_while_its_directory_breaks_is_dropped_with_it() {
 /// listing against the directory's mtime cannot catch it.
 #[test]
 fn a_listing_made_while_its_directory_breaks_is_not_kept() {
-    let two = Pausing::start("FERRY_TEST_LIST_PAUSE_US");
+    let two = TwoMounts::pausing("FERRY_TEST_LIST_PAUSE_US");
     let (srv, m1, m2) = (&two.srv, &two.m1, &two.m2);
     let (a, b, disk) = (m1.path().join("d"), m2.path().join("d"), srv.export.path().join("d"));
     let mut stale = Vec::new();

@@ -83,7 +83,6 @@ const LEARN: u32 = 32;
 
 /// What the handles this watcher opened on one file system showed of
 /// where they keep the inode number.
-#[derive(Default)]
 struct Layout {
     /// The kind and length of the handles learnt from; others are opened.
     shape: Option<(c_int, usize)>,
